@@ -1,0 +1,149 @@
+"""Split a listing into shards, and keep that split on disk so any process can run one shard.
+
+The plan lives in OUT/.pack/: `plan.json` (options, classes, shard boundaries) and
+`listing.jsonl` (one `[path, label, size]` per line). Shard boundaries depend only on the sorted
+listing and the shard options, so every run and every task computes the same shards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from .errors import PackError
+from .fsutil import atomic_write_text
+from .scan import Listing
+
+WORK_DIR = ".pack"
+PLAN_NAME = "plan.json"
+LISTING_NAME = "listing.jsonl"
+DEFAULT_SHARD_SIZE = 10_000
+DEFAULT_SHARD_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class PackOptions:
+    """Everything that changes the packed result; recorded in the plan and the manifest."""
+
+    format: str
+    store: str = "original"
+    shard_size: int = DEFAULT_SHARD_SIZE
+    shard_bytes: int = DEFAULT_SHARD_BYTES
+
+    def __post_init__(self) -> None:
+        if self.shard_size < 1:
+            raise PackError(f"--shard-size must be at least 1, not {self.shard_size}")
+        if self.shard_bytes < 1:
+            raise PackError(f"--shard-bytes must be positive, not {self.shard_bytes}")
+
+
+@dataclass
+class Entry:
+    path: str
+    label: int
+    size: int
+
+
+@dataclass
+class Plan:
+    source: str
+    options: dict[str, Any]
+    classes: list[str]
+    num_listed: int
+    bounds: list[int]
+    line_offsets: list[int]
+    listing_sha256: str
+    scan_rejects: list[dict[str, str]] = field(default_factory=list)
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.bounds) - 1
+
+    @property
+    def fingerprint(self) -> str:
+        """Identifies what this plan would produce: same fingerprint, same shards."""
+        key = json.dumps([self.options, self.listing_sha256], sort_keys=True)
+        return hashlib.sha256(key.encode()).hexdigest()
+
+
+def shard_bounds(sizes: Iterable[int], shard_size: int, shard_bytes: int) -> list[int]:
+    """Start index of every shard, plus the end: a new shard starts when either limit is hit."""
+    bounds = [0]
+    count = total = index = 0
+    for index, size in enumerate(sizes):
+        if count and (count >= shard_size or total + size > shard_bytes):
+            bounds.append(index)
+            count = total = 0
+        count += 1
+        total += size
+    if count:
+        bounds.append(index + 1)
+    return bounds
+
+
+def work_dir(out: Path) -> Path:
+    return out / WORK_DIR
+
+
+def write_plan(out: Path, listing: Listing, options: PackOptions) -> Plan:
+    """Write listing.jsonl and plan.json under OUT/.pack and return the plan."""
+    work = work_dir(out)
+    work.mkdir(parents=True, exist_ok=True)
+    bounds = shard_bounds(listing.sizes, options.shard_size, options.shard_bytes)
+    starts = set(bounds)
+    digest = hashlib.sha256()
+    offsets: list[int] = []
+    position = 0
+    tmp = work / (LISTING_NAME + ".tmp")
+    with open(tmp, "wb") as handle:
+        for index, (path, label, size) in enumerate(zip(listing.paths, listing.labels, listing.sizes)):
+            if index in starts:
+                offsets.append(position)
+            line = (json.dumps([path, label, size]) + "\n").encode("ascii")
+            handle.write(line)
+            digest.update(line)
+            position += len(line)
+        offsets.append(position)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, work / LISTING_NAME)
+    plan = Plan(
+        source=os.path.abspath(listing.root),
+        options=asdict(options),
+        classes=listing.classes,
+        num_listed=len(listing),
+        bounds=bounds,
+        line_offsets=offsets if len(listing) else [0],
+        listing_sha256=digest.hexdigest(),
+        scan_rejects=[{"path": path, "reason": reason} for path, reason in listing.unreadable],
+    )
+    atomic_write_text(work / PLAN_NAME, json.dumps(asdict(plan)) + "\n")
+    return plan
+
+
+def load_plan(out: Path) -> Plan | None:
+    path = work_dir(out) / PLAN_NAME
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise PackError(f"{path}: unreadable plan ({exc})") from None
+    return Plan(**data)
+
+
+def read_shard_entries(out: Path, plan: Plan, shard: int) -> list[Entry]:
+    """The listing slice of one shard, read with one seek."""
+    start, end = plan.line_offsets[shard], plan.line_offsets[shard + 1]
+    with open(work_dir(out) / LISTING_NAME, "rb") as handle:
+        handle.seek(start)
+        chunk = handle.read(end - start)
+    entries = [Entry(*json.loads(line)) for line in chunk.splitlines()]
+    expected = plan.bounds[shard + 1] - plan.bounds[shard]
+    if len(entries) != expected:
+        raise PackError(f"{work_dir(out) / LISTING_NAME}: shard {shard} lists {len(entries)} files, plan says {expected}")
+    return entries

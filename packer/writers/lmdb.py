@@ -1,0 +1,63 @@
+"""LMDB shard writer: one `subdir=False` environment per shard, keys appended in order."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import lmdb
+
+from readers.lmdb import record_key
+from readers.manifest import encode_record
+
+from .base import Sample, ShardWriter
+
+log = logging.getLogger(__name__)
+
+# Dirty pages of a write transaction live in memory until commit: commit in bounded batches.
+COMMIT_BYTES = 64 << 20
+MIN_MAP_SIZE = 64 << 20
+
+
+class LMDBWriter(ShardWriter):
+    format = "lmdb"
+    extension = ".lmdb"
+
+    def __init__(self, path: Path, expected_bytes: int) -> None:
+        super().__init__(path, expected_bytes)
+        self._map_size = max(MIN_MAP_SIZE, int(expected_bytes * 1.5))
+        self._env = lmdb.open(
+            str(path), subdir=False, map_size=self._map_size, lock=False, sync=False,
+            metasync=False, meminit=False, readahead=False,
+        )
+        self._pending: list[tuple[bytes, bytes]] = []
+        self._pending_bytes = 0
+
+    def add(self, sample: Sample) -> None:
+        value = encode_record(sample.record_meta(), sample.payload)
+        self._pending.append((record_key(sample.local_index), value))
+        self._pending_bytes += len(value)
+        if self._pending_bytes >= COMMIT_BYTES:
+            self._commit()
+
+    def _commit(self) -> None:
+        """Write the pending batch in one transaction, growing the map if it is full."""
+        while True:
+            try:
+                with self._env.begin(write=True) as txn:
+                    cursor = txn.cursor()
+                    for key, value in self._pending:
+                        cursor.put(key, value, append=True)
+                break
+            except lmdb.MapFullError:
+                self._map_size *= 2
+                log.debug("%s: growing LMDB map to %d bytes", self.path, self._map_size)
+                self._env.set_mapsize(self._map_size)
+        self._pending = []
+        self._pending_bytes = 0
+
+    def close(self) -> None:
+        if self._pending:
+            self._commit()
+        self._env.sync(True)
+        self._env.close()

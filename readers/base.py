@@ -1,0 +1,127 @@
+"""What every packed dataset shares: the manifest, index arithmetic, decoding and fields."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Sequence
+
+import numpy as np
+from torch.utils.data import Dataset
+
+from .decode import get_decoder
+from .manifest import Manifest, load_manifest
+
+FIELDS = ("image", "label", "path", "index")
+
+
+class PackedDataset(Dataset):
+    """Map-style dataset over the shards of one manifest.
+
+    Subclasses implement `_read(shard, local_index) -> (meta, payload)`. Handles to shard files
+    are opened lazily, per process, so a dataset can be pickled to spawn workers or inherited
+    through fork; `__getstate__` drops whatever the parent opened.
+    """
+
+    format: ClassVar[str] = ""
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        manifest: Manifest | None = None,
+        decode: str = "pil",
+        fields: Sequence[str] = ("image", "label"),
+        transform: Callable[[Any], Any] | None = None,
+        target_transform: Callable[[Any], Any] | None = None,
+    ) -> None:
+        self.root = Path(root)
+        self.manifest = manifest if manifest is not None else load_manifest(self.root)
+        self.decode = decode
+        self._decoder = get_decoder(decode)
+        unknown = [name for name in fields if name not in FIELDS]
+        if unknown or not fields:
+            raise ValueError(f"fields must be a non-empty selection of {FIELDS}, got {tuple(fields)}")
+        self.fields = tuple(fields)
+        self.transform = transform
+        self.target_transform = target_transform
+        counts = np.array([shard.num_samples for shard in self.manifest.shards], dtype=np.int64)
+        self._offsets = np.concatenate(([0], np.cumsum(counts)))
+        self._pid = os.getpid()
+        self._handles: dict[int, Any] = {}
+
+    @property
+    def classes(self) -> list[str]:
+        return self.manifest.classes
+
+    def __len__(self) -> int:
+        return int(self._offsets[-1])
+
+    def shard_path(self, shard: int) -> Path:
+        return self.root / self.manifest.shards[shard].name
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """Global sample index -> (shard number, index inside that shard)."""
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(f"sample index {index} out of range for {len(self)} samples")
+        shard = int(np.searchsorted(self._offsets, index, side="right")) - 1
+        return shard, index - int(self._offsets[shard])
+
+    def handle(self, shard: int) -> Any:
+        """The open handle for a shard in this process, opened on first use."""
+        if self._pid != os.getpid():
+            self._handles = {}
+            self._pid = os.getpid()
+        handle = self._handles.get(shard)
+        if handle is None:
+            handle = self._handles[shard] = self._open(shard)
+        return handle
+
+    def __getitem__(self, index: int) -> tuple[Any, ...]:
+        shard, local = self.locate(int(index))
+        meta, payload = self._read(shard, local)
+        return self._sample(int(index) % len(self), meta, payload)
+
+    def _sample(self, index: int, meta: dict[str, Any], payload: memoryview) -> tuple[Any, ...]:
+        out: list[Any] = []
+        for name in self.fields:
+            if name == "image":
+                image = self._decoder(payload, meta)
+                out.append(self.transform(image) if self.transform else image)
+            elif name == "label":
+                label = int(meta["label"])
+                out.append(self.target_transform(label) if self.target_transform else label)
+            elif name == "path":
+                out.append(meta["path"])
+            else:
+                out.append(index)
+        return tuple(out)
+
+    def close(self) -> None:
+        for handle in self._handles.values():
+            self._close(handle)
+        self._handles = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_handles"] = {}
+        return state
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}({str(self.root)!r}, samples={len(self)}, "
+            f"shards={len(self.manifest.shards)}, store={self.manifest.store!r}, decode={self.decode!r})"
+        )
+
+    # Format hooks -----------------------------------------------------------------------------
+
+    def _open(self, shard: int) -> Any:
+        raise NotImplementedError
+
+    def _close(self, handle: Any) -> None:
+        raise NotImplementedError
+
+    def _read(self, shard: int, local: int) -> tuple[dict[str, Any], memoryview]:
+        raise NotImplementedError

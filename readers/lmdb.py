@@ -1,0 +1,77 @@
+"""LMDB shards: one standalone environment per shard file, opened read-only in each process."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import lmdb
+
+from .base import PackedDataset
+from .manifest import DatasetError, decode_record
+
+KEY_WIDTH = 10
+
+
+def record_key(local_index: int) -> bytes:
+    """Fixed-width, zero-padded ASCII keys: sorted order equals sample order, so writes append."""
+    return b"%0*d" % (KEY_WIDTH, local_index)
+
+
+# py-lmdb refuses to open one path twice in a process, so environments are shared per process.
+_ENVIRONMENTS: dict[str, lmdb.Environment] = {}
+
+
+def _close_inherited() -> None:
+    """After fork the child must not reuse the parent's environments: close them, reopen lazily."""
+    for env in _ENVIRONMENTS.values():
+        env.close()
+    _ENVIRONMENTS.clear()
+
+
+os.register_at_fork(after_in_child=_close_inherited)
+
+
+def open_environment(path: str) -> lmdb.Environment:
+    env = _ENVIRONMENTS.get(path)
+    if env is None:
+        try:
+            env = lmdb.open(
+                path,
+                subdir=False,
+                readonly=True,
+                lock=False,
+                readahead=False,
+                meminit=False,
+                max_readers=1024,
+            )
+        except lmdb.Error as exc:
+            raise DatasetError(f"{path}: cannot open LMDB shard ({exc})") from None
+        _ENVIRONMENTS[path] = env
+    return env
+
+
+class LMDBDataset(PackedDataset):
+    """Map-style dataset over LMDB shards (`readonly`, `lock=False`, no readahead)."""
+
+    format = "lmdb"
+
+    def _open(self, shard: int) -> lmdb.Environment:
+        return open_environment(str(self.shard_path(shard)))
+
+    def _close(self, handle: Any) -> None:
+        path = handle.path()
+        if _ENVIRONMENTS.get(path) is handle:
+            del _ENVIRONMENTS[path]
+        handle.close()
+
+    def _read(self, shard: int, local: int) -> tuple[dict[str, Any], memoryview]:
+        env = self.handle(shard)
+        with env.begin() as txn:
+            value = txn.get(record_key(local))
+        if value is None:
+            raise DatasetError(f"{self.shard_path(shard)}: sample {local} is missing")
+        try:
+            return decode_record(value)
+        except ValueError as exc:
+            raise DatasetError(f"{self.shard_path(shard)}: sample {local} is damaged ({exc})") from None

@@ -1,0 +1,115 @@
+"""The dataset contract shared by the packer and the readers.
+
+`index.json` describes a packed dataset; it is written last, so its presence means every
+shard is complete. Records inside LMDB shards use the small binary header defined here.
+Nothing in the format is pickled. docs/FORMAT.md is the prose version of this module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "index.json"
+REJECTS_NAME = "rejects.jsonl"
+SHARD_PATTERN = "shard-{:06d}{}"
+
+RECORD_MAGIC = b"PKR1"
+_RECORD_HEADER = struct.Struct("<4sI")
+
+
+class DatasetError(Exception):
+    """A packed dataset is missing, incomplete or damaged; the message names the file."""
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    name: str
+    num_samples: int
+    bytes: int
+    sha256: str
+
+
+@dataclass
+class Manifest:
+    format: str
+    store: str
+    num_samples: int
+    classes: list[str]
+    shards: list[ShardInfo]
+    options: dict[str, Any] = field(default_factory=dict)
+    tool_version: str = ""
+    version: int = FORMAT_VERSION
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        ordered = {key: data[key] for key in ("format", "version", "store", "num_samples")}
+        ordered.update(data)
+        return json.dumps(ordered, indent=2, sort_keys=False) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Manifest:
+        shards = [ShardInfo(**shard) for shard in data["shards"]]
+        return cls(
+            format=data["format"],
+            store=data["store"],
+            num_samples=int(data["num_samples"]),
+            classes=list(data["classes"]),
+            shards=shards,
+            options=dict(data.get("options", {})),
+            tool_version=str(data.get("tool_version", "")),
+            version=int(data["version"]),
+        )
+
+
+def shard_name(index: int, extension: str) -> str:
+    return SHARD_PATTERN.format(index, extension)
+
+
+def load_manifest(root: str | os.PathLike[str]) -> Manifest:
+    """Read `root/index.json`, raising DatasetError with the path on any problem."""
+    path = Path(root) / MANIFEST_NAME
+    if not Path(root).is_dir():
+        raise DatasetError(f"{root}: not a packed dataset directory")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DatasetError(f"{path}: no manifest (packing unfinished, or not a packed dataset)") from None
+    except (OSError, ValueError) as exc:
+        raise DatasetError(f"{path}: unreadable manifest ({exc})") from None
+    try:
+        manifest = Manifest.from_dict(data)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DatasetError(f"{path}: malformed manifest ({exc!r})") from None
+    if manifest.version > FORMAT_VERSION:
+        raise DatasetError(
+            f"{path}: format version {manifest.version} is newer than this reader ({FORMAT_VERSION})"
+        )
+    return manifest
+
+
+def encode_record(meta: dict[str, Any], payload: bytes) -> bytes:
+    """One stored sample: magic, uint32 LE meta length, UTF-8 JSON meta, then the image bytes."""
+    meta_bytes = json.dumps(meta, separators=(",", ":")).encode("utf-8")
+    return _RECORD_HEADER.pack(RECORD_MAGIC, len(meta_bytes)) + meta_bytes + payload
+
+
+def decode_record(record: bytes | memoryview) -> tuple[dict[str, Any], memoryview]:
+    """Split a stored record into its meta dict and a zero-copy view of the payload."""
+    view = memoryview(record)
+    if len(view) < _RECORD_HEADER.size:
+        raise ValueError("record shorter than its header")
+    magic, meta_len = _RECORD_HEADER.unpack_from(view)
+    if magic != RECORD_MAGIC:
+        raise ValueError("bad record magic")
+    start = _RECORD_HEADER.size
+    end = start + meta_len
+    if end > len(view):
+        raise ValueError("record meta runs past its end")
+    meta = json.loads(bytes(view[start:end]).decode("utf-8"))
+    return meta, view[end:]

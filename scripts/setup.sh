@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Create .venv if needed and install the project into it. Sourced by demo.sh and test.sh.
+# The CPU build of torch goes in first when no torch is present: an unpinned torch pulls CUDA.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.venv"
+PYTHON_BIN="${PYTHON:-python3}"
+if [ ! -x "$VENV/bin/python" ]; then
+    "$PYTHON_BIN" -m venv "$VENV"
+fi
+PY="$VENV/bin/python"
+if ! "$PY" -c "import torch" >/dev/null 2>&1; then
+    "$PY" -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
+fi
+"$PY" -m pip install --quiet --disable-pip-version-check -e "$ROOT[test,dask]"
+export PATH="$VENV/bin:$PATH"

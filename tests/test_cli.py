@@ -1,0 +1,110 @@
+"""The `pack` command through click's CliRunner and as the installed console script."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import readers
+from packer.cli import main
+from packer.writers import WRITERS
+
+
+def run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, [str(arg) for arg in args])
+    return result.exit_code, result.output
+
+
+@pytest.mark.parametrize("fmt", sorted(WRITERS))
+def test_pack_prints_summary_and_reads_back(fmt: str, image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
+    root, files = image_folder
+    out = tmp_path / "out"
+    code, output = run(fmt, root, out, "--shard-size", "7", "-q")
+    assert code == 0, output
+    assert f"packed {len(files)} samples" in output and "into 3 shards" in output
+    assert "0 rejected" in output and "files/s" in output
+    ds = readers.open_dataset(out, decode="bytes", fields=("image", "path"))
+    assert {path: data for data, path in ds} == files
+
+
+def test_existing_dataset_needs_overwrite(image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
+    root, _ = image_folder
+    out = tmp_path / "out"
+    assert run("lmdb", root, out, "-q")[0] == 0
+    before = (out / "index.json").read_bytes()
+    code, output = run("lmdb", root, out, "-q")
+    assert code == 1
+    assert output.strip() == f"Error: {out}: already holds a packed dataset; pass --overwrite to replace it"
+    assert (out / "index.json").read_bytes() == before
+    code, output = run("lmdb", root, out, "-q", "--overwrite", "--shard-size", "2")
+    assert code == 0, output
+    assert json.loads((out / "index.json").read_text())["options"]["shard_size"] == 2
+    assert len(list(out.glob("shard-*.lmdb"))) == 10  # 20 files, 2 per shard: the old shards are gone
+
+
+def test_foreign_directory_is_refused(image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
+    root, _ = image_folder
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "thesis.tex").write_text("precious")
+    code, output = run("lmdb", root, out, "-q", "--overwrite")
+    assert code == 0, output  # --overwrite removes only pack's own files
+    assert (out / "thesis.tex").read_text() == "precious"
+    shutil.rmtree(out / ".pack")
+    for name in os.listdir(out):
+        if name != "thesis.tex":
+            os.remove(out / name)
+    code, output = run("lmdb", root, out, "-q")
+    assert code == 1 and "not empty and not a pack output" in output and "thesis.tex" in output
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["lmdb", "{tmp}/missing", "{tmp}/out"], "{tmp}/missing: does not exist"),
+        (["lmdb", "{src}", "{src}/inside"], "must not be inside SRC"),
+        (["lmdb", "{src}", "{tmp}/out", "--shard-size", "0"], "Invalid value for '--shard-size'"),
+        (["lmdb", "{src}", "{tmp}/out", "--shard-bytes", "lots"], "'lots' is not a size"),
+        (["lmdb", "{src}", "{tmp}/file.txt"], "{tmp}/file.txt: exists and is not a directory"),
+        (["lmdb", "{tmp}/empty", "{tmp}/out"], "{tmp}/empty: no image files found"),
+    ],
+)
+def test_misuse_is_one_line_error(args: list[str], message: str, image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
+    root, _ = image_folder
+    (tmp_path / "file.txt").write_text("x")
+    (tmp_path / "empty").mkdir()
+    fill = {"tmp": str(tmp_path), "src": str(root)}
+    code, output = run(*(arg.format(**fill) for arg in args))
+    assert code == 2 if "Invalid value" in message or "is not a size" in message else code == 1
+    assert message.format(**fill) in output
+    assert "Traceback" not in output
+    assert not (tmp_path / "out" / "index.json").exists()
+    assert not (root / "inside").exists()
+
+
+def test_shard_bytes_splits_by_size(image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
+    root, files = image_folder
+    largest = max(len(data) for data in files.values())
+    code, output = run("lmdb", root, tmp_path / "out", "-q", "--shard-bytes", str(largest * 3))
+    assert code == 0, output
+    manifest = readers.load_manifest(tmp_path / "out")
+    assert len(manifest.shards) >= len(files) // 3 // 2
+    assert sum(shard.num_samples for shard in manifest.shards) == len(files)
+
+
+def test_installed_console_script(image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
+    root, files = image_folder
+    script = Path(sys.executable).with_name("pack")
+    result = subprocess.run([str(script), "lmdb", str(root), str(tmp_path / "out")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert f"packed {len(files)} samples" in result.stdout
+    assert "pack lmdb" in result.stderr  # the progress bar goes to stderr
+    version = subprocess.run([str(script), "--version"], capture_output=True, text=True)
+    assert version.stdout.startswith("pack, version ")

@@ -1,0 +1,128 @@
+"""LMDB end to end: pack a folder, read it back through every path a user would take."""
+
+from __future__ import annotations
+
+import io
+import json
+import multiprocessing
+from pathlib import Path
+
+import lmdb
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader
+
+import readers
+from packer.pipeline import pack
+from packer.plan import PackOptions
+from readers.manifest import decode_record
+
+
+@pytest.fixture
+def packed(image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
+    root, files = image_folder
+    out = tmp_path / "out"
+    pack(root, out, PackOptions(format="lmdb", shard_size=4))
+    return out, files
+
+
+def as_list(batch: list) -> list:
+    return batch
+
+
+def expected_label(path: str) -> int:
+    return ["class_00", "class_01", "class_02"].index(path.split("/")[0])
+
+
+def test_manifest_contract(packed: tuple[Path, dict[str, bytes]]) -> None:
+    out, files = packed
+    index = json.loads((out / "index.json").read_text())
+    assert index["format"] == "lmdb" and index["version"] == 1 and index["store"] == "original"
+    assert index["num_samples"] == len(files)
+    assert index["classes"] == ["class_00", "class_01", "class_02"]
+    assert sum(shard["num_samples"] for shard in index["shards"]) == len(files)
+    assert [shard["name"] for shard in index["shards"]] == [f"shard-{i:06d}.lmdb" for i in range(len(index["shards"]))]
+    for shard in index["shards"]:
+        assert (out / shard["name"]).stat().st_size == shard["bytes"]
+        assert len(shard["sha256"]) == 64
+    assert index["options"]["shard_size"] == 4 and index["tool_version"].startswith("pack ")
+    assert (out / "rejects.jsonl").read_text() == ""
+
+
+def test_every_sample_round_trips_in_order(packed: tuple[Path, dict[str, bytes]]) -> None:
+    out, files = packed
+    ds = readers.open_dataset(out, decode="bytes", fields=("image", "label", "path", "index"))
+    assert isinstance(ds, readers.LMDBDataset)
+    assert len(ds) == len(files)
+    samples = list(ds)
+    assert [path for _, _, path, _ in samples] == sorted(files)
+    for position, (data, label, path, index) in enumerate(samples):
+        assert data == files[path]
+        assert label == expected_label(path)
+        assert index == position
+    assert ds[-1] == ds[len(ds) - 1]
+    with pytest.raises(IndexError):
+        ds[len(ds)]
+
+
+def test_decode_modes(packed: tuple[Path, dict[str, bytes]]) -> None:
+    out, files = packed
+    path = sorted(files)[0]
+    reference = np.asarray(Image.open(io.BytesIO(files[path])).convert("RGB"))
+    (pil,) = readers.open_dataset(out, decode="pil", fields=("image",))[0]
+    assert pil.mode == "RGB" and np.array_equal(np.asarray(pil), reference)
+    (array,) = readers.open_dataset(out, decode="numpy", fields=("image",))[0]
+    assert array.dtype == np.uint8 and np.array_equal(array, reference)
+    (tensor,) = readers.open_dataset(out, decode="tensor", fields=("image",))[0]
+    assert tensor.dtype == torch.uint8 and tensor.shape == (3, *reference.shape[:2])
+    assert np.array_equal(tensor.permute(1, 2, 0).numpy(), reference)
+
+
+def test_transforms_apply(packed: tuple[Path, dict[str, bytes]]) -> None:
+    out, _ = packed
+    ds = readers.open_dataset(out, transform=lambda image: image.size, target_transform=lambda label: label + 100)
+    size, label = ds[0]
+    assert isinstance(size, tuple) and label == 100
+
+
+def test_bad_arguments(packed: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
+    out, _ = packed
+    with pytest.raises(ValueError, match="decode"):
+        readers.open_dataset(out, decode="jpeg")
+    with pytest.raises(ValueError, match="fields"):
+        readers.open_dataset(out, fields=("pixels",))
+    with pytest.raises(readers.DatasetError, match="no manifest"):
+        readers.open_dataset(tmp_path)
+
+
+def test_plain_lmdb_reads_a_shard(packed: tuple[Path, dict[str, bytes]]) -> None:
+    out, files = packed
+    env = lmdb.open(str(out / "shard-000001.lmdb"), subdir=False, readonly=True, lock=False)
+    try:
+        with env.begin() as txn:
+            meta, payload = decode_record(txn.get(b"0000000000"))
+            assert txn.stat()["entries"] == 4
+    finally:
+        env.close()
+    assert bytes(payload) == files[meta["path"]]
+    assert meta["path"] == sorted(files)[4]
+
+
+@pytest.mark.parametrize("start_method", ["fork", "forkserver", "spawn"])
+def test_dataloader_workers_see_every_sample_once(packed: tuple[Path, dict[str, bytes]], start_method: str) -> None:
+    out, files = packed
+    ds = readers.open_dataset(out, decode="bytes", fields=("image", "path", "label"))
+    ds[0]  # the parent has a handle open before the fork: workers must cope
+    loader = DataLoader(
+        ds,
+        batch_size=3,
+        num_workers=2,
+        collate_fn=as_list,
+        multiprocessing_context=multiprocessing.get_context(start_method),
+    )
+    seen = [sample for batch in loader for sample in batch]
+    assert sorted(path for _, path, _ in seen) == sorted(files)
+    for data, path, label in seen:
+        assert data == files[path] and label == expected_label(path)

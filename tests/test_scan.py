@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from imagefolders import image_bytes, make_image_folder
+from packer.scan import UNLABELLED, ScanError, scan
+
+
+
+def test_classes_sorted_and_paths_sorted(image_folder: tuple[Path, dict[str, bytes]]) -> None:
+    root, files = image_folder
+    listing = scan(root)
+    assert listing.classes == ["class_00", "class_01", "class_02"]
+    assert listing.paths == sorted(files)
+    for path, label in zip(listing.paths, listing.labels):
+        assert label == listing.classes.index(path.split("/")[0])
+    assert list(listing.sizes) == [len(files[path]) for path in listing.paths]
+    # notes.txt is "other"; .hidden.jpg and .git are hidden.
+    assert listing.ignored_other == 1
+    assert listing.ignored_hidden == 2
+
+
+def test_extensions_case_insensitive_and_nested(image_folder: tuple[Path, dict[str, bytes]]) -> None:
+    root, _ = image_folder
+    paths = scan(root).paths
+    assert "class_00/pic.PNG" in paths
+    assert "class_00/sub/deeper/img 003.jpg" in paths
+
+
+def test_flat_folder_is_unlabelled(tmp_path: Path) -> None:
+    rng = random.Random(1)
+    for name in ("b.jpg", "a.png", "c.txt"):
+        (tmp_path / name).write_bytes(image_bytes(rng))
+    listing = scan(tmp_path)
+    assert listing.classes == []
+    assert listing.paths == ["a.png", "b.jpg"]
+    assert list(listing.labels) == [UNLABELLED, UNLABELLED]
+    assert listing.ignored_other == 1
+
+
+def test_non_utf8_name_round_trips(image_folder: tuple[Path, dict[str, bytes]]) -> None:
+    root, files = image_folder
+    odd = [path for path in scan(root).paths if "bad-" in path]
+    assert len(odd) == 1
+    assert (root / odd[0]).read_bytes() == files[odd[0]]
+    assert os.fsencode(odd[0]).endswith(b"bad-\xff\xfe.jpg")
+
+
+def test_symlink_loop_terminates(tmp_path: Path) -> None:
+    make_image_folder(tmp_path, classes=1, per_class=2)
+    (tmp_path / "class_00" / "loop").symlink_to(tmp_path / "class_00", target_is_directory=True)
+    (tmp_path / "class_00" / "up").symlink_to(tmp_path, target_is_directory=True)
+    listing = scan(tmp_path)
+    assert listing.paths == ["class_00/img 000.jpg", "class_00/img 001.jpg"]
+
+
+def test_symlinked_files_are_followed(tmp_path: Path) -> None:
+    make_image_folder(tmp_path, classes=1, per_class=1)
+    (tmp_path / "class_00" / "link.jpg").symlink_to(tmp_path / "class_00" / "img 000.jpg")
+    (tmp_path / "class_00" / "broken.jpg").symlink_to(tmp_path / "missing.jpg")
+    listing = scan(tmp_path)
+    assert "class_00/link.jpg" in listing.paths
+    assert [path for path, _ in listing.unreadable] == ["class_00/broken.jpg"]
+
+
+def test_missing_and_non_directory_sources(tmp_path: Path) -> None:
+    with pytest.raises(ScanError, match="does not exist"):
+        scan(tmp_path / "nope")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ScanError, match="not a directory"):
+        scan(tmp_path / "file")
