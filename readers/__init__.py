@@ -1,47 +1,29 @@
-"""Torch datasets for packed image shards. Imports nothing from `packer`."""
+"""Torch datasets for packed image shards. Imports nothing from `packer`.
+
+The manifest contract (`readers.manifest`) imports no torch, so the packer can share it without
+paying torch's start-up; the dataset classes load on first use.
+"""
 
 from __future__ import annotations
 
-import os
-from typing import Any, Callable, Sequence
+import importlib
+from typing import Any
 
-from .base import PackedDataset
-from .lmdb import LMDBDataset
 from .manifest import DatasetError, Manifest, load_manifest
 
-DATASETS: dict[str, type[PackedDataset]] = {cls.format: cls for cls in (LMDBDataset,)}
+_LAZY = {
+    "DATASETS": "readers.datasets",
+    "open_dataset": "readers.datasets",
+    "PackedDataset": "readers.base",
+    "LMDBDataset": "readers.lmdb",
+}
 
 
-def open_dataset(
-    path: str | os.PathLike[str],
-    *,
-    decode: str = "pil",
-    fields: Sequence[str] = ("image", "label"),
-    transform: Callable[[Any], Any] | None = None,
-    target_transform: Callable[[Any], Any] | None = None,
-) -> PackedDataset:
-    """Open a packed dataset directory; the format is read from its `index.json`."""
-    manifest = load_manifest(path)
-    try:
-        cls = DATASETS[manifest.format]
-    except KeyError:
-        raise DatasetError(f"{path}: unknown format {manifest.format!r} in index.json") from None
-    return cls(
-        path,
-        manifest=manifest,
-        decode=decode,
-        fields=fields,
-        transform=transform,
-        target_transform=target_transform,
-    )
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'readers' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
 
 
-__all__ = [
-    "DATASETS",
-    "DatasetError",
-    "LMDBDataset",
-    "Manifest",
-    "PackedDataset",
-    "load_manifest",
-    "open_dataset",
-]
+__all__ = ["DatasetError", "Manifest", "load_manifest", *_LAZY]

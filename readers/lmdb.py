@@ -8,14 +8,7 @@ from typing import Any
 import lmdb
 
 from .base import PackedDataset
-from .manifest import DatasetError, decode_record
-
-KEY_WIDTH = 10
-
-
-def record_key(local_index: int) -> bytes:
-    """Fixed-width, zero-padded ASCII keys: sorted order equals sample order, so writes append."""
-    return b"%0*d" % (KEY_WIDTH, local_index)
+from .manifest import DatasetError, decode_record, lmdb_key
 
 
 # py-lmdb refuses to open one path twice in a process, so environments are shared per process.
@@ -68,7 +61,7 @@ class LMDBDataset(PackedDataset):
     def _read(self, shard: int, local: int) -> tuple[dict[str, Any], memoryview]:
         env = self.handle(shard)
         with env.begin() as txn:
-            value = txn.get(record_key(local))
+            value = txn.get(lmdb_key(local))
         if value is None:
             raise DatasetError(f"{self.shard_path(shard)}: sample {local} is missing")
         try:

@@ -19,6 +19,7 @@ MANIFEST_NAME = "index.json"
 REJECTS_NAME = "rejects.jsonl"
 SHARD_PATTERN = "shard-{:06d}{}"
 
+LMDB_KEY_WIDTH = 10
 RECORD_MAGIC = b"PKR1"
 _RECORD_HEADER = struct.Struct("<4sI")
 
@@ -91,6 +92,11 @@ def load_manifest(root: str | os.PathLike[str]) -> Manifest:
             f"{path}: format version {manifest.version} is newer than this reader ({FORMAT_VERSION})"
         )
     return manifest
+
+
+def lmdb_key(local_index: int) -> bytes:
+    """LMDB keys are zero-padded ASCII: key order is sample order, so writes can append."""
+    return b"%0*d" % (LMDB_KEY_WIDTH, local_index)
 
 
 def encode_record(meta: dict[str, Any], payload: bytes) -> bytes:

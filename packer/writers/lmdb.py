@@ -7,8 +7,7 @@ from pathlib import Path
 
 import lmdb
 
-from readers.lmdb import record_key
-from readers.manifest import encode_record
+from readers.manifest import encode_record, lmdb_key
 
 from .base import Sample, ShardWriter
 
@@ -35,7 +34,7 @@ class LMDBWriter(ShardWriter):
 
     def add(self, sample: Sample) -> None:
         value = encode_record(sample.record_meta(), sample.payload)
-        self._pending.append((record_key(sample.local_index), value))
+        self._pending.append((lmdb_key(sample.local_index), value))
         self._pending_bytes += len(value)
         if self._pending_bytes >= COMMIT_BYTES:
             self._commit()

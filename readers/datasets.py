@@ -1,0 +1,37 @@
+"""The format -> dataset registry, and `open_dataset`, which dispatches on the manifest."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Sequence
+
+from .base import PackedDataset
+from .lmdb import LMDBDataset
+from .manifest import DatasetError, Manifest, load_manifest
+
+DATASETS: dict[str, type[PackedDataset]] = {cls.format: cls for cls in (LMDBDataset,)}
+
+
+def open_dataset(
+    path: str | os.PathLike[str],
+    *,
+    decode: str = "pil",
+    fields: Sequence[str] = ("image", "label"),
+    transform: Callable[[Any], Any] | None = None,
+    target_transform: Callable[[Any], Any] | None = None,
+) -> PackedDataset:
+    """Open a packed dataset directory; the format is read from its `index.json`."""
+    manifest = load_manifest(path)
+    try:
+        cls = DATASETS[manifest.format]
+    except KeyError:
+        raise DatasetError(f"{path}: unknown format {manifest.format!r} in index.json") from None
+    return cls(
+        path,
+        manifest=manifest,
+        decode=decode,
+        fields=fields,
+        transform=transform,
+        target_transform=target_transform,
+    )
+
