@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 import re
+import signal
 import sys
 from pathlib import Path
-from typing import Any
+from dataclasses import fields
+from typing import Any, Callable
 
 import click
 from tqdm import tqdm
@@ -16,7 +18,9 @@ from readers.manifest import DatasetError
 from . import __version__
 from .encode import STORES
 from .errors import PackError
-from .pipeline import Summary, pack
+from .engines import ENGINES
+from .partition import resolve_partition
+from .pipeline import Summary, ensure_plan, merge, pack
 from .plan import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SIZE, PackOptions
 from .scan import ScanError
 from .writers import WRITERS
@@ -53,39 +57,68 @@ def human_bytes(size: float) -> str:
 
 def print_summary(summary: Summary) -> None:
     resumed = f", {summary.resumed_shards} resumed" if summary.resumed_shards else ""
+    shards = (f"{summary.num_shards} shards" if summary.published
+              else f"{summary.num_shards} of {summary.planned_shards} shards (this task's)")
     click.echo(
-        f"packed {summary.num_samples} samples ({human_bytes(summary.bytes)}) into "
-        f"{summary.num_shards} shards{resumed} in {summary.elapsed:.1f}s "
-        f"({summary.files_per_second:.0f} files/s); {summary.rejects} rejected "
+        f"packed {summary.num_samples} samples ({human_bytes(summary.bytes)}) into {shards}{resumed} "
+        f"in {summary.elapsed:.1f}s ({summary.files_per_second:.0f} files/s); {summary.rejects} rejected "
         f"(see {Path(summary.out) / 'rejects.jsonl'}), {summary.ignored} non-image entries ignored"
+        + ("" if summary.published else f"; run `pack merge {summary.out}` when every task is done")
     )
+
+
+def packing_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The options that shape the packed result; their names are PackOptions' fields."""
+    decorators = [
+        click.option("--store", type=click.Choice(STORES), default="original", show_default=True,
+                     help="What to store per image: the file's bytes unchanged, or a decoded form."),
+        click.option("--shard-size", type=click.IntRange(min=1), default=DEFAULT_SHARD_SIZE, show_default=True,
+                     help="Most samples per shard."),
+        click.option("--shard-bytes", type=ByteSize(), default=DEFAULT_SHARD_BYTES, show_default="1GiB",
+                     help="Most source bytes per shard (e.g. 4GB, 512MiB)."),
+    ]
+    for decorator in reversed(decorators):
+        command = decorator(command)
+    return command
+
+
+def pack_options_from(fmt: str, params: dict[str, Any]) -> PackOptions:
+    """Take PackOptions' fields out of a command's parameters."""
+    names = [field.name for field in fields(PackOptions) if field.name != "format"]
+    return PackOptions(format=fmt, **{name: params.pop(name) for name in names})
 
 
 def make_pack_command(fmt: str) -> click.Command:
     @click.command(name=fmt, help=f"Pack the images under SRC into {fmt} shards in directory OUT.")
     @click.argument("src", type=click.Path(path_type=Path))
     @click.argument("out", type=click.Path(path_type=Path))
-    @click.option("--store", type=click.Choice(STORES), default="original", show_default=True,
-                  help="What to store per image: the file's bytes unchanged, or a decoded form.")
-    @click.option("--shard-size", type=click.IntRange(min=1), default=DEFAULT_SHARD_SIZE, show_default=True,
-                  help="Most samples per shard.")
-    @click.option("--shard-bytes", type=ByteSize(), default=DEFAULT_SHARD_BYTES, show_default="1GiB",
-                  help="Most source bytes per shard (e.g. 4GB, 512MiB).")
+    @packing_options
     @click.option("--workers", type=click.IntRange(min=1), default=None,
-                  help="Parallelism; default: the CPUs this job may use.")
+                  help="Shards packed at once; default: the CPUs this job may use.")
     @click.option("--overwrite", is_flag=True, help="Replace an existing packed dataset in OUT.")
+    @click.option("--task-index", type=click.IntRange(min=0), default=None,
+                  help="Pack only the shards of this task (shard k belongs to task k mod N).")
+    @click.option("--task-count", type=click.IntRange(min=1), default=None, help="N, the number of tasks.")
+    @click.option("--engine", type=click.Choice(ENGINES), default="local", show_default=True,
+                  help="Where shard tasks run.")
+    @click.option("--scheduler", default=None, help="For --engine dask: 'local' or a scheduler address.")
     @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-    def command(src: Path, out: Path, store: str, shard_size: int, shard_bytes: int,
-                workers: int | None, overwrite: bool, quiet: bool) -> None:
-        options = PackOptions(format=fmt, store=store, shard_size=shard_size, shard_bytes=shard_bytes)
-        # In a batch job's log (not a terminal) the bar still shows, but rarely.
-        interval = 0.2 if sys.stderr.isatty() else 30.0
-        with tqdm(desc=f"pack {fmt}", unit="img", file=sys.stderr, disable=quiet,
-                  mininterval=interval, dynamic_ncols=True) as bar:
-            summary = pack(src, out, options, overwrite=overwrite, workers=workers, progress=bar.update)
+    def command(src: Path, out: Path, workers: int | None, overwrite: bool, task_index: int | None,
+                task_count: int | None, engine: str, scheduler: str | None, quiet: bool, **params: Any) -> None:
+        options = pack_options_from(fmt, params)
+        partition = resolve_partition(task_index, task_count)
+        with progress_bar(f"pack {fmt}", quiet) as bar:
+            summary = pack(src, out, options, overwrite=overwrite, workers=workers, partition=partition,
+                           engine=engine, scheduler=scheduler, progress=bar.update)
         print_summary(summary)
 
     return command
+
+
+def progress_bar(desc: str, quiet: bool) -> tqdm:
+    """On stderr; in a batch job's log (not a terminal) it still shows, but rarely."""
+    interval = 0.2 if sys.stderr.isatty() else 30.0
+    return tqdm(desc=desc, unit="img", file=sys.stderr, disable=quiet, mininterval=interval, dynamic_ncols=True)
 
 
 class PackGroup(click.Group):
@@ -97,7 +130,7 @@ class PackGroup(click.Group):
         except (PackError, ScanError, DatasetError) as exc:
             raise click.ClickException(str(exc)) from None
         except KeyboardInterrupt:
-            raise click.ClickException("interrupted; rerun the same command to resume") from None
+            raise click.ClickException("interrupted; nothing was published; rerun the same command to resume") from None
         except OSError as exc:
             where = exc.filename or "pack"
             raise click.ClickException(f"{where}: {exc.strerror or exc}") from None
@@ -108,7 +141,28 @@ class PackGroup(click.Group):
 @click.option("--verbose", "-v", is_flag=True, help="Log what the library does to stderr.")
 def main(verbose: bool) -> None:
     """Pack folders of images into LMDB, HDF5 or WebDataset shards for fast PyTorch training."""
+    # A scheduler's preemption (SIGTERM) stops like Ctrl-C: temp files removed, resumable.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+
+@main.command("plan")
+@click.argument("src", type=click.Path(path_type=Path))
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(sorted(WRITERS)), required=True, help="The format tasks will pack.")
+@packing_options
+def plan_command(src: Path, out: Path, fmt: str, **params: Any) -> None:
+    """Scan SRC once and write the shard plan into OUT, for the tasks of a batch job to share."""
+    plan = ensure_plan(src, out, pack_options_from(fmt, params))
+    click.echo(f"planned {plan.num_listed} files into {plan.num_shards} shards in {out}")
+
+
+@main.command("merge")
+@click.argument("out", type=click.Path(path_type=Path))
+def merge_command(out: Path) -> None:
+    """Publish index.json once every planned shard in OUT is finished; name what is missing if not."""
+    manifest = merge(out)
+    click.echo(f"merged {len(manifest.shards)} shards, {manifest.num_samples} samples: {out / 'index.json'}")
 
 
 for _name, _writer in WRITERS.items():

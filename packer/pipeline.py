@@ -8,10 +8,12 @@ planned shard has its marker. A rerun skips shards whose marker and file still a
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
 import shutil
+import socket
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -22,11 +24,12 @@ from typing import Callable, Iterator
 from readers.manifest import MANIFEST_NAME, REJECTS_NAME, Manifest, ShardInfo, shard_name
 
 from . import __version__
-from .encode import encode
+from .encode import Encoded, encode
 from .errors import PackError, RejectedFile
 from .fsutil import atomic_write_text, publish, sha256_file
+from .partition import Partition
 from .plan import Entry, PackOptions, Plan, load_plan, read_shard_entries, work_dir, write_plan
-from .scan import Listing, scan
+from .scan import scan
 from .writers import Sample, get_writer
 
 log = logging.getLogger(__name__)
@@ -34,6 +37,10 @@ log = logging.getLogger(__name__)
 Progress = Callable[[int], None]
 DONE_DIR = "done"
 TMP_DIR = "tmp"
+LOCK_NAME = "plan.lock"
+READ_THREADS = 8
+READAHEAD_BYTES = 32 << 20
+READAHEAD_FILES = 512
 
 
 @dataclass
@@ -57,10 +64,12 @@ class Summary:
     num_samples: int
     bytes: int
     num_shards: int
+    planned_shards: int
     rejects: int
     ignored: int
     resumed_shards: int
     elapsed: float
+    published: bool
 
     @property
     def files_per_second(self) -> float:
@@ -85,42 +94,54 @@ def pack(
     *,
     overwrite: bool = False,
     workers: int | None = None,
+    partition: Partition = Partition(),
+    engine: str = "local",
+    scheduler: str | None = None,
     progress: Progress | None = None,
 ) -> Summary:
-    """Pack every image under `src` into shards in `out`; resumes an interrupted run of the same plan."""
+    """Pack the images under `src` into shards in `out`.
+
+    With a partition of several tasks, only this task's shards are packed and nothing is
+    published: `merge` does that once all tasks are done. An interrupted run of the same
+    command resumes: finished shards are kept, the others are packed again.
+    """
+    from .engines import get_engine
+
     started = time.monotonic()
     src_path, out_path = Path(src), Path(out)
-    check_paths(src_path, out_path)
-    prepare_output(out_path, overwrite=overwrite)
-    listing = scan(src_path)
-    if not len(listing):
-        raise PackError(f"{src_path}: no image files found")
-    plan = plan_or_resume(out_path, listing, options)
-    threads = max(1, (workers or default_workers()) * 4)
-    resumed = 0
-    for shard in range(plan.num_shards):
-        result = finished_shard(out_path, plan, shard)
-        if result is not None:
-            resumed += 1
-            if progress:
-                progress(plan.bounds[shard + 1] - plan.bounds[shard])
-            continue
-        run_shard(out_path, plan, shard, threads=threads, progress=progress)
-    manifest = merge(out_path)
+    if overwrite and not partition.is_whole:
+        raise PackError(f"{out_path}: --overwrite cannot be combined with a partitioned run; remove OUT first")
+    plan = ensure_plan(src_path, out_path, options, overwrite=overwrite)
+    mine = partition.shards(plan.num_shards)
+    done = {shard: finished_shard(out_path, plan, shard) for shard in mine}
+    pending = [shard for shard, result in done.items() if result is None]
+    if progress:
+        progress(sum(plan.bounds[k + 1] - plan.bounds[k] for k, result in done.items() if result is not None))
+    clean_tmp(out_path, plan, pending)
+    get_engine(engine)(out_path, plan, pending, workers=workers or default_workers(), scheduler=scheduler,
+                       progress=progress)
+    results = [finished_shard(out_path, plan, shard, check_hash=False) for shard in mine]
+    published = partition.is_whole
+    if published:
+        merge(out_path)
+    finished = [result for result in results if result is not None]
     return Summary(
         out=str(out_path),
-        num_samples=manifest.num_samples,
-        bytes=sum(shard.bytes for shard in manifest.shards),
-        num_shards=len(manifest.shards),
-        rejects=count_rejects(out_path),
-        ignored=listing.ignored_hidden + listing.ignored_other,
-        resumed_shards=resumed,
+        num_samples=sum(result.num_samples for result in finished),
+        bytes=sum(result.bytes for result in finished),
+        num_shards=len(finished),
+        planned_shards=plan.num_shards,
+        rejects=sum(len(result.rejects) for result in finished)
+        + (len(plan.scan_rejects) if published else 0),
+        ignored=plan.ignored,
+        resumed_shards=len(mine) - len(pending),
         elapsed=time.monotonic() - started,
+        published=published,
     )
 
 
 def check_paths(src: Path, out: Path) -> None:
-    if src.exists() and src.is_dir():
+    if src.is_dir():
         src_real, out_real = src.resolve(), out.resolve()
         if out_real == src_real or src_real in out_real.parents:
             raise PackError(f"{out}: OUT must not be inside SRC ({src}); the packer would scan its own output")
@@ -135,7 +156,7 @@ def is_pack_output(name: str) -> bool:
 def prepare_output(out: Path, *, overwrite: bool) -> None:
     """Refuse to clobber a finished dataset or foreign files; with overwrite, remove our files only."""
     if not out.exists():
-        out.mkdir(parents=True)
+        out.mkdir(parents=True, exist_ok=True)
         return
     names = os.listdir(out)
     foreign = sorted(name for name in names if not is_pack_output(name))
@@ -151,22 +172,32 @@ def prepare_output(out: Path, *, overwrite: bool) -> None:
         raise PackError(f"{out}: not empty and not a pack output (found {foreign[0]!r}); choose another OUT")
 
 
-def plan_or_resume(out: Path, listing: Listing, options: PackOptions) -> Plan:
-    """Keep an unfinished run's plan if it would produce the same shards; else start over."""
-    previous = load_plan(out)
-    plan = write_plan(out, listing, options)
-    if previous is not None and previous.fingerprint != plan.fingerprint:
-        log.warning("%s: source or options changed since the unfinished run; starting over", out)
-        discard_shards(out)
-    shutil.rmtree(work_dir(out) / TMP_DIR, ignore_errors=True)
-    return plan
+def ensure_plan(src: Path, out: Path, options: PackOptions, *, overwrite: bool = False) -> Plan:
+    """The plan in OUT, written once: the first process scans SRC, the others (and reruns) reuse it.
 
-
-def discard_shards(out: Path) -> None:
-    shutil.rmtree(work_dir(out) / DONE_DIR, ignore_errors=True)
-    for name in os.listdir(out):
-        if name.startswith("shard-"):
-            (out / name).unlink()
+    A file lock serialises concurrent tasks on a shared filesystem, so N tasks do not all walk
+    millions of files; a plan made with other options is an error, never silently replaced.
+    """
+    check_paths(src, out)
+    prepare_output(out, overwrite=overwrite)
+    work = work_dir(out)
+    work.mkdir(exist_ok=True)
+    with open(work / LOCK_NAME, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        plan = load_plan(out)
+        if plan is not None:
+            wanted = asdict(options)
+            if plan.options != wanted or plan.source != os.path.abspath(src):
+                raise PackError(
+                    f"{out}: holds an unfinished run of {plan.source} with options {plan.options}; "
+                    "rerun with those, or pass --overwrite to start over"
+                )
+            log.info("%s: reusing the plan (%d shards)", out, plan.num_shards)
+            return plan
+        listing = scan(src)
+        if not len(listing):
+            raise PackError(f"{src}: no image files found")
+        return write_plan(out, listing, options)
 
 
 def marker_path(out: Path, name: str) -> Path:
@@ -184,15 +215,15 @@ def read_marker(out: Path, name: str) -> ShardResult | None:
         return None
 
 
-def finished_shard(out: Path, plan: Plan, shard: int) -> ShardResult | None:
-    """The marker of a shard that is done for this plan and whose file still matches its hash."""
+def finished_shard(out: Path, plan: Plan, shard: int, *, check_hash: bool = True) -> ShardResult | None:
+    """The marker of a shard done for this plan, if its file still matches it (size, and hash)."""
     name = shard_file_name(plan, shard)
     result = read_marker(out, name)
     if result is None or result.fingerprint != plan.fingerprint:
         return None
     path = out / name
     try:
-        if path.stat().st_size != result.bytes or sha256_file(path) != result.sha256:
+        if path.stat().st_size != result.bytes or (check_hash and sha256_file(path) != result.sha256):
             log.warning("%s: does not match its marker; packing it again", path)
             return None
     except FileNotFoundError:
@@ -200,61 +231,51 @@ def finished_shard(out: Path, plan: Plan, shard: int) -> ShardResult | None:
     return result
 
 
-def run_shard(
-    out: Path,
-    plan: Plan,
-    shard: int,
-    *,
-    threads: int = 8,
-    progress: Progress | None = None,
-) -> ShardResult:
+def clean_tmp(out: Path, plan: Plan, shards: list[int]) -> None:
+    """Remove leftovers of interrupted attempts at these shards (and only these: other tasks run)."""
+    tmp_dir = work_dir(out) / TMP_DIR
+    if not tmp_dir.is_dir():
+        return
+    names = {shard_file_name(plan, shard) for shard in shards}
+    for leftover in os.listdir(tmp_dir):
+        if leftover.split(".tmp-")[0] in names:
+            (tmp_dir / leftover).unlink(missing_ok=True)
+
+
+def run_shard(out: Path, plan: Plan, shard: int, *, threads: int = READ_THREADS,
+              progress: Progress | None = None) -> ShardResult:
     """Pack one planned shard: temp file, rename when synced, then the marker (written last)."""
     name = shard_file_name(plan, shard)
     entries = read_shard_entries(out, plan, shard)
-    options = plan.options
-    writer_cls = get_writer(options["format"])
+    writer_cls = get_writer(plan.options["format"])
     tmp_dir = work_dir(out) / TMP_DIR
     tmp_dir.mkdir(parents=True, exist_ok=True)
-    tmp = tmp_dir / f"{name}.{os.getpid()}"
-    writer = writer_cls(tmp, expected_bytes=sum(entry.size for entry in entries))
+    tmp = tmp_dir / f"{name}.tmp-{socket.gethostname()}-{os.getpid()}"
     rejects: list[dict[str, str]] = []
     count = 0
+    final = out / name
     try:
-        for entry, data in read_files(Path(plan.source), entries, threads):
-            try:
-                if isinstance(data, RejectedFile):
-                    raise data
-                encoded = encode(data, options["store"])
-            except RejectedFile as exc:
-                rejects.append({"path": entry.path, "reason": str(exc)})
+        writer = writer_cls(tmp, expected_bytes=sum(entry.size for entry in entries))
+        for entry, encoded in load_samples(Path(plan.source), entries, plan.options["store"], threads):
+            if isinstance(encoded, RejectedFile):
+                rejects.append({"path": entry.path, "reason": str(encoded)})
             else:
-                writer.add(
-                    Sample(
-                        local_index=count,
-                        label=entry.label,
-                        path=entry.path,
-                        payload=encoded.payload,
-                        meta=encoded.meta,
-                        extension=encoded.extension,
-                    )
-                )
+                writer.add(Sample(local_index=count, label=entry.label, path=entry.path,
+                                  payload=encoded.payload, meta=encoded.meta, extension=encoded.extension))
                 count += 1
             if progress:
                 progress(1)
         writer.close()
+        publish(tmp, final)
+    except (OSError, *writer_cls.write_errors) as exc:
+        tmp.unlink(missing_ok=True)
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise PackError(f"{out}: cannot write {name} ({reason}); nothing was published") from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    final = out / name
-    publish(tmp, final)
-    result = ShardResult(
-        name=name,
-        num_samples=count,
-        bytes=final.stat().st_size,
-        sha256=sha256_file(final),
-        fingerprint=plan.fingerprint,
-        rejects=rejects,
-    )
+    result = ShardResult(name=name, num_samples=count, bytes=final.stat().st_size, sha256=sha256_file(final),
+                         fingerprint=plan.fingerprint, rejects=rejects)
     marker = marker_path(out, name)
     marker.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(marker, json.dumps(asdict(result)) + "\n")
@@ -262,27 +283,39 @@ def run_shard(
     return result
 
 
-def read_files(root: Path, entries: list[Entry], threads: int) -> Iterator[tuple[Entry, bytes | RejectedFile]]:
-    """Read files with a thread pool, yielding in listing order with a bounded read-ahead."""
+def load_sample(root: Path, entry: Entry, store: str) -> Encoded | RejectedFile:
+    """Read and encode one file; runs in a reader thread (Pillow's codecs release the GIL)."""
+    try:
+        with open(os.path.join(root, entry.path), "rb") as handle:
+            data = handle.read()
+        return encode(data, store)
+    except RejectedFile as exc:
+        return exc
+    except OSError as exc:
+        return RejectedFile(f"cannot read: {exc.strerror or exc}")
 
-    def read(entry: Entry) -> bytes | RejectedFile:
-        try:
-            with open(os.path.join(root, entry.path), "rb") as handle:
-                return handle.read()
-        except OSError as exc:
-            return RejectedFile(f"cannot read: {exc.strerror or exc}")
 
-    window = threads * 4
+def load_samples(root: Path, entries: list[Entry], store: str,
+                 threads: int) -> Iterator[tuple[Entry, Encoded | RejectedFile]]:
+    """Samples in listing order, loaded by a thread pool with a read-ahead bounded in bytes and files."""
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="pack-read") as pool:
-        pending: deque[tuple[Entry, Future[bytes | RejectedFile]]] = deque()
-        position = 0
-        while position < len(entries) or pending:
-            while position < len(entries) and len(pending) < window:
-                entry = entries[position]
-                pending.append((entry, pool.submit(read, entry)))
-                position += 1
-            entry, future = pending.popleft()
-            yield entry, future.result()
+        pending: deque[tuple[Entry, Future[Encoded | RejectedFile]]] = deque()
+        position = in_flight = 0
+        try:
+            while position < len(entries) or pending:
+                while position < len(entries) and (
+                    not pending or (in_flight < READAHEAD_BYTES and len(pending) < READAHEAD_FILES)
+                ):
+                    entry = entries[position]
+                    pending.append((entry, pool.submit(load_sample, root, entry, store)))
+                    in_flight += entry.size
+                    position += 1
+                entry, future = pending.popleft()
+                in_flight -= entry.size
+                yield entry, future.result()
+        finally:
+            for _, future in pending:
+                future.cancel()
 
 
 def merge(out: Path) -> Manifest:
@@ -293,10 +326,9 @@ def merge(out: Path) -> Manifest:
     results: list[ShardResult] = []
     missing: list[str] = []
     for shard in range(plan.num_shards):
-        name = shard_file_name(plan, shard)
-        result = read_marker(out, name)
-        if result is None or result.fingerprint != plan.fingerprint or not (out / name).exists():
-            missing.append(name)
+        result = finished_shard(out, plan, shard, check_hash=False)
+        if result is None:
+            missing.append(shard_file_name(plan, shard))
         else:
             results.append(result)
     if missing:
@@ -317,9 +349,5 @@ def merge(out: Path) -> Manifest:
         tool_version=f"pack {__version__}",
     )
     atomic_write_text(out / MANIFEST_NAME, manifest.to_json())
+    shutil.rmtree(work_dir(out) / TMP_DIR, ignore_errors=True)
     return manifest
-
-
-def count_rejects(out: Path) -> int:
-    with open(out / REJECTS_NAME, "rb") as handle:
-        return sum(1 for _ in handle)

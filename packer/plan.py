@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -57,6 +58,7 @@ class Plan:
     bounds: list[int]
     line_offsets: list[int]
     listing_sha256: str
+    ignored: int = 0
     scan_rejects: list[dict[str, str]] = field(default_factory=list)
 
     @property
@@ -98,7 +100,7 @@ def write_plan(out: Path, listing: Listing, options: PackOptions) -> Plan:
     digest = hashlib.sha256()
     offsets: list[int] = []
     position = 0
-    tmp = work / (LISTING_NAME + ".tmp")
+    tmp = work / f"{LISTING_NAME}.tmp-{socket.gethostname()}-{os.getpid()}"
     with open(tmp, "wb") as handle:
         for index, (path, label, size) in enumerate(zip(listing.paths, listing.labels, listing.sizes)):
             if index in starts:
@@ -119,6 +121,7 @@ def write_plan(out: Path, listing: Listing, options: PackOptions) -> Plan:
         bounds=bounds,
         line_offsets=offsets if len(listing) else [0],
         listing_sha256=digest.hexdigest(),
+        ignored=listing.ignored_hidden + listing.ignored_other,
         scan_rejects=[{"path": path, "reason": reason} for path, reason in listing.unreadable],
     )
     atomic_write_text(work / PLAN_NAME, json.dumps(asdict(plan)) + "\n")

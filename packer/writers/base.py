@@ -33,6 +33,8 @@ class ShardWriter(ABC):
     format: ClassVar[str]
     extension: ClassVar[str]
     aliases: ClassVar[tuple[str, ...]] = ()
+    # What the format's library raises when writing fails (a full disk, say), besides OSError.
+    write_errors: ClassVar[tuple[type[Exception], ...]] = ()
 
     def __init__(self, path: Path, expected_bytes: int) -> None:
         self.path = path

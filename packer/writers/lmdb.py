@@ -21,13 +21,14 @@ MIN_MAP_SIZE = 64 << 20
 class LMDBWriter(ShardWriter):
     format = "lmdb"
     extension = ".lmdb"
+    write_errors = (lmdb.Error,)
 
     def __init__(self, path: Path, expected_bytes: int) -> None:
         super().__init__(path, expected_bytes)
         self._map_size = max(MIN_MAP_SIZE, int(expected_bytes * 1.5))
         self._env = lmdb.open(
             str(path), subdir=False, map_size=self._map_size, lock=False, sync=False,
-            metasync=False, meminit=False, readahead=False,
+            metasync=False, readahead=False,
         )
         self._pending: list[tuple[bytes, bytes]] = []
         self._pending_bytes = 0

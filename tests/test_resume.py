@@ -1,0 +1,144 @@
+"""Crash safety: kill -9 or Ctrl-C at any instant, rerun, and get what an uninterrupted run gives."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from imagefolders import make_image_folder
+from packer.errors import PackError
+from packer.pipeline import pack
+from packer.plan import PackOptions
+
+PACK = [sys.executable, "-m", "packer.cli"]
+
+
+def manifest_without_version(out: Path) -> dict:
+    index = json.loads((out / "index.json").read_text())
+    index.pop("tool_version")
+    return index
+
+
+def shard_bytes(out: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted(out.glob("shard-*"))}
+
+
+@pytest.fixture(scope="module")
+def big_folder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Enough files that a packing run takes a while; and the uninterrupted reference result."""
+    root = tmp_path_factory.mktemp("big")
+    src = root / "src"
+    make_image_folder(src, classes=4, per_class=150, seed=3)
+    reference = root / "reference"
+    subprocess.run([*PACK, "lmdb", str(src), str(reference), "--shard-size", "20", "-q"], check=True)
+    return src, reference
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+@pytest.mark.parametrize("delay", [0.3, 0.8, 1.5])
+def test_sigkill_then_rerun_matches_clean_run(big_folder: tuple[Path, Path], tmp_path: Path, delay: float, workers: str) -> None:
+    src, reference = big_folder
+    out = tmp_path / "out"
+    command = [*PACK, "lmdb", str(src), str(out), "--shard-size", "20", "-q", "--workers", workers]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(delay)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    killed_early = not (out / "index.json").exists()
+    if killed_early:
+        assert not (out / "rejects.jsonl").exists()
+    rerun = subprocess.run(command, capture_output=True, text=True)
+    if killed_early:
+        assert rerun.returncode == 0, rerun.stderr
+    else:  # the first run finished before the kill: the rerun must refuse to clobber it
+        assert "already holds a packed dataset" in rerun.stderr
+    assert manifest_without_version(out) == manifest_without_version(reference)
+    assert shard_bytes(out) == shard_bytes(reference)
+    assert not (out / ".pack" / "tmp").exists() or not os.listdir(out / ".pack" / "tmp")
+
+
+def test_ctrl_c_stops_with_message_and_resumes(big_folder: tuple[Path, Path], tmp_path: Path) -> None:
+    src, reference = big_folder
+    out = tmp_path / "out"
+    command = [*PACK, "lmdb", str(src), str(out), "--shard-size", "20", "-q", "--workers", "2"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.8)
+    process.send_signal(signal.SIGINT)
+    started = time.monotonic()
+    _, stderr = process.communicate(timeout=30)
+    if process.returncode == 0:
+        pytest.skip("packing finished before the interrupt")
+    assert time.monotonic() - started < 10
+    assert process.returncode == 1
+    assert stderr.strip().splitlines()[-1] == "Error: interrupted; nothing was published; rerun the same command to resume"
+    assert "Traceback" not in stderr
+    assert not (out / "index.json").exists()
+    subprocess.run(command, check=True, capture_output=True)
+    assert shard_bytes(out) == shard_bytes(reference)
+
+
+def test_sigterm_is_treated_like_ctrl_c(big_folder: tuple[Path, Path], tmp_path: Path) -> None:
+    src, _ = big_folder
+    out = tmp_path / "out"
+    process = subprocess.Popen([*PACK, "lmdb", str(src), str(out), "--shard-size", "20", "-q", "--workers", "1"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.8)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=30)
+    if process.returncode == 0:
+        pytest.skip("packing finished before the signal")
+    assert "interrupted" in stderr and "Traceback" not in stderr
+    assert not (out / "index.json").exists()
+    assert not list((out / ".pack" / "tmp").glob("*"))  # the inline shard's temp file was removed
+
+
+def test_damaged_finished_shard_is_redone(image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
+    root, _ = image_folder
+    out = tmp_path / "out"
+    options = PackOptions(format="lmdb", shard_size=5)
+    pack(root, out, options)
+    reference = shard_bytes(out)
+    (out / "index.json").unlink()  # as if the run died before publishing
+    victim = out / "shard-000001.lmdb"
+    data = bytearray(victim.read_bytes())
+    data[100] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    summary = pack(root, out, options)
+    assert summary.resumed_shards == len(reference) - 1
+    assert shard_bytes(out) == reference
+
+
+def test_changed_options_on_unfinished_run_is_an_error(image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
+    root, _ = image_folder
+    out = tmp_path / "out"
+    pack(root, out, PackOptions(format="lmdb", shard_size=5))
+    (out / "index.json").unlink()
+    with pytest.raises(PackError, match="unfinished run .* pass --overwrite"):
+        pack(root, out, PackOptions(format="lmdb", shard_size=6))
+    pack(root, out, PackOptions(format="lmdb", shard_size=6), overwrite=True)
+    assert json.loads((out / "index.json").read_text())["options"]["shard_size"] == 6
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_full_disk_is_a_clear_error(image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
+    root, _ = image_folder
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40k", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        out = disk / "out"
+        result = subprocess.run([*PACK, "lmdb", str(root), str(out), "-q", "--shard-size", "5"], capture_output=True, text=True)
+        assert result.returncode == 1
+        assert result.stderr.strip().startswith(f"Error: {out}: cannot write shard-")
+        assert "No space left on device" in result.stderr and "Traceback" not in result.stderr
+        assert not (out / "index.json").exists()
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
