@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import signal
 import sys
@@ -23,6 +24,7 @@ from .partition import resolve_partition
 from .pipeline import Summary, ensure_plan, merge, pack
 from .plan import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SIZE, PackOptions
 from .scan import ScanError
+from .slurm import slurm_script
 from .writers import WRITERS
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
@@ -88,6 +90,15 @@ def pack_options_from(fmt: str, params: dict[str, Any]) -> PackOptions:
     return PackOptions(format=fmt, **{name: params.pop(name) for name in names})
 
 
+def option_args(options: PackOptions) -> list[str]:
+    """PackOptions back to command-line flags, so generated job scripts pack exactly these options."""
+    args: list[str] = []
+    for field in fields(PackOptions):
+        if field.name != "format":
+            args += [f"--{field.name.replace('_', '-')}", str(getattr(options, field.name))]
+    return args
+
+
 def make_pack_command(fmt: str) -> click.Command:
     @click.command(name=fmt, help=f"Pack the images under SRC into {fmt} shards in directory OUT.")
     @click.argument("src", type=click.Path(path_type=Path))
@@ -144,6 +155,8 @@ def main(verbose: bool) -> None:
     # A scheduler's preemption (SIGTERM) stops like Ctrl-C: temp files removed, resumable.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # Dask reads this when first imported (by --engine dask): keep its INFO chatter out of the output.
+    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "info" if verbose else "warning")
 
 
 @main.command("plan")
@@ -163,6 +176,25 @@ def merge_command(out: Path) -> None:
     """Publish index.json once every planned shard in OUT is finished; name what is missing if not."""
     manifest = merge(out)
     click.echo(f"merged {len(manifest.shards)} shards, {manifest.num_samples} samples: {out / 'index.json'}")
+
+
+@main.command("slurm-script")
+@click.argument("fmt", metavar="FORMAT", type=click.Choice(sorted(WRITERS)))
+@click.argument("src", type=click.Path(path_type=Path))
+@click.argument("out", type=click.Path(path_type=Path))
+@packing_options
+@click.option("--tasks", type=click.IntRange(min=1), required=True, help="Array tasks to split the shards over.")
+@click.option("--cpus-per-task", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--time", "time_limit", default="04:00:00", show_default=True, help="Time limit per task.")
+@click.option("--partition", default=None, help="Slurm partition.")
+@click.option("--mem", default=None, help="Memory per task, e.g. 4G.")
+def slurm_script_command(fmt: str, src: Path, out: Path, tasks: int, cpus_per_task: int, time_limit: str,
+                         partition: str | None, mem: str | None, **params: Any) -> None:
+    """Print a Slurm script: an sbatch array packing FORMAT shards, then a merge job (afterok)."""
+    options = pack_options_from(fmt, params)
+    pack_args = [fmt, str(src.resolve()), str(out.resolve()), *option_args(options)]
+    click.echo(slurm_script([sys.executable, "-m", "packer.cli"], pack_args, out, tasks=tasks, cpus_per_task=cpus_per_task, time_limit=time_limit,
+                            partition=partition, mem=mem, job_name=f"pack-{fmt}"), nl=False)
 
 
 for _name, _writer in WRITERS.items():

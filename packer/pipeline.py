@@ -109,6 +109,8 @@ def pack(
 
     started = time.monotonic()
     src_path, out_path = Path(src), Path(out)
+    if engine != "local" and not partition.is_whole:
+        raise PackError(f"--engine {engine} runs every shard itself; drop --task-index/--task-count")
     if overwrite and not partition.is_whole:
         raise PackError(f"{out_path}: --overwrite cannot be combined with a partitioned run; remove OUT first")
     plan = ensure_plan(src_path, out_path, options, overwrite=overwrite)

@@ -19,7 +19,11 @@ def get_engine(name: str) -> Engine:
         from .local import run_local
 
         return run_local
+    if name == "dask":
+        from .dask import run_dask
+
+        return run_dask
     raise PackError(f"unknown engine {name!r}; choose one of: {', '.join(ENGINES)}")
 
 
-ENGINES = ("local",)
+ENGINES = ("local", "dask")
