@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -14,7 +15,7 @@ from typing import Any, Callable
 import click
 from tqdm import tqdm
 
-from readers.manifest import DatasetError
+from readers.manifest import DatasetError, load_manifest
 
 from . import __version__
 from .encode import STORES
@@ -22,7 +23,9 @@ from .errors import PackError
 from .engines import ENGINES
 from .partition import resolve_partition
 from .pipeline import Summary, ensure_plan, merge, pack
+from .verify import verify
 from .plan import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SIZE, PackOptions
+from .info import describe
 from .scan import ScanError
 from .slurm import slurm_script
 from .writers import WRITERS
@@ -176,6 +179,48 @@ def merge_command(out: Path) -> None:
     """Publish index.json once every planned shard in OUT is finished; name what is missing if not."""
     manifest = merge(out)
     click.echo(f"merged {len(manifest.shards)} shards, {manifest.num_samples} samples: {out / 'index.json'}")
+
+
+@main.command("verify")
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option("--full", is_flag=True, help="Also decode every sample.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def verify_command(out: Path, full: bool, quiet: bool) -> None:
+    """Check OUT's shards against index.json: presence, size, sha256, sample counts."""
+    total = load_manifest(out).num_samples
+    with progress_bar("verify", quiet) as bar:
+        bar.total = total
+        problems = verify(out, full=full, progress=bar.update)
+    for problem in problems:
+        click.echo(problem, err=True)
+    if problems:
+        raise click.ClickException(f"{out}: {len(problems)} problems found")
+    click.echo(f"{out}: OK, {total} samples{', all decoded' if full else ''}")
+
+
+@main.command("info")
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+def info_command(out: Path, as_json: bool) -> None:
+    """Describe a packed dataset: format, store, counts, classes, shard and image sizes, options."""
+    info = describe(out)
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    sizes = info["image_sizes"]
+    click.echo(f"{info['path']}: {info['format']} shards, store {info['store']}, {info['tool_version']}")
+    click.echo(f"samples      {info['num_samples']} in {len(info['classes'])} classes")
+    click.echo(f"shards       {info['shards']}, {human_bytes(info['bytes'])} in all; per shard "
+               + " / ".join(human_bytes(info['shard_bytes'][k]) for k in ('min', 'median', 'max')) + " (min/median/max)")
+    click.echo(f"per sample   {human_bytes(info['bytes_per_sample'])}")
+    if sizes:
+        click.echo(f"image size   " + " / ".join(f"{sizes['width'][k]:.0f}x{sizes['height'][k]:.0f}"
+                                                 for k in ("min", "median", "max"))
+                   + f" (min/median/max width x height, {sizes['sampled']} sampled)")
+    click.echo("options      " + ", ".join(f"{key}={value}" for key, value in info["options"].items()))
+    click.echo("classes")
+    for entry in info["classes"]:
+        click.echo(f"  {entry['index']:5d}  {entry['samples']:9d}  {entry['name']}")
 
 
 @main.command("slurm-script")

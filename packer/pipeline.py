@@ -53,6 +53,7 @@ class ShardResult:
     sha256: str
     fingerprint: str
     rejects: list[dict[str, str]]
+    label_counts: dict[str, int]
 
     def info(self) -> ShardInfo:
         return ShardInfo(name=self.name, num_samples=self.num_samples, bytes=self.bytes, sha256=self.sha256)
@@ -254,6 +255,7 @@ def run_shard(out: Path, plan: Plan, shard: int, *, threads: int = READ_THREADS,
     tmp_dir.mkdir(parents=True, exist_ok=True)
     tmp = tmp_dir / f"{name}.tmp-{socket.gethostname()}-{os.getpid()}"
     rejects: list[dict[str, str]] = []
+    label_counts: dict[str, int] = {}
     count = 0
     final = out / name
     try:
@@ -265,6 +267,7 @@ def run_shard(out: Path, plan: Plan, shard: int, *, threads: int = READ_THREADS,
                 writer.add(Sample(local_index=count, label=entry.label, path=entry.path,
                                   payload=encoded.payload, meta=encoded.meta, extension=encoded.extension))
                 count += 1
+                label_counts[str(entry.label)] = label_counts.get(str(entry.label), 0) + 1
             if progress:
                 progress(1)
         writer.close()
@@ -277,7 +280,7 @@ def run_shard(out: Path, plan: Plan, shard: int, *, threads: int = READ_THREADS,
         tmp.unlink(missing_ok=True)
         raise
     result = ShardResult(name=name, num_samples=count, bytes=final.stat().st_size, sha256=sha256_file(final),
-                         fingerprint=plan.fingerprint, rejects=rejects)
+                         fingerprint=plan.fingerprint, rejects=rejects, label_counts=label_counts)
     marker = marker_path(out, name)
     marker.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(marker, json.dumps(asdict(result)) + "\n")
@@ -347,6 +350,8 @@ def merge(out: Path) -> Manifest:
         num_samples=sum(result.num_samples for result in results),
         classes=plan.classes,
         shards=[result.info() for result in results],
+        class_counts=[sum(result.label_counts.get(str(label), 0) for result in results)
+                      for label in range(len(plan.classes))],
         options=plan.options,
         tool_version=f"pack {__version__}",
     )

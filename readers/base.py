@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import os
+import zlib
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Iterator, Sequence
 
 import numpy as np
 from torch.utils.data import Dataset
 
 from .decode import get_decoder
-from .manifest import Manifest, load_manifest
+from .manifest import DatasetError, Manifest, load_manifest
 
 FIELDS = ("image", "label", "path", "index")
+ON_ERROR = ("raise", "skip")
 
 
 class PackedDataset(Dataset):
@@ -34,6 +36,7 @@ class PackedDataset(Dataset):
         fields: Sequence[str] = ("image", "label"),
         transform: Callable[[Any], Any] | None = None,
         target_transform: Callable[[Any], Any] | None = None,
+        on_error: str = "raise",
     ) -> None:
         self.root = Path(root)
         self.manifest = manifest if manifest is not None else load_manifest(self.root)
@@ -45,6 +48,10 @@ class PackedDataset(Dataset):
         self.fields = tuple(fields)
         self.transform = transform
         self.target_transform = target_transform
+        if on_error not in ON_ERROR:
+            raise ValueError(f"on_error must be one of {ON_ERROR}, not {on_error!r}")
+        self.on_error = on_error
+        self.skipped = 0
         counts = np.array([shard.num_samples for shard in self.manifest.shards], dtype=np.int64)
         self._offsets = np.concatenate(([0], np.cumsum(counts)))
         self._pid = os.getpid()
@@ -61,11 +68,7 @@ class PackedDataset(Dataset):
         return self.root / self.manifest.shards[shard].name
 
     def locate(self, index: int) -> tuple[int, int]:
-        """Global sample index -> (shard number, index inside that shard)."""
-        if index < 0:
-            index += len(self)
-        if not 0 <= index < len(self):
-            raise IndexError(f"sample index {index} out of range for {len(self)} samples")
+        """Global sample index (0 <= index < len) -> (shard number, index inside that shard)."""
         shard = int(np.searchsorted(self._offsets, index, side="right")) - 1
         return shard, index - int(self._offsets[shard])
 
@@ -79,10 +82,53 @@ class PackedDataset(Dataset):
             handle = self._handles[shard] = self._open(shard)
         return handle
 
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        for index in range(len(self)):
+            yield self[index]
+
     def __getitem__(self, index: int) -> tuple[Any, ...]:
-        shard, local = self.locate(int(index))
-        meta, payload = self._read(shard, local)
-        return self._sample(int(index) % len(self), meta, payload)
+        index = int(index)
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(f"sample index {index} out of range for {len(self)} samples")
+        try:
+            return self.load(index)
+        except DatasetError:
+            if self.on_error == "raise":
+                raise
+        # on_error="skip": stand in the next readable sample, so batches keep their size.
+        for step in range(1, len(self)):
+            try:
+                sample = self.load((index + step) % len(self))
+            except DatasetError:
+                continue
+            self.skipped += step
+            return sample
+        raise DatasetError(f"{self.root}: no readable sample left")
+
+    def record(self, index: int) -> tuple[dict[str, Any], memoryview]:
+        """The stored meta and payload of one sample, checked against its CRC-32."""
+        shard, local = self.locate(index)
+        try:
+            meta, payload = self._read(shard, local)
+        except DatasetError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - format libraries raise many types on damaged files
+            raise DatasetError(f"{self.shard_path(shard)}: sample {local}: unreadable ({exc})") from None
+        expected = meta.get("crc32")
+        if expected is not None and zlib.crc32(payload) != expected:
+            raise DatasetError(f"{self.shard_path(shard)}: sample {local}: damaged (checksum mismatch)")
+        return meta, payload
+
+    def load(self, index: int) -> tuple[Any, ...]:
+        """Read, check and decode one sample; any damage is a DatasetError naming shard and sample."""
+        meta, payload = self.record(index)
+        try:
+            return self._sample(index, meta, payload)
+        except (OSError, ValueError, SyntaxError) as exc:  # what Pillow and numpy raise on bad bytes
+            shard, local = self.locate(index)
+            raise DatasetError(f"{self.shard_path(shard)}: sample {local}: cannot decode ({exc})") from None
 
     def _sample(self, index: int, meta: dict[str, Any], payload: memoryview) -> tuple[Any, ...]:
         out: list[Any] = []
@@ -124,4 +170,8 @@ class PackedDataset(Dataset):
         raise NotImplementedError
 
     def _read(self, shard: int, local: int) -> tuple[dict[str, Any], memoryview]:
+        raise NotImplementedError
+
+    def stored_samples(self, shard: int) -> int:
+        """How many samples the shard file itself holds (for `pack verify`), read from the file."""
         raise NotImplementedError

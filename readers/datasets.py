@@ -19,8 +19,13 @@ def open_dataset(
     fields: Sequence[str] = ("image", "label"),
     transform: Callable[[Any], Any] | None = None,
     target_transform: Callable[[Any], Any] | None = None,
+    on_error: str = "raise",
 ) -> PackedDataset:
-    """Open a packed dataset directory; the format is read from its `index.json`."""
+    """Open a packed dataset directory; the format is read from its `index.json`.
+
+    `on_error="skip"` stands the next readable sample in for a damaged one and counts it in
+    `dataset.skipped` (per process) instead of raising `DatasetError`.
+    """
     manifest = load_manifest(path)
     try:
         cls = DATASETS[manifest.format]
@@ -33,5 +38,6 @@ def open_dataset(
         fields=fields,
         transform=transform,
         target_transform=target_transform,
+        on_error=on_error,
     )
 

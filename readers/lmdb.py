@@ -68,3 +68,7 @@ class LMDBDataset(PackedDataset):
             return decode_record(value)
         except ValueError as exc:
             raise DatasetError(f"{self.shard_path(shard)}: sample {local} is damaged ({exc})") from None
+
+    def stored_samples(self, shard: int) -> int:
+        with self.handle(shard).begin() as txn:
+            return int(txn.stat()["entries"])

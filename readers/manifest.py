@@ -43,6 +43,7 @@ class Manifest:
     num_samples: int
     classes: list[str]
     shards: list[ShardInfo]
+    class_counts: list[int] = field(default_factory=list)
     options: dict[str, Any] = field(default_factory=dict)
     tool_version: str = ""
     version: int = FORMAT_VERSION
@@ -62,6 +63,7 @@ class Manifest:
             num_samples=int(data["num_samples"]),
             classes=list(data["classes"]),
             shards=shards,
+            class_counts=[int(count) for count in data.get("class_counts", [])],
             options=dict(data.get("options", {})),
             tool_version=str(data.get("tool_version", "")),
             version=int(data["version"]),

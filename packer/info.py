@@ -1,0 +1,67 @@
+"""`pack info`: what a packed dataset holds, from its manifest plus a sample of its records."""
+
+from __future__ import annotations
+
+import io
+import statistics
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+
+from readers.datasets import open_dataset
+from readers.manifest import load_manifest
+
+SIZE_SAMPLE = 1000
+
+
+def describe(out: Path) -> dict[str, Any]:
+    """A JSON-ready description; image sizes come from up to SIZE_SAMPLE evenly spaced samples."""
+    manifest = load_manifest(out)
+    shard_bytes = [shard.bytes for shard in manifest.shards]
+    total = sum(shard_bytes)
+    classes = manifest.classes
+    counts = manifest.class_counts or [0] * len(classes)
+    sizes = image_sizes(out, manifest.num_samples)
+    return {
+        "path": str(out),
+        "format": manifest.format,
+        "store": manifest.store,
+        "num_samples": manifest.num_samples,
+        "classes": [{"index": i, "name": name, "samples": counts[i]} for i, name in enumerate(classes)],
+        "shards": len(manifest.shards),
+        "bytes": total,
+        "shard_bytes": {"min": min(shard_bytes, default=0), "median": int(statistics.median(shard_bytes or [0])),
+                        "max": max(shard_bytes, default=0)},
+        "bytes_per_sample": total / manifest.num_samples if manifest.num_samples else 0,
+        "image_sizes": sizes,
+        "options": manifest.options,
+        "tool_version": manifest.tool_version,
+    }
+
+
+def image_sizes(out: Path, num_samples: int) -> dict[str, Any]:
+    """min/median/max of width, height and pixels, read from image headers (no full decode)."""
+    if not num_samples:
+        return {}
+    dataset = open_dataset(out, decode="bytes", fields=("image",))
+    step = max(1, num_samples // SIZE_SAMPLE)
+    widths, heights = [], []
+    try:
+        for index in range(0, num_samples, step):
+            meta, payload = dataset.record(index)
+            if "shape" in meta:
+                height, width = meta["shape"][:2]
+            else:
+                with Image.open(io.BytesIO(payload)) as image:
+                    width, height = image.size
+            widths.append(width)
+            heights.append(height)
+    finally:
+        dataset.close()
+    pixels = [w * h for w, h in zip(widths, heights)]
+    return {
+        "sampled": len(widths),
+        **{name: {"min": min(values), "median": statistics.median(values), "max": max(values)}
+           for name, values in (("width", widths), ("height", heights), ("pixels", pixels))},
+    }

@@ -1,0 +1,110 @@
+"""`pack verify`, `pack info`, and readers facing damaged shards."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import readers
+from packer.cli import main
+from packer.pipeline import pack
+from packer.plan import PackOptions
+from packer.writers import WRITERS
+
+
+@pytest.fixture(params=sorted(WRITERS))
+def packed(request: pytest.FixtureRequest, image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
+    root, files = image_folder
+    out = tmp_path / "out"
+    pack(root, out, PackOptions(format=request.param, shard_size=5))
+    return out, files
+
+
+def flip_byte_in_sample(out: Path, shard: int, files: dict[str, bytes]) -> str:
+    """Flip one byte inside the stored image bytes of a sample of `shard`; return that sample's path."""
+    path = out / readers.load_manifest(out).shards[shard].name
+    data = bytearray(path.read_bytes())
+    ds = readers.open_dataset(out, fields=("path",))
+    first = sum(s.num_samples for s in readers.load_manifest(out).shards[:shard])
+    (victim,) = ds[first + 1]
+    start = data.find(files[victim])  # stored unchanged and contiguous in every format
+    assert start > 0
+    data[start + len(files[victim]) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    return victim
+
+
+def run(*args: object) -> tuple[int, str]:
+    result = CliRunner().invoke(main, [str(arg) for arg in args])
+    return result.exit_code, result.output
+
+
+def test_verify_passes_on_a_sound_dataset(packed: tuple[Path, dict[str, bytes]]) -> None:
+    out, files = packed
+    code, output = run("verify", out, "--full", "-q")
+    assert code == 0, output
+    assert f"{out}: OK, {len(files)} samples, all decoded" in output
+
+
+def test_verify_names_shard_and_sample_of_a_flipped_byte(packed: tuple[Path, dict[str, bytes]]) -> None:
+    out, files = packed
+    flip_byte_in_sample(out, 1, files)
+    name = readers.load_manifest(out).shards[1].name
+    code, output = run("verify", out, "-q")
+    assert code == 1
+    assert f"{out / name}: sha256 does not match the manifest (the file is damaged)" in output
+    assert f"{out / name}: sample 1: damaged (checksum mismatch)" in output
+    assert output.strip().splitlines()[-1] == f"Error: {out}: 2 problems found"
+
+
+def test_verify_reports_missing_and_truncated_shards(packed: tuple[Path, dict[str, bytes]]) -> None:
+    out, _ = packed
+    shards = readers.load_manifest(out).shards
+    (out / shards[0].name).unlink()
+    last = out / shards[-1].name
+    last.write_bytes(last.read_bytes()[:-100])
+    code, output = run("verify", out, "-q")
+    assert code == 1
+    assert f"{out / shards[0].name}: missing" in output
+    assert f"{last}: {shards[-1].bytes - 100} bytes, the manifest says {shards[-1].bytes}" in output
+
+
+def test_reader_raises_naming_shard_and_sample_or_skips(packed: tuple[Path, dict[str, bytes]]) -> None:
+    out, files = packed
+    victim = flip_byte_in_sample(out, 1, files)
+    name = readers.load_manifest(out).shards[1].name
+    strict = readers.open_dataset(out, decode="bytes", fields=("image", "path"))
+    with pytest.raises(readers.DatasetError, match=f"{name}: sample 1: damaged"):
+        strict[6]
+    lenient = readers.open_dataset(out, decode="bytes", fields=("image", "path"), on_error="skip")
+    samples = [lenient[i] for i in range(len(lenient))]
+    assert lenient.skipped == 1
+    assert len(samples) == len(files)
+    assert victim not in {path for _, path in samples}
+    assert all(files[path] == data for data, path in samples)
+
+
+def test_info_text_and_json(packed: tuple[Path, dict[str, bytes]]) -> None:
+    out, files = packed
+    code, output = run("info", out, "--json")
+    assert code == 0, output
+    info = json.loads(output)
+    assert info["num_samples"] == len(files) and info["store"] == "original"
+    by_class = {entry["name"]: entry["samples"] for entry in info["classes"]}
+    assert by_class == {name: sum(1 for path in files if path.startswith(name + "/")) for name in by_class}
+    assert info["shards"] == 4 and info["bytes"] == sum(s.bytes for s in readers.load_manifest(out).shards)
+    assert info["image_sizes"]["width"]["min"] >= 16 and info["image_sizes"]["width"]["max"] <= 64
+    assert info["options"]["shard_size"] == 5
+    code, text = run("info", out)
+    assert code == 0
+    assert f"samples      {len(files)} in 3 classes" in text and "class_01" in text
+
+
+def test_info_and_verify_on_something_else_are_one_line_errors(tmp_path: Path) -> None:
+    code, output = run("info", tmp_path)
+    assert code == 1 and output.strip() == f"Error: {tmp_path / 'index.json'}: no manifest (packing unfinished, or not a packed dataset)"
+    code, output = run("verify", tmp_path / "nope")
+    assert code == 1 and output.strip() == f"Error: {tmp_path / 'nope'}: not a packed dataset directory"
