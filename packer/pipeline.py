@@ -121,7 +121,6 @@ def pack(
     from .engines import get_engine
 
     started = time.monotonic()
-    options = canonical_options(options)
     src_path, out_path = Path(src), Path(out)
     if engine != "local" and not partition.is_whole:
         raise PackError(f"--engine {engine} runs every shard itself; drop --task-index/--task-count")
@@ -203,6 +202,7 @@ def ensure_plan(src: Path, out: Path, options: PackOptions, *, overwrite: bool =
     A file lock serialises concurrent tasks on a shared filesystem, so N tasks do not all walk
     millions of files; a plan made with other options is an error, never silently replaced.
     """
+    options = canonical_options(options)
     check_paths(src, out)
     prepare_output(out, overwrite=overwrite)
     work = work_dir(out)

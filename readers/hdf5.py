@@ -28,7 +28,7 @@ class HDF5Shard:
     offsets: np.ndarray
     labels: np.ndarray
     formats: np.ndarray
-    paths: h5py.Dataset
+    paths: Any  # the `paths` dataset through `.asstr()`: indexing decodes UTF-8
     raw_paths: dict[int, str]
 
 
@@ -54,7 +54,7 @@ def open_shard(path: str, num_samples: int) -> HDF5Shard:
             offsets=file["offsets"][:],
             labels=file["labels"][:],
             formats=file["formats"][:],
-            paths=file["paths"],
+            paths=file["paths"].asstr(),
             raw_paths=read_raw_strings(file, "paths"),
         )
     except KeyError as exc:
@@ -92,5 +92,5 @@ class HDF5Dataset(PackedDataset):
         meta: dict[str, Any] = {"label": int(handle.labels[local]), "format": handle.formats[local].decode("ascii")}
         if "path" in self.fields:
             raw = handle.raw_paths.get(local)
-            meta["path"] = raw if raw is not None else handle.paths.asstr()[local]
+            meta["path"] = raw if raw is not None else handle.paths[local]
         return meta, memoryview(payload)

@@ -28,6 +28,11 @@ from .manifest import (
 log = logging.getLogger(__name__)
 
 META_EXTENSIONS = ("cls", "json")
+_ZERO_BLOCK = bytes(TAR_BLOCK)
+
+
+class TarError(ValueError):
+    """A tar header that is damaged or not what pack writes; callers add the file name."""
 
 
 @dataclass(frozen=True)
@@ -36,34 +41,37 @@ class Member:
     size: int
 
 
-def parse_header(block: bytes | memoryview, where: str) -> Member | None:
-    """One 512-byte ustar header -> its member, or None for the all-zero end-of-archive block."""
+def parse_header(block: bytes | memoryview, *, checksum: bool = True) -> Member | None:
+    """One 512-byte ustar header -> its member, or None for the all-zero end-of-archive block.
+
+    Random access skips the checksum (summing 512 bytes costs more than the rest of a read):
+    there the caller compares the name and size with what the index says instead.
+    """
     block = bytes(block)
-    if block == bytes(TAR_BLOCK):
+    if block == _ZERO_BLOCK:
         return None
-    stored = block[148:156]
-    checksum = sum(block[:148]) + 8 * 32 + sum(block[156:])
     try:
         size = int(block[124:136].rstrip(b"\0 ") or b"0", 8)
-        valid = int(stored.rstrip(b"\0 ") or b"-1", 8) == checksum
+        valid = not checksum or int(block[148:156].rstrip(b"\0 ") or b"-1", 8) == (
+            sum(block) - sum(block[148:156]) + 8 * ord(" ")
+        )
     except ValueError:
         valid = False
     if not valid:
-        raise DatasetError(f"{where}: bad tar header")
+        raise TarError("bad tar header")
     if block[156:157] not in (b"0", b"\0"):
-        raise DatasetError(f"{where}: tar member of type {block[156:157]!r}; only regular files are expected")
+        raise TarError(f"tar member of type {block[156:157]!r}; only regular files are expected")
     name = block[:100].split(b"\0", 1)[0]
     prefix = block[345:500].split(b"\0", 1)[0] if block[257:262] == b"ustar" else b""
     if prefix:
         name = prefix + b"/" + name
-    return Member(name=check_member_name(os.fsdecode(name), where), size=size)
+    return Member(name=check_member_name(os.fsdecode(name)), size=size)
 
 
-def check_member_name(name: str, where: str) -> str:
+def check_member_name(name: str) -> str:
     """Refuse member names that could escape an extraction directory."""
-    parts = name.split("/")
-    if not name or name.startswith("/") or ".." in parts:
-        raise DatasetError(f"{where}: unsafe tar member name {name!r}")
+    if not name or name.startswith("/") or ".." in name.split("/"):
+        raise TarError(f"unsafe tar member name {name!r}")
     return name
 
 
@@ -129,23 +137,28 @@ class WebDatasetReader(PackedDataset):
         handle.file.close()
 
     def _read(self, shard: int, local: int) -> tuple[dict[str, Any], memoryview]:
+        try:
+            return self._pread_sample(self.handle(shard), local)
+        except TarError as exc:
+            raise DatasetError(f"{self.shard_path(shard)}: sample {local}: {exc}") from None
+
+    @staticmethod
+    def _pread_sample(handle: TarShard, local: int) -> tuple[dict[str, Any], memoryview]:
         """One pread from the image's header to the end of the JSON; both headers are checked."""
-        handle: TarShard = self.handle(shard)
-        image_offset, image_size, json_offset, json_size = (int(v) for v in handle.index[local])
+        image_offset, image_size, json_offset, json_size = handle.index[local].tolist()
         start = image_offset - TAR_BLOCK
-        where = f"{self.shard_path(shard)}: sample {local}"
         if start < 0 or json_offset < image_offset + image_size + TAR_BLOCK:
-            raise DatasetError(f"{where}: damaged tar index")
+            raise TarError("damaged tar index")
         data = memoryview(os.pread(handle.file.fileno(), json_offset + json_size - start, start))
         if len(data) != json_offset + json_size - start:
-            raise DatasetError(f"{where}: tar shard is truncated")
+            raise TarError("tar shard is truncated")
         key = tar_key(local)
         for offset, size, extension in ((image_offset, image_size, None), (json_offset, json_size, "json")):
-            member = parse_header(data[offset - TAR_BLOCK - start:offset - start], where)
+            member = parse_header(data[offset - TAR_BLOCK - start:offset - start], checksum=False)
             if member is None or member.size != size or split_name(member.name)[0] != key or (
                 extension is not None and split_name(member.name)[1] != extension
             ):
-                raise DatasetError(f"{where}: tar index does not match the tar members")
+                raise TarError("tar index does not match the tar members")
         meta = json.loads(bytes(data[json_offset - start:]).decode("utf-8"))
         return meta, data[TAR_BLOCK:TAR_BLOCK + image_size]
 
@@ -160,11 +173,14 @@ class WebDatasetReader(PackedDataset):
         except OSError as exc:
             raise DatasetError(f"{path}: cannot open tar shard ({exc.strerror or exc})") from None
         with handle:
-            for meta, payload in read_tar_samples(handle, str(path)):
-                if count == expected:
-                    raise DatasetError(f"{path}: holds more samples than index.json says ({expected})")
-                yield self._sample(first + count, meta, payload)
-                count += 1
+            try:
+                for meta, payload in read_tar_samples(handle):
+                    if count == expected:
+                        raise TarError(f"holds more samples than index.json says ({expected})")
+                    yield self._sample(first + count, meta, payload)
+                    count += 1
+            except TarError as exc:
+                raise DatasetError(f"{path}: {exc}") from None
         if count != expected:
             raise DatasetError(f"{path}: holds {count} samples, index.json says {expected}")
 
@@ -176,18 +192,21 @@ class WebDatasetReader(PackedDataset):
         return WebDatasetStream(self)
 
 
-def read_tar_samples(handle: BinaryIO, where: str) -> Iterator[tuple[dict[str, Any], memoryview]]:
-    """Group a tar's members by key, front to back, and yield (meta, image bytes) per sample."""
+def read_tar_samples(handle: BinaryIO) -> Iterator[tuple[dict[str, Any], memoryview]]:
+    """Group a tar's members by key, front to back, and yield (meta, image bytes) per sample.
+
+    Holds one sample in memory at a time; raises TarError on anything pack would not write.
+    """
     key: str | None = None
     parts: dict[str, bytes] = {}
     while True:
         block = handle.read(TAR_BLOCK)
         if len(block) < TAR_BLOCK:
-            raise DatasetError(f"{where}: tar shard is truncated (no end-of-archive block)")
-        member = parse_header(block, where)
+            raise TarError("tar shard is truncated (no end-of-archive block)")
+        member = parse_header(block)
         member_key, extension = split_name(member.name) if member else (None, "")
         if key is not None and member_key != key:
-            yield assemble(key, parts, where)
+            yield assemble(key, parts)
             parts = {}
         if member is None:
             return
@@ -195,14 +214,14 @@ def read_tar_samples(handle: BinaryIO, where: str) -> Iterator[tuple[dict[str, A
         data = handle.read(member.size)
         handle.read(tar_padding(member.size))
         if len(data) < member.size:
-            raise DatasetError(f"{where}: tar shard is truncated in {member.name!r}")
+            raise TarError(f"tar shard is truncated in {member.name!r}")
         parts[extension] = data
 
 
-def assemble(key: str, parts: dict[str, bytes], where: str) -> tuple[dict[str, Any], memoryview]:
+def assemble(key: str, parts: dict[str, bytes]) -> tuple[dict[str, Any], memoryview]:
     images = [extension for extension in parts if extension not in META_EXTENSIONS]
     if "json" not in parts or len(images) != 1:
-        raise DatasetError(f"{where}: sample {key!r} has members {sorted(parts)}; expected one image and .json")
+        raise TarError(f"sample {key!r} has members {sorted(parts)}; expected one image and .json")
     return json.loads(parts["json"].decode("utf-8")), memoryview(parts[images[0]])
 
 

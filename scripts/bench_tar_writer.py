@@ -23,7 +23,7 @@ import webdataset
 
 from packer.writers.base import Sample
 from packer.writers.webdataset import WebDatasetWriter
-from readers.webdataset import sample_key
+from readers.manifest import tar_key
 
 
 def make_samples(count: int, mean_kb: float, seed: int) -> list[Sample]:
@@ -47,7 +47,7 @@ def write_pack(path: Path, samples: list[Sample]) -> None:
 def write_tarfile(path: Path, samples: list[Sample]) -> None:
     with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
         for sample in samples:
-            key = sample_key(sample.local_index)
+            key = tar_key(sample.local_index)
             members = (
                 (f"{key}.{sample.extension}", sample.payload),
                 (f"{key}.cls", b"%d" % sample.label),
@@ -63,7 +63,7 @@ def write_webdataset(path: Path, samples: list[Sample]) -> None:
     with webdataset.TarWriter(str(path)) as sink:
         for sample in samples:
             sink.write({
-                "__key__": sample_key(sample.local_index),
+                "__key__": tar_key(sample.local_index),
                 sample.extension: sample.payload,
                 "cls": sample.label,
                 "json": sample.record_meta(),

@@ -30,6 +30,7 @@ def test_writes_in_bounded_batches_and_grows(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setattr(hdf5_writer, "IMAGE_CHUNK", 256)
     monkeypatch.setattr(hdf5_writer, "FLUSH_BYTES", 1000)
     monkeypatch.setattr(hdf5_writer, "COLUMN_BATCH", 3)
+    monkeypatch.setattr(hdf5_writer, "COLUMN_CHUNK", 2)
     rng = random.Random(3)
     payloads = [bytes(rng.randrange(256) for _ in range(rng.randrange(1, 700))) for _ in range(40)]
     paths = [f"c/{i}.jpg" if i % 7 else f"c/{BAD_NAME}{i}.jpg" for i in range(len(payloads))]

@@ -113,7 +113,12 @@ def test_damaged_shards_name_the_file(packed: tuple[Path, dict[str, bytes]]) -> 
     shard.write_bytes(bytes(data))
     with pytest.raises(readers.DatasetError, match=f"{shard}: bad tar header"):
         list(ds.iter_shard(1))
-    with pytest.raises(readers.DatasetError, match=f"{shard}: sample 0: bad tar header"):
+    with pytest.raises(readers.DatasetError, match=f"{shard}: sample 0: tar index does not match"):
+        ds[4]
+    data[0] ^= 0x01
+    data[124:136] = b"%011o\0" % 7  # first header's size field
+    shard.write_bytes(bytes(data))
+    with pytest.raises(readers.DatasetError, match=f"{shard}: sample 0: tar index does not match"):
         ds[4]
     shard = out / "shard-000002.tar"
     shard.write_bytes(shard.read_bytes()[:2000])

@@ -23,14 +23,15 @@ from .base import Sample, ShardWriter
 
 IMAGE_CHUNK = 64 << 10  # one chunk per random read of a typical JPEG; see scripts/bench_hdf5_layout.py
 FLUSH_BYTES = 16 << 20  # image bytes buffered in memory before they are written
-COLUMN_BATCH = 4096  # per-sample values buffered before they are written; also their chunk length
+COLUMN_BATCH = 4096  # per-sample values buffered before they are written
+COLUMN_CHUNK = 1024  # entries per chunk of a column: small shards stay small
 
 
 class Column:
     """A 1-D dataset that grows by whole batches: memory stays bounded, resizes stay rare."""
 
-    def __init__(self, file: h5py.File, name: str, dtype: Any) -> None:
-        self.dataset = file.create_dataset(name, shape=(0,), maxshape=(None,), dtype=dtype, chunks=(COLUMN_BATCH,))
+    def __init__(self, file: h5py.File, name: str, dtype: Any, chunk: int = COLUMN_CHUNK) -> None:
+        self.dataset = file.create_dataset(name, shape=(0,), maxshape=(None,), dtype=dtype, chunks=(chunk,))
         self._pending: list[Any] = []
 
     def append(self, value: Any) -> None:
@@ -62,10 +63,10 @@ class StringColumn:
     bytes go to `<name>_raw` (vlen uint8) with its position in `<name>_raw_index`.
     """
 
-    def __init__(self, file: h5py.File, name: str) -> None:
-        self._text = Column(file, name, h5py.string_dtype("utf-8"))
-        self._raw_index = Column(file, name + "_raw_index", np.int64)
-        self._raw = Column(file, name + "_raw", h5py.vlen_dtype(np.uint8))
+    def __init__(self, file: h5py.File, name: str, chunk: int = COLUMN_CHUNK) -> None:
+        self._text = Column(file, name, h5py.string_dtype("utf-8"), chunk)
+        self._raw_index = Column(file, name + "_raw_index", np.int64, chunk)
+        self._raw = Column(file, name + "_raw", h5py.vlen_dtype(np.uint8), chunk)
         self._count = 0
 
     def append(self, value: str) -> None:
@@ -158,7 +159,7 @@ class HDF5Writer(ShardWriter):
         self._payloads.finish()
         for column in (self._labels, self._formats, self._paths):
             column.flush()
-        classes = StringColumn(self._file, "classes")
+        classes = StringColumn(self._file, "classes", chunk=max(1, len(self.classes)))
         for name in self.classes:
             classes.append(name)
         classes.flush()

@@ -36,7 +36,7 @@ _MODE_UID_GID = _octal(0o644, 8) + _octal(0, 8) + _octal(0, 8)
 _MTIME = _octal(0, 12)
 # typeflag '0' (regular file), no link name, POSIX ustar magic and version, then empty user and
 # group names, device numbers (unused for regular files; empty as tarfile writes them), prefix
-# and tar_padding to 512 bytes.
+# and padding to 512 bytes.
 _TAIL = b"0" + bytes(100) + b"ustar\x0000" + bytes(32 + 32 + 8 + 8 + 155 + 12)
 _FIXED_SUM = sum(_MODE_UID_GID) + sum(_MTIME) + 8 * ord(" ") + sum(_TAIL)
 
@@ -55,7 +55,7 @@ def tar_header(name: bytes, size: int) -> bytes:
 
 
 def small_member(name: bytes, data: bytes) -> bytes:
-    """A whole member in one piece: header, data, zero tar_padding to the next block."""
+    """A whole member in one piece: header, data, zero padding to the next block."""
     return tar_header(name, len(data)) + data + _ZEROS[: tar_padding(len(data))]
 
 
