@@ -9,9 +9,12 @@ attribute, so a fixed-shape pixel layout can sit beside it.
 
 from __future__ import annotations
 
+import errno
 import os
+import re
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import h5py
 import numpy as np
@@ -25,6 +28,35 @@ IMAGE_CHUNK = 64 << 10  # one chunk per random read of a typical JPEG; see scrip
 FLUSH_BYTES = 16 << 20  # image bytes buffered in memory before they are written
 COLUMN_BATCH = 4096  # per-sample values buffered before they are written
 COLUMN_CHUNK = 1024  # entries per chunk of a column: small shards stay small
+METADATA_MARGIN = 1 << 20  # free space kept for HDF5's own headers and chunk indexes
+
+
+def check_space(directory: Path, needed: int) -> None:
+    """Refuse a write the filesystem has no room for, before HDF5 attempts it.
+
+    With h5py 3.16 / HDF5 2.0, a file whose write failed (a full disk) crashes the process when it
+    is closed or collected, so a full disk has to be noticed here; this is best effort (another
+    process may fill the disk in between). Filesystems that report no size are not checked.
+    """
+    stats = os.statvfs(directory)
+    free = stats.f_bavail * stats.f_frsize
+    if stats.f_blocks and free < needed:
+        raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} ({needed} bytes needed, {free} free)")
+
+
+@contextmanager
+def h5py_errors_as_oserror() -> Iterator[None]:
+    """h5py reports a failed write (a full disk, say) as RuntimeError or OSError carrying HDF5's
+    multi-line message; re-raise it as an OSError with just the errno, which the pipeline reports
+    in one line."""
+    try:
+        yield
+    except (RuntimeError, OSError) as exc:
+        match = re.search(r"errno = (\d+)", str(exc))
+        code = match and int(match.group(1))
+        if code:
+            raise OSError(code, os.strerror(code)) from None
+        raise OSError(f"HDF5: {str(exc).splitlines()[0]}") from None
 
 
 class Column:
@@ -94,8 +126,9 @@ class FlatPayloads:
 
     layout = HDF5_LAYOUT_FLAT
 
-    def __init__(self, file: h5py.File, expected_bytes: int) -> None:
+    def __init__(self, file: h5py.File, expected_bytes: int, directory: Path) -> None:
         extent = max(expected_bytes, IMAGE_CHUNK)
+        self._directory = directory
         self._images = file.create_dataset(
             "images", shape=(extent,), maxshape=(None,), dtype=np.uint8, chunks=(IMAGE_CHUNK,)
         )
@@ -114,6 +147,7 @@ class FlatPayloads:
 
     def _write(self, size: int) -> None:
         """Write the first `size` buffered bytes, growing the extent by doubling if needed."""
+        check_space(self._directory, size + METADATA_MARGIN)
         end = self._written + size
         if end > self._images.shape[0]:
             self._images.resize((max(end, 2 * self._images.shape[0]),))
@@ -135,11 +169,13 @@ class HDF5Writer(ShardWriter):
 
     def __init__(self, path: Path, expected_bytes: int, classes: Sequence[str]) -> None:
         super().__init__(path, expected_bytes, classes)
-        self._file = h5py.File(path, "w")
-        self._payloads = FlatPayloads(self._file, expected_bytes)
-        self._labels = Column(self._file, "labels", np.int64)
-        self._formats = Column(self._file, "formats", h5py.string_dtype("ascii", HDF5_FORMAT_WIDTH))
-        self._paths = StringColumn(self._file, "paths")
+        check_space(path.parent, expected_bytes + METADATA_MARGIN)
+        with h5py_errors_as_oserror():
+            self._file = h5py.File(path, "w")
+            self._payloads = FlatPayloads(self._file, expected_bytes, path.parent)
+            self._labels = Column(self._file, "labels", np.int64)
+            self._formats = Column(self._file, "formats", h5py.string_dtype("ascii", HDF5_FORMAT_WIDTH))
+            self._paths = StringColumn(self._file, "paths")
         self._count = 0
 
     def add(self, sample: Sample) -> None:
@@ -149,13 +185,20 @@ class HDF5Writer(ShardWriter):
         kind = sample.meta["format"].encode("ascii")
         if len(kind) > HDF5_FORMAT_WIDTH:
             raise ValueError(f"{self.path}: format name {kind!r} longer than {HDF5_FORMAT_WIDTH} bytes")
-        self._payloads.append(sample.payload)
-        self._labels.append(sample.label)
-        self._formats.append(kind)
-        self._paths.append(sample.path)
+        with h5py_errors_as_oserror():
+            self._payloads.append(sample.payload)
+            self._labels.append(sample.label)
+            self._formats.append(kind)
+            self._paths.append(sample.path)
         self._count += 1
 
     def close(self) -> None:
+        check_space(self.path.parent, METADATA_MARGIN)
+        with h5py_errors_as_oserror():
+            self._finish()
+        fsync_path(self.path)
+
+    def _finish(self) -> None:
         self._payloads.finish()
         for column in (self._labels, self._formats, self._paths):
             column.flush()
@@ -168,4 +211,3 @@ class HDF5Writer(ShardWriter):
         attrs["layout"] = self._payloads.layout
         attrs["num_samples"] = self._count
         self._file.close()
-        fsync_path(self.path)
