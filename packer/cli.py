@@ -23,9 +23,7 @@ from .errors import PackError
 from .engines import ENGINES
 from .partition import resolve_partition
 from .pipeline import Summary, ensure_plan, merge, pack
-from .verify import verify
 from .plan import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SIZE, PackOptions
-from .info import describe
 from .scan import ScanError
 from .slurm import slurm_script
 from .writers import WRITERS
@@ -187,6 +185,8 @@ def merge_command(out: Path) -> None:
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def verify_command(out: Path, full: bool, quiet: bool) -> None:
     """Check OUT's shards against index.json: presence, size, sha256, sample counts."""
+    from .verify import verify  # reads through `readers`, which imports torch: only when asked
+
     total = load_manifest(out).num_samples
     with progress_bar("verify", quiet) as bar:
         bar.total = total
@@ -203,6 +203,8 @@ def verify_command(out: Path, full: bool, quiet: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 def info_command(out: Path, as_json: bool) -> None:
     """Describe a packed dataset: format, store, counts, classes, shard and image sizes, options."""
+    from .info import describe  # reads through `readers`, which imports torch: only when asked
+
     info = describe(out)
     if as_json:
         click.echo(json.dumps(info, indent=2))

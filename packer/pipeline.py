@@ -8,6 +8,7 @@ planned shard has its marker. A rerun skips shards whose marker and file still a
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import logging
@@ -17,11 +18,11 @@ import socket
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
-from readers.manifest import MANIFEST_NAME, REJECTS_NAME, Manifest, ShardInfo, shard_name
+from readers.manifest import MANIFEST_NAME, REJECTS_NAME, FileInfo, Manifest, ShardInfo, shard_name
 
 from . import __version__
 from .encode import Encoded, encode
@@ -30,7 +31,7 @@ from .fsutil import atomic_write_text, publish, sha256_file
 from .partition import Partition
 from .plan import Entry, PackOptions, Plan, load_plan, read_shard_entries, work_dir, write_plan
 from .scan import scan
-from .writers import Sample, get_writer
+from .writers import WRITERS, Sample, get_writer, sidecar_path
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ DONE_DIR = "done"
 TMP_DIR = "tmp"
 LOCK_NAME = "plan.lock"
 READ_THREADS = 8
+DISK_FULL_MARGIN = 1 << 20
 READAHEAD_BYTES = 32 << 20
 READAHEAD_FILES = 512
 
@@ -54,9 +56,22 @@ class ShardResult:
     fingerprint: str
     rejects: list[dict[str, str]]
     label_counts: dict[str, int]
+    sidecars: list[dict[str, Any]] = field(default_factory=list)
 
     def info(self) -> ShardInfo:
-        return ShardInfo(name=self.name, num_samples=self.num_samples, bytes=self.bytes, sha256=self.sha256)
+        return ShardInfo(
+            name=self.name,
+            num_samples=self.num_samples,
+            bytes=self.bytes,
+            sha256=self.sha256,
+            sidecars=tuple(FileInfo(**sidecar) for sidecar in self.sidecars),
+        )
+
+    def files(self) -> list[tuple[str, int, str]]:
+        """(name, bytes, sha256) of the shard and of every sidecar: what must still be on disk."""
+        return [(self.name, self.bytes, self.sha256)] + [
+            (sidecar["name"], sidecar["bytes"], sidecar["sha256"]) for sidecar in self.sidecars
+        ]
 
 
 @dataclass
@@ -143,6 +158,15 @@ def pack(
     )
 
 
+def canonical_options(options: PackOptions) -> PackOptions:
+    """Options naming the format by its registry name, so an alias never reaches the manifest."""
+    try:
+        writer = get_writer(options.format)
+    except KeyError:
+        raise PackError(f"unknown format {options.format!r} (choose from {', '.join(WRITERS)})") from None
+    return replace(options, format=writer.format)
+
+
 def check_paths(src: Path, out: Path) -> None:
     if src.is_dir():
         src_real, out_real = src.resolve(), out.resolve()
@@ -181,6 +205,7 @@ def ensure_plan(src: Path, out: Path, options: PackOptions, *, overwrite: bool =
     A file lock serialises concurrent tasks on a shared filesystem, so N tasks do not all walk
     millions of files; a plan made with other options is an error, never silently replaced.
     """
+    options = canonical_options(options)
     check_paths(src, out)
     prepare_output(out, overwrite=overwrite)
     work = work_dir(out)
@@ -219,18 +244,19 @@ def read_marker(out: Path, name: str) -> ShardResult | None:
 
 
 def finished_shard(out: Path, plan: Plan, shard: int, *, check_hash: bool = True) -> ShardResult | None:
-    """The marker of a shard done for this plan, if its file still matches it (size, and hash)."""
+    """The marker of a shard done for this plan, if its files still match it (size, and hash)."""
     name = shard_file_name(plan, shard)
     result = read_marker(out, name)
     if result is None or result.fingerprint != plan.fingerprint:
         return None
-    path = out / name
-    try:
-        if path.stat().st_size != result.bytes or (check_hash and sha256_file(path) != result.sha256):
-            log.warning("%s: does not match its marker; packing it again", path)
+    for file_name, size, digest in result.files():
+        path = out / file_name
+        try:
+            if path.stat().st_size != size or (check_hash and sha256_file(path) != digest):
+                log.warning("%s: does not match its marker; packing it again", path)
+                return None
+        except FileNotFoundError:
             return None
-    except FileNotFoundError:
-        return None
     return result
 
 
@@ -247,19 +273,21 @@ def clean_tmp(out: Path, plan: Plan, shards: list[int]) -> None:
 
 def run_shard(out: Path, plan: Plan, shard: int, *, threads: int = READ_THREADS,
               progress: Progress | None = None) -> ShardResult:
-    """Pack one planned shard: temp file, rename when synced, then the marker (written last)."""
+    """Pack one planned shard: temp files, renamed when synced (sidecars first), then the marker."""
     name = shard_file_name(plan, shard)
     entries = read_shard_entries(out, plan, shard)
     writer_cls = get_writer(plan.options["format"])
     tmp_dir = work_dir(out) / TMP_DIR
     tmp_dir.mkdir(parents=True, exist_ok=True)
     tmp = tmp_dir / f"{name}.tmp-{socket.gethostname()}-{os.getpid()}"
+    tmp_sidecars = {extension: sidecar_path(tmp, extension) for extension in writer_cls.sidecars}
     rejects: list[dict[str, str]] = []
     label_counts: dict[str, int] = {}
+    sidecars: list[dict[str, Any]] = []
     count = 0
     final = out / name
     try:
-        writer = writer_cls(tmp, expected_bytes=sum(entry.size for entry in entries))
+        writer = writer_cls(tmp, expected_bytes=sum(entry.size for entry in entries), classes=plan.classes)
         for entry, encoded in load_samples(Path(plan.source), entries, plan.options["store"], threads):
             if isinstance(encoded, RejectedFile):
                 rejects.append({"path": entry.path, "reason": str(encoded)})
@@ -271,21 +299,38 @@ def run_shard(out: Path, plan: Plan, shard: int, *, threads: int = READ_THREADS,
             if progress:
                 progress(1)
         writer.close()
+        for extension, tmp_sidecar in tmp_sidecars.items():
+            sidecar = out / shard_name(shard, extension)
+            publish(tmp_sidecar, sidecar)
+            sidecars.append({"name": sidecar.name, "bytes": sidecar.stat().st_size, "sha256": sha256_file(sidecar)})
         publish(tmp, final)
     except (OSError, *writer_cls.write_errors) as exc:
-        tmp.unlink(missing_ok=True)
+        remove_files(tmp, *tmp_sidecars.values())
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        if disk_full(out) and os.strerror(errno.ENOSPC) not in reason:  # some libraries say EIO
+            reason = f"{os.strerror(errno.ENOSPC)}: {reason}"
         raise PackError(f"{out}: cannot write {name} ({reason}); nothing was published") from None
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        remove_files(tmp, *tmp_sidecars.values())
         raise
     result = ShardResult(name=name, num_samples=count, bytes=final.stat().st_size, sha256=sha256_file(final),
-                         fingerprint=plan.fingerprint, rejects=rejects, label_counts=label_counts)
+                         fingerprint=plan.fingerprint, rejects=rejects, label_counts=label_counts,
+                         sidecars=sidecars)
     marker = marker_path(out, name)
     marker.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(marker, json.dumps(asdict(result)) + "\n")
     log.info("%s: %d samples, %d rejected", final, count, len(rejects))
     return result
+
+
+def remove_files(*paths: Path) -> None:
+    for path in paths:
+        path.unlink(missing_ok=True)
+
+
+def disk_full(path: Path) -> bool:
+    stats = os.statvfs(path)
+    return bool(stats.f_blocks) and stats.f_bavail * stats.f_frsize < DISK_FULL_MARGIN
 
 
 def load_sample(root: Path, entry: Entry, store: str) -> Encoded | RejectedFile:

@@ -16,6 +16,9 @@ _LAZY = {
     "open_dataset": "readers.datasets",
     "PackedDataset": "readers.base",
     "LMDBDataset": "readers.lmdb",
+    "HDF5Dataset": "readers.hdf5",
+    "WebDatasetReader": "readers.webdataset",
+    "WebDatasetStream": "readers.webdataset",
 }
 
 

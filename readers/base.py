@@ -116,10 +116,14 @@ class PackedDataset(Dataset):
             raise
         except Exception as exc:  # noqa: BLE001 - format libraries raise many types on damaged files
             raise DatasetError(f"{self.shard_path(shard)}: sample {local}: unreadable ({exc})") from None
+        self.check(shard, local, meta, payload)
+        return meta, payload
+
+    def check(self, shard: int, local: int, meta: dict[str, Any], payload: memoryview) -> None:
+        """Compare the payload with the CRC-32 the packer recorded; damage names shard and sample."""
         expected = meta.get("crc32")
         if expected is not None and zlib.crc32(payload) != expected:
             raise DatasetError(f"{self.shard_path(shard)}: sample {local}: damaged (checksum mismatch)")
-        return meta, payload
 
     def load(self, index: int) -> tuple[Any, ...]:
         """Read, check and decode one sample; any damage is a DatasetError naming shard and sample."""

@@ -1,7 +1,9 @@
 """The dataset contract shared by the packer and the readers.
 
 `index.json` describes a packed dataset; it is written last, so its presence means every
-shard is complete. Records inside LMDB shards use the small binary header defined here.
+shard is complete. Records inside LMDB shards use the small binary header defined here, and
+the constants of the HDF5 and tar layouts live here too, so the packer shares them without
+importing torch.
 Nothing in the format is pickled. docs/FORMAT.md is the prose version of this module.
 """
 
@@ -29,11 +31,21 @@ class DatasetError(Exception):
 
 
 @dataclass(frozen=True)
+class FileInfo:
+    """A file published beside a shard that readers need too (a tar shard's offset index)."""
+
+    name: str
+    bytes: int
+    sha256: str
+
+
+@dataclass(frozen=True)
 class ShardInfo:
     name: str
     num_samples: int
     bytes: int
     sha256: str
+    sidecars: tuple[FileInfo, ...] = ()
 
 
 @dataclass
@@ -56,7 +68,16 @@ class Manifest:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Manifest:
-        shards = [ShardInfo(**shard) for shard in data["shards"]]
+        shards = [
+            ShardInfo(
+                name=shard["name"],
+                num_samples=int(shard["num_samples"]),
+                bytes=int(shard["bytes"]),
+                sha256=shard["sha256"],
+                sidecars=tuple(FileInfo(**sidecar) for sidecar in shard.get("sidecars", ())),
+            )
+            for shard in data["shards"]
+        ]
         return cls(
             format=data["format"],
             store=data["store"],
@@ -99,6 +120,32 @@ def load_manifest(root: str | os.PathLike[str]) -> Manifest:
 def lmdb_key(local_index: int) -> bytes:
     """LMDB keys are zero-padded ASCII: key order is sample order, so writes can append."""
     return b"%0*d" % (LMDB_KEY_WIDTH, local_index)
+
+
+# HDF5 shards: the payload layout named by each file's `layout` attribute, and the width of its
+# fixed-length ASCII `formats` column.
+HDF5_LAYOUT_FLAT = "flat"
+HDF5_FORMAT_WIDTH = 8
+
+# Tar shards: ustar blocks, member keys, and the `.idx` sidecar: a header (magic, uint32 LE
+# column count, int64 LE sample count), then per sample four int64 LE: image data offset, image
+# size, JSON data offset, JSON size, offsets counted from the start of the tar.
+TAR_BLOCK = 512
+TAR_KEY_WIDTH = 10
+TAR_INDEX_EXTENSION = ".idx"
+TAR_INDEX_MAGIC = b"PKX1"
+TAR_INDEX_HEADER = struct.Struct("<4sIq")
+TAR_INDEX_COLUMNS = 4
+
+
+def tar_key(local_index: int) -> str:
+    """A sample's key in its tar: the index inside the shard, zero-padded, no dots."""
+    return "%0*d" % (TAR_KEY_WIDTH, local_index)
+
+
+def tar_padding(size: int) -> int:
+    """Zero bytes after a member's data up to the next 512-byte block."""
+    return -size % TAR_BLOCK
 
 
 def encode_record(meta: dict[str, Any], payload: bytes) -> bytes:

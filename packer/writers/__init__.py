@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from .base import Sample, ShardWriter
+from .base import Sample, ShardWriter, sidecar_path
+from .hdf5 import HDF5Writer
 from .lmdb import LMDBWriter
+from .webdataset import WebDatasetWriter
 
-WRITERS: dict[str, type[ShardWriter]] = {cls.format: cls for cls in (LMDBWriter,)}
+WRITERS: dict[str, type[ShardWriter]] = {cls.format: cls for cls in (LMDBWriter, HDF5Writer, WebDatasetWriter)}
 
 
 def get_writer(name: str) -> type[ShardWriter]:
@@ -15,4 +17,4 @@ def get_writer(name: str) -> type[ShardWriter]:
     raise KeyError(name)
 
 
-__all__ = ["WRITERS", "Sample", "ShardWriter", "get_writer"]
+__all__ = ["WRITERS", "Sample", "ShardWriter", "get_writer", "sidecar_path"]

@@ -6,7 +6,7 @@ import zlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Sequence
 
 
 @dataclass(frozen=True)
@@ -20,16 +20,24 @@ class Sample:
     meta: dict[str, Any]
     extension: str
 
+    @property
+    def crc32(self) -> int:
+        """Of the payload: lets readers and `pack verify` name a damaged sample."""
+        return zlib.crc32(self.payload)
+
     def record_meta(self) -> dict[str, Any]:
-        """Per-sample metadata; the CRC-32 of the payload lets readers and `verify` name a damaged sample."""
-        return {"label": self.label, "path": self.path, **self.meta, "crc32": zlib.crc32(self.payload)}
+        return {"label": self.label, "path": self.path, **self.meta, "crc32": self.crc32}
 
 
 class ShardWriter(ABC):
     """Writes one shard file at `path` (a temporary name; the pipeline renames it when done).
 
-    Subclasses set `format` and `extension`, and implement `add` and `close`. `close` must leave
-    the file complete and flushed to disk.
+    `expected_bytes` is the sum of the source files' sizes; `classes` the dataset's class names,
+    for formats whose shards describe themselves. Subclasses set `format` and `extension`, and
+    implement `add` and `close`. `close` must leave the file complete and flushed to disk. A
+    format that needs more files per shard (a tar's offset index) names their extensions in
+    `sidecars` and writes each to `sidecar_path(self.path, ext)`; the pipeline publishes them as
+    `shard-NNNNNN<ext>` before the shard itself and lists them in index.json.
     """
 
     format: ClassVar[str]
@@ -37,13 +45,20 @@ class ShardWriter(ABC):
     aliases: ClassVar[tuple[str, ...]] = ()
     # What the format's library raises when writing fails (a full disk, say), besides OSError.
     write_errors: ClassVar[tuple[type[Exception], ...]] = ()
+    sidecars: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, path: Path, expected_bytes: int) -> None:
+    def __init__(self, path: Path, expected_bytes: int, classes: Sequence[str]) -> None:
         self.path = path
         self.expected_bytes = expected_bytes
+        self.classes = list(classes)
 
     @abstractmethod
     def add(self, sample: Sample) -> None: ...
 
     @abstractmethod
     def close(self) -> None: ...
+
+
+def sidecar_path(shard_path: Path, extension: str) -> Path:
+    """Where a writer puts sidecar `extension` of the shard it writes at `shard_path`."""
+    return shard_path.with_name(shard_path.name + extension)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Sequence
 
 import lmdb
 
@@ -23,8 +24,8 @@ class LMDBWriter(ShardWriter):
     extension = ".lmdb"
     write_errors = (lmdb.Error,)
 
-    def __init__(self, path: Path, expected_bytes: int) -> None:
-        super().__init__(path, expected_bytes)
+    def __init__(self, path: Path, expected_bytes: int, classes: Sequence[str]) -> None:
+        super().__init__(path, expected_bytes, classes)
         self._map_size = max(MIN_MAP_SIZE, int(expected_bytes * 1.5))
         self._env = lmdb.open(
             str(path), subdir=False, map_size=self._map_size, lock=False, sync=False,

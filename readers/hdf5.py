@@ -1,0 +1,102 @@
+"""HDF5 shards: one standalone file per shard, opened read-only and without file locking.
+
+Each DataLoader worker opens the files it reads on first use (h5py objects cannot cross a fork
+or be pickled). Files are opened with `locking=False`, so they work on cluster filesystems
+without POSIX locks; setting `HDF5_USE_FILE_LOCKING=FALSE` in the environment does the same for
+other HDF5 tools.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import h5py
+import numpy as np
+
+from .base import PackedDataset
+from .manifest import HDF5_LAYOUT_FLAT, DatasetError
+
+
+@dataclass
+class HDF5Shard:
+    """An open shard: the file, its payload dataset and the small per-sample columns in memory."""
+
+    file: h5py.File
+    images: h5py.Dataset
+    offsets: np.ndarray
+    labels: np.ndarray
+    formats: np.ndarray
+    crcs: np.ndarray
+    paths: Any  # the `paths` dataset through `.asstr()`: indexing decodes UTF-8
+    raw_paths: dict[int, str]
+
+
+def read_raw_strings(file: h5py.File, name: str) -> dict[int, str]:
+    """Position -> exact `os.fsdecode` string for the entries of `name` that are not UTF-8."""
+    positions = file[name + "_raw_index"][:]
+    raw = file[name + "_raw"][:]
+    return {int(i): os.fsdecode(value.tobytes()) for i, value in zip(positions, raw)}
+
+
+def open_shard(path: str, num_samples: int) -> HDF5Shard:
+    try:
+        file = h5py.File(path, "r", locking=False)
+    except (OSError, ValueError) as exc:
+        raise DatasetError(f"{path}: cannot open HDF5 shard ({exc})") from None
+    try:
+        layout = file.attrs.get("layout")
+        if layout != HDF5_LAYOUT_FLAT:
+            raise DatasetError(f"{path}: unknown HDF5 payload layout {layout!r}")
+        shard = HDF5Shard(
+            file=file,
+            images=file["images"],
+            offsets=file["offsets"][:],
+            labels=file["labels"][:],
+            formats=file["formats"][:],
+            crcs=file["crc32"][:],
+            paths=file["paths"].asstr(),
+            raw_paths=read_raw_strings(file, "paths"),
+        )
+    except KeyError as exc:
+        file.close()
+        raise DatasetError(f"{path}: damaged HDF5 shard (missing {exc})") from None
+    except DatasetError:
+        file.close()
+        raise
+    counts = {"labels": len(shard.labels), "formats": len(shard.formats), "offsets": len(shard.offsets) - 1,
+              "crc32": len(shard.crcs), "paths": len(shard.paths)}
+    for name, count in counts.items():
+        if count != num_samples:
+            file.close()
+            raise DatasetError(f"{path}: {name} holds {count} samples, index.json says {num_samples}")
+    return shard
+
+
+class HDF5Dataset(PackedDataset):
+    """Map-style dataset over HDF5 shards (`locking=False`, opened lazily in each process)."""
+
+    format = "hdf5"
+
+    def _open(self, shard: int) -> HDF5Shard:
+        return open_shard(str(self.shard_path(shard)), self.manifest.shards[shard].num_samples)
+
+    def _close(self, handle: Any) -> None:
+        handle.file.close()
+
+    def _read(self, shard: int, local: int) -> tuple[dict[str, Any], memoryview]:
+        handle: HDF5Shard = self.handle(shard)
+        start, end = int(handle.offsets[local]), int(handle.offsets[local + 1])
+        payload = handle.images[start:end]
+        if len(payload) != end - start:
+            raise DatasetError(f"{self.shard_path(shard)}: sample {local} runs past the image data")
+        meta: dict[str, Any] = {"label": int(handle.labels[local]), "format": handle.formats[local].decode("ascii"),
+                                "crc32": int(handle.crcs[local])}
+        if "path" in self.fields:
+            raw = handle.raw_paths.get(local)
+            meta["path"] = raw if raw is not None else handle.paths[local]
+        return meta, memoryview(payload)
+
+    def stored_samples(self, shard: int) -> int:
+        return int(self.handle(shard).file.attrs["num_samples"])

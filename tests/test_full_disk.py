@@ -1,0 +1,39 @@
+"""A full disk while packing HDF5 or tar shards: one clean error line, exit 1, no manifest.
+
+(LMDB's case is in test_resume.py.) h5py can crash the process after a failed HDF5 write, so the
+HDF5 writer must notice the full disk before HDF5 does.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACK = [sys.executable, "-m", "packer.cli"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+@pytest.mark.parametrize("fmt", ["hdf5", "wds"])
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_full_disk_is_a_clear_error(fmt: str, workers: str, image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
+    root, _ = image_folder
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        out = disk / "out"
+        result = subprocess.run([*PACK, fmt, str(root), str(out), "-q", "--shard-size", "5", "--workers", workers],
+                                capture_output=True, text=True)
+        assert result.returncode == 1, result.stderr
+        assert result.stderr.startswith(f"Error: {out}: cannot write shard-") and result.stderr.count("\n") == 1
+        assert "No space left on device" in result.stderr
+        assert not (out / "index.json").exists()
+        failed = result.stderr.split("cannot write ")[1].split(" ")[0]
+        assert not (out / failed).exists()  # shards finished before the disk filled may stay: resume keeps them
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)

@@ -1,0 +1,154 @@
+"""Shards read with only the plain libraries (lmdb, h5py, tarfile, webdataset, tar), as FORMAT.md says."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import struct
+import subprocess
+import tarfile
+from pathlib import Path
+
+import h5py
+import lmdb
+import numpy as np
+import pytest
+import webdataset
+
+from imagefolders import image_bytes
+from packer.pipeline import pack
+from packer.plan import PackOptions
+from readers.manifest import decode_record
+
+CLASSES = ["class_00", "class_01", "class_02"]
+
+
+def pack_folder(image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path, fmt: str) -> tuple[Path, dict[str, bytes], list[str]]:
+    """Pack the fixture plus a PNG named .jpg; returns OUT, {path: bytes}, paths in sample order."""
+    root, files = image_folder
+    disguised = image_bytes(random.Random(5), "PNG")
+    (root / "class_01" / "disguised.jpg").write_bytes(disguised)
+    files = {**files, "class_01/disguised.jpg": disguised}
+    out = tmp_path / fmt
+    pack(root, out, PackOptions(format=fmt, shard_size=6))
+    return out, files, sorted(files)
+
+
+def test_plain_lmdb_reads_a_shard(image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
+    out, files, order = pack_folder(image_folder, tmp_path, "lmdb")
+    env = lmdb.open(str(out / "shard-000001.lmdb"), subdir=False, readonly=True, lock=False)
+    try:
+        with env.begin() as txn:
+            meta, payload = decode_record(txn.get(b"%010d" % 0))
+            assert txn.stat()["entries"] == 6
+    finally:
+        env.close()
+    assert meta["path"] == order[6] and bytes(payload) == files[meta["path"]]
+
+
+def test_plain_h5py_reads_every_sample(image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
+    out, files, order = pack_folder(image_folder, tmp_path, "hdf5")
+    seen: list[str] = []
+    for shard in sorted(out.glob("shard-*.h5")):
+        with h5py.File(shard, "r") as f:
+            assert f.attrs["layout"] == "flat" and f.attrs["pack_format_version"] == 1
+            assert list(f["classes"].asstr()[:]) == CLASSES
+            assert f["images"].dtype == np.uint8 and f["labels"].dtype == np.int64
+            offsets = f["offsets"][:]
+            paths = list(f["paths"].asstr()[:])
+            raw = dict(zip(f["paths_raw_index"][:], f["paths_raw"][:]))
+            assert len(offsets) == len(paths) + 1 == f.attrs["num_samples"] + 1
+            for i, text in enumerate(paths):
+                path = os.fsdecode(raw[i].tobytes()) if i in raw else text
+                data = f["images"][offsets[i]:offsets[i + 1]].tobytes()
+                assert data == files[path]
+                assert CLASSES[f["labels"][i]] == path.split("/")[0]
+                assert f["formats"][i] == (b"png" if data.startswith(b"\x89PNG") else b"jpeg")
+                seen.append(path)
+    assert seen == order
+    bad = [path for path in order if "bad-" in path]
+    assert bad and os.fsencode(bad[0]).endswith(b"bad-\xff\xfe.jpg")
+
+
+def member_names(out: Path) -> list[str]:
+    return [name for shard in sorted(out.glob("shard-*.tar")) for name in tarfile.open(shard).getnames()]
+
+
+def test_tarfile_reads_every_sample(image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
+    out, files, order = pack_folder(image_folder, tmp_path, "wds")
+    seen: list[str] = []
+    for shard in sorted(out.glob("shard-*.tar")):
+        with tarfile.open(shard) as tar:
+            members = tar.getmembers()
+            assert all(m.isfile() and m.mtime == 0 and m.uid == m.gid == 0 and not m.uname and not m.gname
+                       for m in members)
+            for image, cls, meta_member in zip(members[0::3], members[1::3], members[2::3]):
+                key, ext = image.name.split(".")
+                assert cls.name == key + ".cls" and meta_member.name == key + ".json"
+                meta = json.loads(tar.extractfile(meta_member).read())
+                data = tar.extractfile(image).read()
+                assert data == files[meta["path"]]
+                assert int(tar.extractfile(cls).read()) == meta["label"] == CLASSES.index(meta["path"].split("/")[0])
+                assert ext == {"jpeg": "jpg", "png": "png"}[meta["format"]]
+                seen.append(meta["path"])
+    assert seen == order
+    for path in ("class_00/pic.PNG", "class_01/disguised.jpg"):  # PNG content: stored as .png
+        position = order.index(path)
+        names = tarfile.open(out / f"shard-{position // 6:06d}.tar").getnames()
+        assert f"{position % 6:010d}.png" in names and f"{position % 6:010d}.jpg" not in names
+
+
+def test_offset_index_locates_members(image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
+    out, files, order = pack_folder(image_folder, tmp_path, "wds")
+    raw = (out / "shard-000001.idx").read_bytes()
+    magic, columns, count = struct.unpack_from("<4sIq", raw)
+    assert (magic, columns, count) == (b"PKX1", 4, 6)
+    table = np.frombuffer(raw, dtype="<i8", offset=16).reshape(count, 4)
+    tar = (out / "shard-000001.tar").read_bytes()
+    for i, (image_at, image_size, json_at, json_size) in enumerate(table):
+        meta = json.loads(tar[json_at:json_at + json_size])
+        assert meta["path"] == order[6 + i]
+        assert tar[image_at:image_at + image_size] == files[meta["path"]]
+
+
+def test_webdataset_library_reads_the_shards(image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
+    out, files, order = pack_folder(image_folder, tmp_path, "wds")
+    urls = [str(path) for path in sorted(out.glob("shard-*.tar"))]
+    samples = list(webdataset.WebDataset(urls, shardshuffle=False, empty_check=False))
+    assert len(samples) == len(files)
+    for sample, path in zip(samples, order):
+        meta = json.loads(sample["json"])
+        image = sample.get("jpg", sample.get("png"))
+        assert meta["path"] == path and image == files[path]
+        assert int(sample["cls"]) == CLASSES.index(path.split("/")[0])
+        assert "." not in sample["__key__"]
+    decoded = next(iter(webdataset.WebDataset(urls[:1], shardshuffle=False).decode("pil")))
+    assert decoded["cls"] == 0 and decoded["jpg"].size[0] > 0
+
+
+@pytest.mark.skipif(shutil.which("tar") is None, reason="no tar command")
+def test_tar_command_lists_safe_names(image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
+    out, files, _ = pack_folder(image_folder, tmp_path, "wds")
+    listed: list[str] = []
+    for shard in sorted(out.glob("shard-*.tar")):
+        result = subprocess.run(["tar", "-tf", str(shard)], capture_output=True, text=True, check=True)
+        assert result.stderr == ""
+        listed += result.stdout.split()
+    assert listed == member_names(out) and len(listed) == 3 * len(files)
+    assert all(not name.startswith("/") and ".." not in name and name.count(".") == 1 for name in listed)
+
+
+def test_tar_shards_are_reproducible(image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
+    root, _ = image_folder
+    first, second = tmp_path / "first", tmp_path / "second"
+    pack(root, first, PackOptions(format="wds", shard_size=6), workers=1)
+    os.utime(next(root.rglob("*.jpg")), (12345, 12345))  # source mtimes must not leak into the tar
+    pack(root, second, PackOptions(format="wds", shard_size=6), workers=3)
+    names = sorted(path.name for path in first.glob("shard-*"))
+    assert names == sorted(path.name for path in second.glob("shard-*")) and len(names) == 8
+    for name in names:
+        assert (first / name).read_bytes() == (second / name).read_bytes(), name
+    shards = lambda out: json.loads((out / "index.json").read_text())["shards"]  # noqa: E731
+    assert shards(first) == shards(second)

@@ -1,0 +1,166 @@
+"""Tar shards: the header writer, streaming under DataLoader workers, damaged and hostile shards."""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import tarfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from torch.utils.data import DataLoader
+
+import readers
+from packer.errors import PackError
+from packer.pipeline import pack
+from packer.plan import PackOptions
+from packer.writers.webdataset import small_member, tar_header
+
+
+@pytest.fixture
+def packed(image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
+    root, files = image_folder
+    out = tmp_path / "out"
+    pack(root, out, PackOptions(format="webdataset", shard_size=4))
+    return out, files
+
+
+def as_list(batch: list) -> list:
+    return batch
+
+
+@pytest.mark.parametrize("name, size", [("0000000000.jpg", 0), ("0000000042.json", 1234567), ("k.cls", 8**11 - 1)])
+def test_header_equals_tarfiles(name: str, size: int) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode, info.uname, info.gname = size, 0, 0o644, "", ""
+    assert tar_header(name.encode(), size) == info.tobuf(tarfile.USTAR_FORMAT)
+
+
+def test_header_limits() -> None:
+    with pytest.raises(ValueError, match="longer than 100"):
+        tar_header(b"x" * 101, 1)
+    with pytest.raises(ValueError, match="larger"):
+        tar_header(b"x.jpg", 8**11)
+
+
+def test_alias_packs_wds(packed: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
+    out, _ = packed  # packed with format="webdataset"
+    assert readers.load_manifest(out).format == "wds"
+    assert readers.load_manifest(out).options["format"] == "wds"
+    assert isinstance(readers.open_dataset(out), readers.WebDatasetReader)
+    with pytest.raises(PackError, match="unknown format 'zip'"):
+        pack(tmp_path, tmp_path / "zip", PackOptions(format="zip"))
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_stream_gives_every_sample_once_across_workers(packed: tuple[Path, dict[str, bytes]], start_method: str) -> None:
+    out, files = packed
+    ds = readers.open_dataset(out, decode="bytes", fields=("image", "path", "index"))
+    stream = ds.stream()
+    assert isinstance(stream, readers.WebDatasetStream) and len(stream) == len(files)
+    loader = DataLoader(stream, batch_size=3, num_workers=2, collate_fn=as_list,
+                        multiprocessing_context=multiprocessing.get_context(start_method))
+    seen = [sample for batch in loader for sample in batch]
+    assert sorted(index for _, _, index in seen) == list(range(len(files)))
+    assert {path: data for data, path, _ in seen} == files
+    assert sorted(seen, key=lambda sample: sample[2]) == [ds[i] for i in range(len(ds))]
+
+
+def test_stream_splits_shards_by_worker(packed: tuple[Path, dict[str, bytes]], monkeypatch: pytest.MonkeyPatch,
+                                        caplog: pytest.LogCaptureFixture) -> None:
+    out, files = packed
+    ds = readers.open_dataset(out, decode="bytes", fields=("index",))
+    assert [index for (index,) in ds.stream()] == list(range(len(files)))  # no workers: everything
+    shards = len(ds.manifest.shards)
+    bounds = [0, 4, 8, 12, 16, len(files)]
+    assert shards == len(bounds) - 1
+
+    def indexes(worker: int, workers: int) -> list[int]:
+        info = SimpleNamespace(id=worker, num_workers=workers)
+        monkeypatch.setattr("readers.webdataset.get_worker_info", lambda: info)
+        return [index for (index,) in ds.stream()]
+
+    assert indexes(1, 2) == list(range(4, 8)) + list(range(12, 16))
+    with caplog.at_level(logging.WARNING, logger="readers.webdataset"):
+        assert indexes(0, shards + 2) == list(range(4))
+    assert f"{shards + 2} DataLoader workers but only {shards} shards; 2 workers stay idle" in caplog.text
+    assert indexes(shards + 1, shards + 2) == []
+
+
+def write_tar(path: Path, members: list[tuple[bytes, bytes]]) -> None:
+    path.write_bytes(b"".join(small_member(name, data) for name, data in members) + bytes(1024))
+
+
+@pytest.mark.parametrize("name", [b"../0000000000.jpg", b"/abs/0000000000.jpg", b"a/../../0000000000.jpg"])
+def test_unsafe_member_names_are_refused(packed: tuple[Path, dict[str, bytes]], name: bytes) -> None:
+    out, _ = packed
+    shard = out / "shard-000000.tar"
+    meta = json.dumps({"label": 0, "path": "x.jpg", "format": "jpeg"}).encode()
+    write_tar(shard, [(name, b"\xff\xd8\xff"), (b"0000000000.json", meta)])
+    ds = readers.open_dataset(out, decode="bytes")
+    with pytest.raises(readers.DatasetError, match=f"{shard}: unsafe tar member name"):
+        list(ds)
+
+
+def test_damaged_shards_name_the_file(packed: tuple[Path, dict[str, bytes]]) -> None:
+    out, _ = packed
+    ds = readers.open_dataset(out, decode="bytes")
+    shard = out / "shard-000001.tar"
+    data = bytearray(shard.read_bytes())
+    data[0] ^= 0x01  # first header's name: checksum no longer matches
+    shard.write_bytes(bytes(data))
+    with pytest.raises(readers.DatasetError, match=f"{shard}: bad tar header"):
+        list(ds.iter_shard(1))
+    with pytest.raises(readers.DatasetError, match=f"{shard}: sample 0: tar index does not match"):
+        ds[4]
+    data[0] ^= 0x01
+    data[124:136] = b"%011o\0" % 7  # first header's size field
+    shard.write_bytes(bytes(data))
+    with pytest.raises(readers.DatasetError, match=f"{shard}: sample 0: tar index does not match"):
+        ds[4]
+    shard = out / "shard-000002.tar"
+    shard.write_bytes(shard.read_bytes()[:2000])
+    with pytest.raises(readers.DatasetError, match=f"{shard}: tar shard is truncated"):
+        list(ds.iter_shard(2))
+    with pytest.raises(readers.DatasetError, match=f"{shard}: sample 3: tar shard is truncated"):
+        ds[11]
+
+
+def test_index_that_does_not_match_is_refused(packed: tuple[Path, dict[str, bytes]]) -> None:
+    out, _ = packed
+    index = out / "shard-000000.idx"
+    raw = bytearray(index.read_bytes())
+    raw[16:48], raw[48:80] = raw[48:80], raw[16:48]  # swap the rows of samples 0 and 1
+    index.write_bytes(bytes(raw))
+    ds = readers.open_dataset(out, decode="bytes")
+    with pytest.raises(readers.DatasetError, match=f"{out / 'shard-000000.tar'}: sample 0: tar index does not match"):
+        ds[0]
+    index.write_bytes(bytes(raw[:40]))
+    with pytest.raises(readers.DatasetError, match=f"{index}: indexes 0 samples, index.json says 4"):
+        readers.open_dataset(out)[0]
+    assert len(list(ds.iter_shard(0))) == 4  # streaming does not need the index
+
+
+def test_sample_count_must_match_manifest(packed: tuple[Path, dict[str, bytes]]) -> None:
+    out, _ = packed
+    ds = readers.open_dataset(out, decode="bytes")
+    first = (out / "shard-000000.tar").read_bytes()
+    (out / "shard-000001.tar").write_bytes(first[: first.index(b"0000000003.jpg")] + bytes(1024))
+    with pytest.raises(readers.DatasetError, match="holds 3 samples, index.json says 4"):
+        list(ds.iter_shard(1))
+
+
+def test_missing_index_is_repacked_on_resume(image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
+    root, files = image_folder
+    out = tmp_path / "out"
+    pack(root, out, PackOptions(format="wds", shard_size=4))
+    before = (out / "shard-000002.idx").read_bytes()
+    (out / "index.json").unlink()  # as if the run had stopped before merging
+    (out / "shard-000002.idx").unlink()
+    summary = pack(root, out, PackOptions(format="wds", shard_size=4))
+    assert summary.resumed_shards == summary.num_shards - 1
+    assert (out / "shard-000002.idx").read_bytes() == before
+    ds = readers.open_dataset(out, decode="bytes", fields=("image", "path"))
+    assert {path: data for data, path in (ds[i] for i in range(len(ds)))} == files
