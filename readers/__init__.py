@@ -16,6 +16,12 @@ _LAZY = {
     "open_dataset": "readers.datasets",
     "PackedDataset": "readers.base",
     "LMDBDataset": "readers.lmdb",
+    "make_loader": "readers.loader",
+    "PackedLoader": "readers.loader",
+    "ShardWindowBatchSampler": "readers.loader",
+    "CudaPrefetcher": "readers.loader",
+    "default_num_workers": "readers.loader",
+    "epoch_order": "readers.loader",
 }
 
 
