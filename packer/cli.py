@@ -9,12 +9,11 @@ import signal
 import sys
 from pathlib import Path
 from dataclasses import fields
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import click
 from tqdm import tqdm
 
-from readers.bench import BenchResult, bench_loader
 from readers.decode import DECODE_MODES
 from readers.manifest import DatasetError
 
@@ -28,6 +27,9 @@ from .plan import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SIZE, PackOptions
 from .scan import ScanError
 from .slurm import slurm_script
 from .writers import WRITERS
+
+if TYPE_CHECKING:
+    from readers.bench import BenchResult
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
           "t": 1000**4, "tb": 1000**4, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
@@ -210,6 +212,8 @@ def slurm_script_command(fmt: str, src: Path, out: Path, tasks: int, cpus_per_ta
 @click.option("--seconds", type=click.FloatRange(min=0.01), default=3.0, show_default=True,
               help="Time spent on each setting.")
 def bench(out: Path, batch_sizes: tuple[int, ...], max_workers: int | None, decode: str, seconds: float) -> None:
+    from readers.bench import bench_loader  # torch loads only for this command
+
     rows: list[BenchResult] = []
 
     def row(result: BenchResult) -> None:

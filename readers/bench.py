@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from . import open_dataset
+from .datasets import open_dataset
 from .loader import cpus_per_rank, make_loader
 
 log = logging.getLogger(__name__)
