@@ -466,19 +466,17 @@ class CudaPrefetcher:
             with torch.cuda.stream(stream):
                 return True, _to_device(batch, self.device)
 
+        # Not reset when the caller stops early: the batch fetched ahead was never handed out.
         self._ahead = 0
         more, upcoming = fetch()
-        try:
-            while more:
-                current_stream = torch.cuda.current_stream(self.device)
-                current_stream.wait_stream(stream)
-                batch = upcoming
-                _record_stream(batch, current_stream)
-                more, upcoming = fetch()
-                self._ahead = 1 if more else 0
-                yield batch
-        finally:
-            self._ahead = 0
+        while more:
+            current_stream = torch.cuda.current_stream(self.device)
+            current_stream.wait_stream(stream)
+            batch = upcoming
+            _record_stream(batch, current_stream)
+            more, upcoming = fetch()
+            self._ahead = 1 if more else 0
+            yield batch
 
     def set_epoch(self, epoch: int) -> None:
         self.loader.set_epoch(epoch)
