@@ -123,6 +123,18 @@ def files_under(root: Path) -> list[Path]:
     return [path for path in root.rglob("*") if path.is_file()]
 
 
+def sequential_read_rate(files: list[Path]) -> float:
+    """Bytes/s reading these files start to end from a cold cache: what the disk gives at best."""
+    drop_cache(files)
+    total = 0
+    started = time.perf_counter()
+    for path in files:
+        with open(path, "rb", buffering=0) as handle:
+            while chunk := handle.read(8 << 20):
+                total += len(chunk)
+    return total / (time.perf_counter() - started)
+
+
 # Cases -----------------------------------------------------------------------------------
 
 
@@ -300,6 +312,8 @@ def main() -> int:
     args = parser.parse_args()
     formats = [name for name in args.formats.split(",") if name]
     unknown = sorted(set(formats) - set(WRITERS))
+    if not formats:
+        parser.error("--formats names no format")
     if unknown:
         parser.error(f"unknown formats {unknown}; known: {sorted(WRITERS)}")
 
@@ -332,9 +346,14 @@ def main() -> int:
                 samples, cold = timed_pass(case.batches(ctx), case.samples)
                 _, warm = timed_pass(case.batches(ctx), case.samples)
                 results[case.name].append((samples / cold, samples / warm))
-        print(f"page cache: {how}")
-        print(f"{'case':<12} {'cold/s':>9} {'warm/s':>9} {'cold x':>7} {'warm x':>7}  cold range/s   goal")
         median = {name: np.median(np.array(runs), axis=0) for name, runs in results.items()}
+        print(f"page cache: {how}")
+        mean_bytes = float(np.mean(sizes))
+        ceiling = sequential_read_rate(files_under(ctx.packed[formats[0]]))
+        print(f"disk ceiling: {ceiling / 1e6:.0f} MB/s reading {formats[0]} sequentially cold "
+              f"= {ceiling / mean_bytes:.0f} samples/s of {mean_bytes / 1e3:.0f} KB; "
+              f"2x the loose files' cold rate would need {2 * median[BASELINE][0] * mean_bytes / 1e6:.0f} MB/s")
+        print(f"{'case':<12} {'cold/s':>9} {'warm/s':>9} {'cold x':>7} {'warm x':>7}  cold range/s   goal")
         for case in cases(formats, args.workers):
             cold, warm = median[case.name]
             colds = [run[0] for run in results[case.name]]
