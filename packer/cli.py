@@ -10,11 +10,12 @@ import signal
 import sys
 from pathlib import Path
 from dataclasses import fields
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import click
 from tqdm import tqdm
 
+from readers.decode import DECODE_MODES
 from readers.manifest import DatasetError, load_manifest
 
 from . import __version__
@@ -27,6 +28,9 @@ from .plan import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SIZE, PackOptions
 from .scan import ScanError
 from .slurm import slurm_script
 from .writers import WRITERS
+
+if TYPE_CHECKING:
+    from readers.bench import BenchResult
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
           "t": 1000**4, "tb": 1000**4, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
@@ -242,6 +246,36 @@ def slurm_script_command(fmt: str, src: Path, out: Path, tasks: int, cpus_per_ta
     pack_args = [fmt, str(src.resolve()), str(out.resolve()), *option_args(options)]
     click.echo(slurm_script([sys.executable, "-m", "packer.cli"], pack_args, out, tasks=tasks, cpus_per_task=cpus_per_task, time_limit=time_limit,
                             partition=partition, mem=mem, job_name=f"pack-{fmt}"), nl=False)
+
+
+@main.command(help="Measure loader throughput on the packed dataset OUT and recommend num_workers.")
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option("--batch-size", "batch_sizes", type=click.IntRange(min=1), multiple=True, default=(32, 128),
+              show_default=True, help="Batch size to try; repeat the option for several.")
+@click.option("--max-workers", type=click.IntRange(min=0), default=None,
+              help="Highest num_workers to try; default: the CPUs this process may use.")
+@click.option("--decode", type=click.Choice(DECODE_MODES), default="pil", show_default=True,
+              help="What each sample is decoded to, as in open_dataset.")
+@click.option("--seconds", type=click.FloatRange(min=0.01), default=3.0, show_default=True,
+              help="Time spent on each setting.")
+def bench(out: Path, batch_sizes: tuple[int, ...], max_workers: int | None, decode: str, seconds: float) -> None:
+    from readers.bench import bench_loader  # torch loads only for this command
+
+    rows: list[BenchResult] = []
+
+    def row(result: BenchResult) -> None:
+        if not rows:
+            click.echo(f"{'batch':>6} {'workers':>8} {'samples/s':>10}")
+        rows.append(result)
+        click.echo(f"{result.batch_size:>6} {result.num_workers:>8} {result.samples_per_second:>10.0f}")
+
+    report = bench_loader(out, batch_sizes=batch_sizes, max_workers=max_workers, decode=decode,
+                          seconds=seconds, on_result=row)
+    for batch_size, result in report.recommended.items():
+        click.echo(f"batch {batch_size}: num_workers={result.num_workers} ({result.samples_per_second:.0f} samples/s)")
+    best = report.best
+    click.echo(f"recommended: batch {best.batch_size}, num_workers={best.num_workers} "
+               f"({best.samples_per_second:.0f} samples/s, decode={decode!r})")
 
 
 for _name, _writer in WRITERS.items():

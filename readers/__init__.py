@@ -19,6 +19,12 @@ _LAZY = {
     "HDF5Dataset": "readers.hdf5",
     "WebDatasetReader": "readers.webdataset",
     "WebDatasetStream": "readers.webdataset",
+    "make_loader": "readers.loader",
+    "PackedLoader": "readers.loader",
+    "ShardWindowBatchSampler": "readers.loader",
+    "CudaPrefetcher": "readers.loader",
+    "default_num_workers": "readers.loader",
+    "epoch_order": "readers.loader",
 }
 
 

@@ -11,6 +11,12 @@ from .base import PackedDataset
 from .manifest import DatasetError, decode_record, lmdb_key
 
 
+# A page fault in a mapping with readahead reads ~128 KiB around it. Records that big (JPEG
+# photos) then cost one or two reads instead of a fault per 4 KiB page: about 3x faster cold
+# random reads of 100 KB records in scripts/bench_read.py. Shards of smaller records keep it
+# off, where read-around would mostly fetch neighbours nobody asked for.
+READAHEAD_MIN_BYTES = 32 * 1024
+
 # py-lmdb refuses to open one path twice in a process, so environments are shared per process.
 _ENVIRONMENTS: dict[str, lmdb.Environment] = {}
 
@@ -25,7 +31,7 @@ def _close_inherited() -> None:
 os.register_at_fork(after_in_child=_close_inherited)
 
 
-def open_environment(path: str) -> lmdb.Environment:
+def open_environment(path: str, *, readahead: bool = False) -> lmdb.Environment:
     env = _ENVIRONMENTS.get(path)
     if env is None:
         try:
@@ -34,7 +40,7 @@ def open_environment(path: str) -> lmdb.Environment:
                 subdir=False,
                 readonly=True,
                 lock=False,
-                readahead=False,
+                readahead=readahead,
                 meminit=False,
                 max_readers=1024,
             )
@@ -45,12 +51,14 @@ def open_environment(path: str) -> lmdb.Environment:
 
 
 class LMDBDataset(PackedDataset):
-    """Map-style dataset over LMDB shards (`readonly`, `lock=False`, no readahead)."""
+    """Map-style dataset over LMDB shards (`readonly`, `lock=False`, readahead for large records)."""
 
     format = "lmdb"
 
     def _open(self, shard: int) -> lmdb.Environment:
-        return open_environment(str(self.shard_path(shard)))
+        info = self.manifest.shards[shard]
+        large = info.bytes >= READAHEAD_MIN_BYTES * max(1, info.num_samples)
+        return open_environment(str(self.shard_path(shard)), readahead=large)
 
     def _close(self, handle: Any) -> None:
         path = handle.path()

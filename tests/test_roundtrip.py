@@ -5,6 +5,7 @@ Parametrised over the writer registry, so a new format is tested here by registe
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import multiprocessing
@@ -22,6 +23,8 @@ from packer.fsutil import sha256_file
 from packer.pipeline import pack
 from packer.plan import PackOptions
 from packer.writers import WRITERS
+from readers.lmdb import READAHEAD_MIN_BYTES
+from readers.manifest import decode_record
 
 
 @pytest.fixture(params=sorted(WRITERS))
@@ -130,3 +133,19 @@ def test_dataloader_workers_see_every_sample_once(packed: tuple[Path, dict[str, 
     assert sorted(path for _, path, _ in seen) == sorted(files)
     for data, path, label in seen:
         assert data == files[path] and label == expected_label(path)
+
+
+def test_readahead_only_for_shards_of_large_records(packed: tuple[Path, dict[str, bytes]]) -> None:
+    out, _ = packed
+    if readers.load_manifest(out).format != "lmdb":
+        pytest.skip("an LMDB reader setting")
+    small = readers.open_dataset(out, decode="bytes")
+    assert small.handle(0).flags()["readahead"] is False
+    small.close()
+    manifest = readers.load_manifest(out)
+    info = manifest.shards[0]
+    manifest.shards[0] = dataclasses.replace(info, bytes=READAHEAD_MIN_BYTES * info.num_samples)
+    large = readers.LMDBDataset(out, manifest=manifest, decode="bytes")
+    assert large.handle(0).flags()["readahead"] is True
+    assert large.handle(1).flags()["readahead"] is False
+    large.close()

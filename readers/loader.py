@@ -1,0 +1,490 @@
+"""Training-side loading: one order per (seed, epoch), split evenly over ranks, resumable mid-epoch.
+
+The order of an epoch is computed in the main process from the manifest's shard sizes alone:
+shuffle the shards, cut the shuffled shard list into windows of `shuffle_window` consecutive
+shards, shuffle the samples inside each window. The result is a permutation of every index
+that depends only on (seed, epoch); ranks then take equal contiguous slices of it, so the split
+depends only on the world size. DataLoader workers receive index batches and never hold the
+order, so their memory does not grow with the dataset and the order cannot depend on them.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import warnings
+from typing import Any, Callable, Iterator, Literal, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Sampler
+
+from .base import PackedDataset
+
+log = logging.getLogger(__name__)
+
+Mode = Literal["train", "eval"]
+MODES: tuple[str, ...] = ("train", "eval")
+DEFAULT_SHUFFLE_WINDOW = 32
+"""Shards whose samples are mixed together; 32 default shards of 10k samples = 320k samples."""
+MAX_DEFAULT_WORKERS = 16
+"""More workers than this per rank rarely helps and multiplies open handles and memory."""
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+STATE_VERSION = 1
+# What must match for a saved position to mean the same batches in a fresh loader.
+_STATE_KEYS = ("seed", "world_size", "batch_size", "num_samples", "shuffle", "shuffle_window",
+               "drop_last", "mode")
+
+
+def cpus_per_rank() -> int:
+    """CPUs this process may use, shared out over the ranks on this node.
+
+    Slurm's per-task allocation and the affinity mask both bound it (never the whole node's
+    `os.cpu_count()`); torchrun's LOCAL_WORLD_SIZE ranks on one node split that between them.
+    """
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cpus = os.cpu_count() or 1
+    slurm = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    if slurm.isdigit() and int(slurm) > 0:
+        cpus = min(cpus, int(slurm))
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    ranks_here = int(local) if local.isdigit() and int(local) > 0 else 1
+    return max(1, cpus // ranks_here)
+
+
+def default_num_workers() -> int:
+    """One worker per CPU of this rank, less one for the training loop itself, at most 16."""
+    cpus = cpus_per_rank()
+    return min(MAX_DEFAULT_WORKERS, cpus - 1) if cpus > 1 else 0
+
+
+def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenation of arange(s, s + n) for each (s, n), without a Python loop."""
+    total = int(lengths.sum())
+    if total == 0:
+        return np.empty(0, dtype=np.int64)
+    block_starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+    return np.arange(total, dtype=np.int64) + np.repeat(starts - block_starts, lengths)
+
+
+def epoch_order(
+    shard_sizes: Sequence[int] | np.ndarray,
+    *,
+    seed: int,
+    epoch: int,
+    shuffle: bool = True,
+    shuffle_window: int | None = DEFAULT_SHUFFLE_WINDOW,
+) -> np.ndarray:
+    """The permutation of all sample indices read in one epoch (int64 array).
+
+    With `shuffle`, the shard order is shuffled, then samples are shuffled within each window of
+    `shuffle_window` consecutive shards of that order (None: one window, a global shuffle).
+    Without it, samples come in stored order. Depends on nothing but the arguments.
+    """
+    sizes = np.asarray(shard_sizes, dtype=np.int64)
+    offsets = np.concatenate(([0], np.cumsum(sizes)))
+    if not shuffle:
+        return np.arange(offsets[-1], dtype=np.int64)
+    window = len(sizes) if shuffle_window is None else shuffle_window
+    rng = np.random.default_rng(np.random.SeedSequence([seed, epoch]))
+    shards = rng.permutation(len(sizes))
+    order = _ranges(offsets[shards], sizes[shards])
+    ends = np.cumsum(sizes[shards])
+    start = 0
+    for first in range(0, len(shards), max(1, window)):
+        end = int(ends[min(first + window, len(shards)) - 1])
+        rng.shuffle(order[start:end])
+        start = end
+    return order
+
+
+def share_size(num_samples: int, *, world_size: int, batch_size: int, drop_last: bool, mode: Mode) -> int:
+    """Samples every rank reads per epoch: the same on all ranks, padding included."""
+    if mode == "train" and drop_last:
+        return num_samples // world_size // batch_size * batch_size
+    return math.ceil(num_samples / world_size)
+
+
+def split_for_rank(
+    order: np.ndarray, *, rank: int, world_size: int, batch_size: int, drop_last: bool, mode: Mode
+) -> tuple[np.ndarray, int]:
+    """This rank's contiguous share of an epoch's order, and how many of its samples are real.
+
+    Every rank gets `share_size` samples. "train": pad by repeating the order from its start
+    (drop_last=False) or drop the tail that does not fill a batch on every rank (True).
+    "eval": each sample exactly once over all ranks, then padding at the end of a rank's share.
+    """
+    total = len(order)
+    per_rank = share_size(total, world_size=world_size, batch_size=batch_size, drop_last=drop_last, mode=mode)
+    if mode == "train":
+        padded = np.resize(order, per_rank * world_size) if per_rank * world_size > total else order
+        return padded[rank * per_rank : (rank + 1) * per_rank], per_rank
+    start = min(rank * per_rank, total)
+    real = order[start : min(start + per_rank, total)]
+    return np.concatenate((real, np.resize(order, per_rank - len(real)))), len(real)
+
+
+class ShardWindowBatchSampler(Sampler[list[int]]):
+    """Batches of sample indices for one rank: windowed shard shuffle, equal share per rank.
+
+    `start_batch` skips the batches an interrupted run already consumed (mid-epoch resume).
+    `len()` is the number of batches the next iteration yields (full epoch less `start_batch`).
+    """
+
+    def __init__(
+        self,
+        shard_sizes: Sequence[int] | np.ndarray,
+        batch_size: int,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 0,
+        shuffle: bool = True,
+        shuffle_window: int | None = DEFAULT_SHUFFLE_WINDOW,
+        drop_last: bool = False,
+        mode: Mode = "train",
+    ) -> None:
+        self.shard_sizes = np.asarray(shard_sizes, dtype=np.int64)
+        self.num_samples = int(self.shard_sizes.sum())
+        if self.num_samples == 0:
+            raise ValueError("cannot sample from an empty dataset")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, not {batch_size}")
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, world_size), got rank={rank}, world_size={world_size}")
+        if seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, not {seed}")
+        if shuffle_window is not None and shuffle_window < 1:
+            raise ValueError(f"shuffle_window must be at least 1 shard (or None), not {shuffle_window}")
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
+        self.batch_size = batch_size
+        self.rank = rank
+        self.world_size = world_size
+        self.seed = seed
+        self.shuffle = shuffle
+        self.shuffle_window = shuffle_window
+        self.drop_last = drop_last
+        self.mode: Mode = mode
+        self.epoch = 0
+        self.start_batch = 0
+        self.samples_per_rank = share_size(self.num_samples, world_size=world_size, batch_size=batch_size,
+                                           drop_last=drop_last, mode=mode)
+        start = min(rank * self.samples_per_rank, self.num_samples)
+        self.num_real = (min(self.samples_per_rank, self.num_samples - start) if mode == "eval"
+                         else self.samples_per_rank)
+        self.num_batches = math.ceil(self.samples_per_rank / batch_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def indices(self) -> tuple[np.ndarray, int]:
+        """This rank's sample indices for the current epoch (padding included) and the real count."""
+        order = epoch_order(self.shard_sizes, seed=self.seed, epoch=self.epoch, shuffle=self.shuffle,
+                            shuffle_window=self.shuffle_window)
+        return split_for_rank(order, rank=self.rank, world_size=self.world_size, batch_size=self.batch_size,
+                              drop_last=self.drop_last, mode=self.mode)
+
+    def __len__(self) -> int:
+        return max(0, self.num_batches - self.start_batch)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        share, _ = self.indices()
+        for batch in range(self.start_batch, self.num_batches):
+            yield share[batch * self.batch_size : (batch + 1) * self.batch_size].tolist()
+
+
+class _WorkerInit:
+    """Per-worker setup: one thread for torch and for OpenMP/MKL/BLAS users, then the user's hook.
+
+    The worker's torch, `random` and numpy seeds are set by DataLoader from its generator, which
+    make_loader seeds from (seed, rank, epoch); this class is picklable for spawn contexts.
+    """
+
+    def __init__(self, user_fn: Callable[[int], None] | None) -> None:
+        self.user_fn = user_fn
+
+    def __call__(self, worker_id: int) -> None:
+        torch.set_num_threads(1)
+        for name in THREAD_VARIABLES:
+            os.environ[name] = "1"
+        if self.user_fn is not None:
+            self.user_fn(worker_id)
+
+
+def _worker_seed(seed: int, rank: int, epoch: int) -> int:
+    return int(np.random.SeedSequence([seed, rank, epoch]).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
+class PackedLoader:
+    """A DataLoader over a packed dataset with DDP-equal ranks, epochs and mid-epoch resume.
+
+    Iterating yields what the DataLoader yields; in "eval" mode each item is `(batch, mask)`,
+    `mask` a bool tensor that is False for the padding samples at the end of a rank's share.
+    `len()` is the number of batches per rank in a full epoch, the same on every rank.
+    """
+
+    def __init__(self, dataset: PackedDataset, sampler: ShardWindowBatchSampler, **dataloader_args: Any) -> None:
+        self.dataset = dataset
+        self.sampler = sampler
+        self._generator = torch.Generator()
+        self.dataloader = DataLoader(dataset, batch_sampler=sampler, generator=self._generator, **dataloader_args)
+        self._consumed = 0
+        self._resume: int | None = None
+
+    @property
+    def batch_size(self) -> int:
+        return self.sampler.batch_size
+
+    @property
+    def epoch(self) -> int:
+        return self.sampler.epoch
+
+    @property
+    def rank(self) -> int:
+        return self.sampler.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.sampler.world_size
+
+    @property
+    def num_workers(self) -> int:
+        return self.dataloader.num_workers
+
+    @property
+    def num_padding(self) -> int:
+        """Samples of this rank's share that repeat others ("eval" mode marks them in the mask)."""
+        return self.sampler.samples_per_rank - self.sampler.num_real
+
+    def indices(self) -> np.ndarray:
+        """This rank's sample indices for the current epoch, in the order they will be read."""
+        return self.sampler.indices()[0]
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose order the next iteration reads; a pending resume for another
+        epoch is dropped, one for this epoch is kept (so resume, then `set_epoch(same)` works)."""
+        if epoch != self.sampler.epoch:
+            self._resume = None
+            self._consumed = 0
+        self.sampler.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return self.sampler.num_batches
+
+    def __iter__(self) -> Iterator[Any]:
+        start = self._resume if self._resume is not None else 0
+        self._resume = None
+        self._consumed = start
+        self.sampler.start_batch = start
+        self._generator.manual_seed(_worker_seed(self.sampler.seed, self.rank, self.epoch))
+        real = self.sampler.num_real
+        for batch in self.dataloader:
+            number = self._consumed
+            self._consumed += 1
+            if self.sampler.mode == "eval":
+                first = number * self.batch_size
+                size = min(self.batch_size, self.sampler.samples_per_rank - first)
+                yield batch, torch.arange(first, first + size) < real
+            else:
+                yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this epoch stands: the same on every rank, so rank 0 alone may save it."""
+        sampler = self.sampler
+        return {
+            "version": STATE_VERSION,
+            "epoch": sampler.epoch,
+            "batches": self._resume if self._resume is not None else self._consumed,
+            "seed": sampler.seed,
+            "world_size": sampler.world_size,
+            "batch_size": sampler.batch_size,
+            "num_samples": sampler.num_samples,
+            "shuffle": sampler.shuffle,
+            "shuffle_window": sampler.shuffle_window,
+            "drop_last": sampler.drop_last,
+            "mode": sampler.mode,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Make the next iteration yield exactly the batches of `state`'s epoch not yet consumed."""
+        mine = self.state_dict()
+        changed = [f"{key} {state.get(key)!r} (now {mine[key]!r})" for key in _STATE_KEYS if state.get(key) != mine[key]]
+        if changed:
+            raise ValueError("loader state was saved with a different setup, cannot resume exactly: " + ", ".join(changed))
+        batches = int(state["batches"])
+        if not 0 <= batches <= len(self):
+            raise ValueError(f"loader state has {batches} batches consumed, outside 0..{len(self)}")
+        self.sampler.set_epoch(int(state["epoch"]))
+        self._resume = batches
+        self._consumed = batches
+
+    def __repr__(self) -> str:
+        s = self.sampler
+        return (f"PackedLoader({self.dataset!r}, batch_size={s.batch_size}, rank={s.rank}/{s.world_size}, "
+                f"epoch={s.epoch}, batches={len(self)}, workers={self.num_workers}, mode={s.mode!r})")
+
+
+def _distributed() -> tuple[int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def make_loader(
+    dataset: PackedDataset,
+    batch_size: int,
+    *,
+    shuffle: bool | None = None,
+    seed: int = 0,
+    drop_last: bool = False,
+    mode: Mode = "train",
+    shuffle_window: int | None = DEFAULT_SHUFFLE_WINDOW,
+    num_workers: int | None = None,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
+    pin_memory: bool | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    prefetch_factor: int | None = None,
+    persistent_workers: bool | None = None,
+    worker_init_fn: Callable[[int], None] | None = None,
+    multiprocessing_context: Any = None,
+    timeout: float = 0,
+) -> PackedLoader:
+    """A loader for a dataset from `open_dataset`, ready for single-process or DDP training.
+
+    - `mode="train"` (shuffled by default): every rank yields the same number of batches;
+      `drop_last=False` pads by repeating samples, `True` drops what does not fill a batch on every rank.
+    - `mode="eval"` (stored order by default): every sample exactly once over all ranks; items
+      are `(batch, mask)` and the mask is False for padding. `drop_last` is ignored.
+    - The order depends only on (seed, epoch, world_size); call `set_epoch` for a new one.
+      Samples are mixed within windows of `shuffle_window` shards (None: global shuffle).
+    - rank/world_size default to torch.distributed's when initialised, else 0 and 1.
+    - Defaults: `default_num_workers()`, pin_memory when CUDA is present, persistent workers and
+      torch's prefetch_factor when there are workers, one thread per worker.
+    """
+    if not isinstance(dataset, PackedDataset):
+        raise TypeError(f"make_loader needs a dataset from readers.open_dataset, not {type(dataset).__name__}")
+    if (rank is None) != (world_size is None):
+        raise ValueError("pass both rank and world_size, or neither (then torch.distributed decides)")
+    if rank is None or world_size is None:
+        rank, world_size = _distributed()
+    if shuffle is None:
+        shuffle = mode == "train"
+    shard_sizes = np.array([shard.num_samples for shard in dataset.manifest.shards], dtype=np.int64)
+    sampler = ShardWindowBatchSampler(
+        shard_sizes, batch_size, rank=rank, world_size=world_size, seed=seed, shuffle=shuffle,
+        shuffle_window=shuffle_window, drop_last=drop_last and mode == "train", mode=mode,
+    )
+    workers = default_num_workers() if num_workers is None else num_workers
+    if workers < 0:
+        raise ValueError(f"num_workers must be >= 0, not {workers}")
+    if sampler.num_batches == 0:
+        warnings.warn(f"{dataset.root}: {len(dataset)} samples fill no batch of {batch_size} on each of "
+                      f"{world_size} ranks with drop_last=True: the loader yields nothing", stacklevel=2)
+    if len(shard_sizes) < world_size * max(1, workers):
+        warnings.warn(
+            f"{dataset.root}: {len(shard_sizes)} shards for {world_size} ranks x {max(1, workers)} workers: "
+            "workers share shard files and the shard shuffle has little to mix; pack with a smaller "
+            "shard size for at least one shard per worker", stacklevel=2,
+        )
+    args: dict[str, Any] = {
+        "num_workers": workers,
+        "collate_fn": collate_fn,
+        "pin_memory": torch.cuda.is_available() if pin_memory is None else pin_memory,
+        "worker_init_fn": _WorkerInit(worker_init_fn),
+        "timeout": timeout,
+    }
+    if workers > 0:
+        args["persistent_workers"] = True if persistent_workers is None else persistent_workers
+        args["prefetch_factor"] = prefetch_factor
+        args["multiprocessing_context"] = multiprocessing_context
+    log.info("loader: rank %d/%d, %d workers, %d batches of %d per rank", rank, world_size, workers,
+             sampler.num_batches, batch_size)
+    return PackedLoader(dataset, sampler, **args)
+
+
+def _to_device(data: Any, device: torch.device) -> Any:
+    if isinstance(data, torch.Tensor):
+        return data.to(device, non_blocking=True)
+    if isinstance(data, dict):
+        return {key: _to_device(value, device) for key, value in data.items()}
+    if isinstance(data, tuple) and hasattr(data, "_fields"):
+        return type(data)(*(_to_device(value, device) for value in data))
+    if isinstance(data, (list, tuple)):
+        return type(data)(_to_device(value, device) for value in data)
+    return data
+
+
+def _record_stream(data: Any, stream: torch.cuda.Stream) -> None:
+    """Tell the caching allocator these side-stream tensors are in use on `stream` too."""
+    if isinstance(data, torch.Tensor):
+        data.record_stream(stream)
+    elif isinstance(data, dict):
+        for value in data.values():
+            _record_stream(value, stream)
+    elif isinstance(data, (list, tuple)):
+        for value in data:
+            _record_stream(value, stream)
+
+
+class CudaPrefetcher:
+    """Iterate a loader with the next batch already on its way to the GPU.
+
+    Tensors in (nested tuples, lists, dicts of) each batch are copied on a side stream with
+    `non_blocking=True` while the current batch trains; the training stream waits for the copy
+    before a batch is handed out. Without CUDA (or for a non-CUDA device) batches pass through
+    unchanged. `state_dict()` discounts the batch fetched ahead, so resume stays exact.
+    """
+
+    def __init__(self, loader: Any, device: torch.device | str | int | None = None) -> None:
+        self.loader = loader
+        if device is None:
+            device = "cuda"
+        self.device = torch.device(f"cuda:{device}" if isinstance(device, int) else device)
+        self.enabled = self.device.type == "cuda" and torch.cuda.is_available()
+        self._ahead = 0
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[Any]:
+        if not self.enabled:
+            yield from self.loader
+            return
+        stream = torch.cuda.Stream(self.device)
+        batches = iter(self.loader)
+
+        def fetch() -> tuple[bool, Any]:
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return False, None
+            with torch.cuda.stream(stream):
+                return True, _to_device(batch, self.device)
+
+        # Not reset when the caller stops early: the batch fetched ahead was never handed out.
+        self._ahead = 0
+        more, upcoming = fetch()
+        while more:
+            current_stream = torch.cuda.current_stream(self.device)
+            current_stream.wait_stream(stream)
+            batch = upcoming
+            _record_stream(batch, current_stream)
+            more, upcoming = fetch()
+            self._ahead = 1 if more else 0
+            yield batch
+
+    def set_epoch(self, epoch: int) -> None:
+        self.loader.set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        state = dict(self.loader.state_dict())
+        state["batches"] -= self._ahead
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loader.load_state_dict(state)

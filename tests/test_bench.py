@@ -1,0 +1,64 @@
+"""`pack bench`: the worker ladder, the stopping rule, and the command end to end."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from packer.cli import main
+from packer.pipeline import pack
+from packer.plan import PackOptions
+from packer.writers import WRITERS
+from readers.bench import BenchResult, bench_loader, climb, worker_ladder
+
+
+def test_worker_ladder() -> None:
+    assert worker_ladder(0) == [0]
+    assert worker_ladder(1) == [0, 1]
+    assert worker_ladder(2) == [0, 1, 2]
+    assert worker_ladder(6) == [0, 1, 2, 4, 6]
+    assert worker_ladder(8) == [0, 1, 2, 4, 8]
+
+
+def test_climb_stops_when_throughput_stops_rising() -> None:
+    speeds = {0: 100, 1: 180, 2: 300, 4: 310, 8: 900}
+    asked = []
+
+    def measure(workers: int) -> BenchResult:
+        asked.append(workers)
+        return BenchResult(batch_size=32, num_workers=workers, samples=speeds[workers], seconds=1.0)
+
+    results, best = climb(measure, [0, 1, 2, 4, 8])
+    assert asked == [0, 1, 2, 4]  # 310 is not 5% above 300: no need to try 8
+    assert best.num_workers == 2 and [r.num_workers for r in results] == asked
+
+
+@pytest.fixture(params=sorted(WRITERS))
+def packed(request: pytest.FixtureRequest, image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> Path:
+    root, _ = image_folder
+    out = tmp_path / "out"
+    pack(root, out, PackOptions(format=request.param, shard_size=4))
+    return out
+
+
+def test_bench_loader_measures_every_batch_size(packed: Path) -> None:
+    report = bench_loader(packed, batch_sizes=(2, 4), max_workers=1, decode="bytes", seconds=0.05)
+    assert sorted(report.recommended) == [2, 4]
+    assert {r.batch_size for r in report.results} == {2, 4}
+    assert all(r.samples > 0 and r.num_workers in (0, 1) for r in report.results)
+    assert report.best in report.recommended.values()
+
+
+def test_bench_command(packed: Path, tmp_path: Path) -> None:
+    runner = CliRunner()
+    result = runner.invoke(main, ["bench", str(packed), "--batch-size", "4", "--max-workers", "1", "--seconds", "0.05"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].split() == ["batch", "workers", "samples/s"]
+    assert lines[1].split()[:2] == ["4", "0"]
+    assert lines[-1].startswith("recommended: batch 4, num_workers=")
+    missing = runner.invoke(main, ["bench", str(tmp_path / "nowhere")])
+    assert missing.exit_code == 1 and missing.output.startswith("Error: ") and "nowhere" in missing.output
+    assert len(missing.output.strip().splitlines()) == 1

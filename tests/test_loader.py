@@ -1,0 +1,313 @@
+"""make_loader: equal ranks, exact coverage, deterministic windowed shuffle, mid-epoch resume.
+
+Every packed-data test runs for each format in the writer registry, read back through
+whichever reader class the manifest names, so new formats are covered when they register.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import ddp_ranks
+import readers
+from packer.pipeline import pack
+from packer.plan import PackOptions
+from packer.writers import WRITERS
+from readers.loader import epoch_order, split_for_rank
+
+SHARD_SIZE = 4
+
+
+@pytest.fixture(params=sorted(WRITERS))
+def packed(request: pytest.FixtureRequest, image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path
+           ) -> tuple[Path, dict[str, bytes]]:
+    """The image folder (19 files) packed in 4-sample shards: 5 shards, the last one short."""
+    root, files = image_folder
+    out = tmp_path / f"packed-{request.param}"
+    pack(root, out, PackOptions(format=request.param, shard_size=SHARD_SIZE))
+    assert readers.load_manifest(out).format == request.param
+    return out, files
+
+
+def open_indexed(out: Path) -> readers.PackedDataset:
+    dataset = readers.open_dataset(out, decode="bytes", fields=("index",))
+    assert type(dataset) is readers.DATASETS[dataset.manifest.format]
+    return dataset
+
+
+def flat(loader: readers.PackedLoader) -> list[list[int]]:
+    return [batch[0].tolist() for batch in loader]
+
+
+# The order and the split, without data ------------------------------------------------------
+
+
+@pytest.mark.parametrize("window", [1, 2, 3, None])
+def test_epoch_order_is_a_permutation_mixed_within_shard_windows(window: int | None) -> None:
+    sizes = [3, 5, 1, 4, 7, 2, 6]
+    offsets = np.concatenate(([0], np.cumsum(sizes)))
+    order = epoch_order(sizes, seed=3, epoch=0, shuffle_window=window)
+    assert sorted(order.tolist()) == list(range(sum(sizes)))
+    shard_of = np.searchsorted(offsets, order, side="right") - 1
+    step = len(sizes) if window is None else window
+    # Where the k-th distinct shard first shows up, a window starts every `step` shards: all
+    # samples before that point are the complete samples of exactly k shards.
+    first_seen: dict[int, int] = {}
+    for position, shard in enumerate(shard_of.tolist()):
+        first_seen.setdefault(shard, position)
+    starts = sorted(first_seen.values())
+    for k in range(step, len(sizes), step):
+        before = set(shard_of[: starts[k]].tolist())
+        assert len(before) == k and starts[k] == sum(sizes[shard] for shard in before)
+    if window == 1:
+        assert list(first_seen) != sorted(first_seen)  # the shard order itself is shuffled
+
+
+def test_epoch_order_depends_on_seed_and_epoch_only() -> None:
+    sizes = [10] * 20
+    first = epoch_order(sizes, seed=1, epoch=0, shuffle_window=4)
+    assert np.array_equal(first, epoch_order(sizes, seed=1, epoch=0, shuffle_window=4))
+    assert not np.array_equal(first, epoch_order(sizes, seed=1, epoch=1, shuffle_window=4))
+    assert not np.array_equal(first, epoch_order(sizes, seed=2, epoch=0, shuffle_window=4))
+    assert np.array_equal(epoch_order(sizes, seed=1, epoch=0, shuffle=False), np.arange(200))
+
+
+@pytest.mark.parametrize("mode,drop_last", [("train", False), ("train", True), ("eval", False)])
+def test_split_gives_every_rank_the_same_count(mode: str, drop_last: bool) -> None:
+    for total in range(1, 24):
+        order = np.random.default_rng(total).permutation(total)
+        for world in range(1, 5):
+            for batch in (1, 3):
+                shares = [split_for_rank(order, rank=r, world_size=world, batch_size=batch,
+                                         drop_last=drop_last, mode=mode) for r in range(world)]  # type: ignore[arg-type]
+                assert len({len(share) for share, _ in shares}) == 1
+                everything = np.concatenate([share for share, _ in shares]).tolist()
+                if mode == "eval":
+                    real = np.concatenate([share[:n] for share, n in shares]).tolist()
+                    assert sorted(real) == list(range(total))
+                elif drop_last:
+                    assert len(everything) == len(set(everything))
+                    assert len(shares[0][0]) % batch == 0
+                    assert total - len(everything) < world * batch
+                else:
+                    assert set(everything) == set(range(total))
+                    assert len(everything) - total < world
+
+
+# Two DDP ranks with gloo -------------------------------------------------------------------
+
+
+def test_two_gloo_ranks(packed: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
+    out, files = packed
+    results_dir = tmp_path / "ranks"
+    results_dir.mkdir()
+    world = 2
+    mp.spawn(ddp_ranks.run_rank, args=(world, str(tmp_path / "rendezvous"), str(out), str(results_dir)),
+             nprocs=world, join=True)
+    ranks = [json.loads((results_dir / f"rank{r}.json").read_text()) for r in range(world)]
+    total = len(files)
+
+    assert [r["rank"] for r in ranks] == [0, 1] and {r["world_size"] for r in ranks} == {world}
+    assert {r["len"] for r in ranks} == {len(r["epochs"][0]) for r in ranks} == {len(r["epochs"][1]) for r in ranks}
+    for epoch in (0, 1):
+        per_rank = [[i for batch in r["epochs"][epoch] for i in batch] for r in ranks]
+        assert len(per_rank[0]) == len(per_rank[1]) == -(-total // world)
+        assert set(per_rank[0]) | set(per_rank[1]) == set(range(total))
+    # Each rank read real bytes for real paths.
+    read = [tuple(sample) for r in ranks for sample in r["samples"]]
+    assert {path for path, _ in read} == set(files)
+    for path, digest in read:
+        assert hashlib.sha256(files[path]).hexdigest() == digest
+    # Same order as a loader told its rank explicitly: it depends on (seed, epoch, world size).
+    dataset = open_indexed(out)
+    for r in ranks:
+        for epoch in (0, 1):
+            local = readers.make_loader(dataset, ddp_ranks.BATCH, seed=ddp_ranks.SEED, num_workers=0,
+                                        rank=r["rank"], world_size=world)
+            local.set_epoch(epoch)
+            assert flat(local) == r["epochs"][epoch]
+        assert r["epochs"][0] != r["epochs"][1]
+        assert r["resumed"] == r["epochs"][1]
+        assert r["state"]["batches"] == ddp_ranks.RESUME_AFTER and r["state"]["epoch"] == 1
+    assert sorted(ranks[0]["eval_real"] + ranks[1]["eval_real"]) == list(range(total))
+    assert sum(r["eval_padding"] for r in ranks) == -(-total // world) * world - total
+
+
+# One process: workers, resume, eval, defaults --------------------------------------------
+
+
+def test_order_and_resume_do_not_depend_on_workers(packed: tuple[Path, dict[str, bytes]]) -> None:
+    out, _ = packed
+    dataset = open_indexed(out)
+
+    def loader(workers: int) -> readers.PackedLoader:
+        made = readers.make_loader(dataset, 2, seed=5, num_workers=workers, rank=1, world_size=2, shuffle_window=2)
+        made.set_epoch(3)
+        return made
+
+    serial = flat(loader(0))
+    assert flat(loader(2)) == serial
+    for workers_before, workers_after in ((2, 0), (0, 2)):
+        first = loader(workers_before)
+        head = []
+        for batch in first:
+            head.append(batch[0].tolist())
+            if len(head) == 3:
+                break
+        state = first.state_dict()
+        resumed = loader(workers_after)
+        resumed.load_state_dict(state)
+        assert head + flat(resumed) == serial
+        # The next pass over the same epoch starts from the beginning again.
+        assert flat(resumed) == serial
+
+
+def test_samples_are_the_packed_bytes(packed: tuple[Path, dict[str, bytes]]) -> None:
+    out, files = packed
+    dataset = readers.open_dataset(out, decode="bytes", fields=("image", "label", "path"))
+    seen = {}
+    for images, labels, paths in readers.make_loader(dataset, 4, num_workers=2, drop_last=False):
+        assert isinstance(labels, torch.Tensor)
+        seen.update(zip(paths, images))
+    assert seen == files
+
+
+def test_drop_last_drops_what_does_not_fill_a_batch_on_every_rank(packed: tuple[Path, dict[str, bytes]]) -> None:
+    out, files = packed
+    dataset = open_indexed(out)
+    shares = [flat(readers.make_loader(dataset, 4, drop_last=True, num_workers=0, rank=r, world_size=2))
+              for r in range(2)]
+    assert [len(share) for share in shares] == [len(files) // 8] * 2
+    everything = [i for share in shares for batch in share for i in batch]
+    assert all(len(batch) == 4 for share in shares for batch in share)
+    assert len(set(everything)) == len(everything) == len(files) // 8 * 8
+
+
+def test_eval_mode_marks_padding_and_covers_each_sample_once(packed: tuple[Path, dict[str, bytes]]) -> None:
+    out, files = packed
+    dataset = open_indexed(out)
+    world = 3
+    real = []
+    lengths = set()
+    padding = 0
+    for rank in range(world):
+        loader = readers.make_loader(dataset, 4, mode="eval", num_workers=0, rank=rank, world_size=world)
+        assert np.array_equal(np.sort(loader.indices()[: 7 - loader.num_padding]), loader.indices()[: 7 - loader.num_padding])
+        lengths.add(len(loader))
+        padding += loader.num_padding
+        for (index,), mask in loader:
+            assert mask.dtype == torch.bool and mask.shape == index.shape
+            real += index[mask].tolist()
+    assert len(lengths) == 1
+    assert sorted(real) == list(range(len(files)))
+    assert padding == 7 * world - len(files)
+
+
+def test_state_dict_round_trip_rules(packed: tuple[Path, dict[str, bytes]]) -> None:
+    out, _ = packed
+    dataset = open_indexed(out)
+    loader = readers.make_loader(dataset, 2, seed=1, num_workers=0)
+    loader.set_epoch(2)
+    iterator = iter(loader)
+    next(iterator)
+    state = loader.state_dict()
+    assert state["epoch"] == 2 and state["batches"] == 1 and state["seed"] == 1 and state["world_size"] == 1
+    fresh = readers.make_loader(dataset, 2, seed=1, num_workers=0)
+    fresh.load_state_dict(state)
+    assert fresh.state_dict() == state
+    fresh.set_epoch(3)  # moving to another epoch drops the saved position
+    assert fresh.state_dict()["batches"] == 0 and len(flat(fresh)) == len(fresh)
+    with pytest.raises(ValueError, match="seed 1 \\(now 2\\)"):
+        readers.make_loader(dataset, 2, seed=2, num_workers=0).load_state_dict(state)
+    with pytest.raises(ValueError, match="world_size"):
+        readers.make_loader(dataset, 2, seed=1, num_workers=0, rank=0, world_size=2).load_state_dict(state)
+    with pytest.raises(ValueError, match="outside"):
+        readers.make_loader(dataset, 2, seed=1, num_workers=0).load_state_dict({**state, "batches": 99})
+    finished = readers.make_loader(dataset, 2, seed=1, num_workers=0)
+    finished.load_state_dict({**state, "batches": len(finished)})
+    assert flat(finished) == []
+
+
+def test_bad_arguments(packed: tuple[Path, dict[str, bytes]]) -> None:
+    out, _ = packed
+    dataset = open_indexed(out)
+    with pytest.raises(TypeError, match="open_dataset"):
+        readers.make_loader(list(range(4)), 2)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="both rank and world_size"):
+        readers.make_loader(dataset, 2, rank=0)
+    with pytest.raises(ValueError, match="rank must be in"):
+        readers.make_loader(dataset, 2, rank=2, world_size=2)
+    with pytest.raises(ValueError, match="mode"):
+        readers.make_loader(dataset, 2, mode="test")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="shuffle_window"):
+        readers.make_loader(dataset, 2, shuffle_window=0)
+    with pytest.warns(UserWarning, match="fill no batch"):
+        readers.make_loader(dataset, 64, drop_last=True, num_workers=0)
+
+
+def test_warns_when_shards_are_fewer_than_ranks_times_workers(packed: tuple[Path, dict[str, bytes]]) -> None:
+    out, _ = packed
+    dataset = open_indexed(out)
+    with pytest.warns(UserWarning, match="5 shards for 3 ranks x 2 workers"):
+        readers.make_loader(dataset, 2, num_workers=2, rank=0, world_size=3)
+
+
+def probe_worker(batch: list[tuple[int]]) -> tuple[int, str, int]:
+    return torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS", ""), int(torch.initial_seed())
+
+
+def test_workers_get_one_thread_and_seeds_from_seed_and_rank(packed: tuple[Path, dict[str, bytes]]) -> None:
+    out, _ = packed
+    dataset = open_indexed(out)
+
+    def probes(seed: int, rank: int) -> list[tuple[int, str, int]]:
+        loader = readers.make_loader(dataset, 2, seed=seed, num_workers=2, rank=rank, world_size=2,
+                                     collate_fn=probe_worker, persistent_workers=False)
+        return list(loader)
+
+    first = probes(0, 0)
+    assert {(threads, omp) for threads, omp, _ in first} == {(1, "1")}
+    assert len({seed for _, _, seed in first}) == 2  # one seed per worker
+    assert probes(0, 0) == first
+    assert {s for *_, s in probes(0, 1)}.isdisjoint({s for *_, s in first})
+
+
+def test_defaults(monkeypatch: pytest.MonkeyPatch, packed: tuple[Path, dict[str, bytes]]) -> None:
+    out, _ = packed
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert readers.default_num_workers() == 16
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert readers.default_num_workers() == 7
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "4")
+    assert readers.default_num_workers() == 0
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert readers.default_num_workers() == 3
+    loader = readers.make_loader(open_indexed(out), 2)
+    assert loader.num_workers == 3
+    assert loader.dataloader.persistent_workers and loader.dataloader.pin_memory == torch.cuda.is_available()
+
+
+def test_cuda_prefetcher_without_cuda_passes_batches_through(packed: tuple[Path, dict[str, bytes]]) -> None:
+    out, _ = packed
+    dataset = open_indexed(out)
+    loader = readers.make_loader(dataset, 3, num_workers=0)
+    device = "cpu" if torch.cuda.is_available() else "cuda"
+    prefetcher = readers.CudaPrefetcher(loader, device)
+    assert not prefetcher.enabled and len(prefetcher) == len(loader)
+    expected = flat(loader)
+    got = []
+    for number, batch in enumerate(prefetcher, start=1):
+        got.append(batch[0].tolist())
+        if number == 2:
+            assert prefetcher.state_dict()["batches"] == 2
+    assert got == expected
