@@ -220,7 +220,7 @@ def info_command(out: Path, as_json: bool) -> None:
                + " / ".join(human_bytes(info['shard_bytes'][k]) for k in ('min', 'median', 'max')) + " (min/median/max)")
     click.echo(f"per sample   {human_bytes(info['bytes_per_sample'])}")
     if sizes:
-        click.echo(f"image size   " + " / ".join(f"{sizes['width'][k]:.0f}x{sizes['height'][k]:.0f}"
+        click.echo("image size   " + " / ".join(f"{sizes['width'][k]:.0f}x{sizes['height'][k]:.0f}"
                                                  for k in ("min", "median", "max"))
                    + f" (min/median/max width x height, {sizes['sampled']} sampled)")
     click.echo("options      " + ", ".join(f"{key}={value}" for key, value in info["options"].items()))

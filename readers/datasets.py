@@ -8,7 +8,7 @@ from typing import Any, Callable, Sequence
 from .base import PackedDataset
 from .hdf5 import HDF5Dataset
 from .lmdb import LMDBDataset
-from .manifest import DatasetError, Manifest, load_manifest
+from .manifest import DatasetError, load_manifest
 from .webdataset import WebDatasetReader
 
 DATASETS: dict[str, type[PackedDataset]] = {cls.format: cls for cls in (LMDBDataset, HDF5Dataset, WebDatasetReader)}

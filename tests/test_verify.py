@@ -10,17 +10,6 @@ from click.testing import CliRunner
 
 import readers
 from packer.cli import main
-from packer.pipeline import pack
-from packer.plan import PackOptions
-from packer.writers import WRITERS
-
-
-@pytest.fixture(params=sorted(WRITERS))
-def packed(request: pytest.FixtureRequest, image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
-    root, files = image_folder
-    out = tmp_path / "out"
-    pack(root, out, PackOptions(format=request.param, shard_size=5))
-    return out, files
 
 
 def flip_byte_in_sample(out: Path, shard: int, files: dict[str, bytes]) -> str:
