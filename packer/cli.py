@@ -19,7 +19,7 @@ from readers.decode import DECODE_MODES
 from readers.manifest import DatasetError, load_manifest
 
 from . import __version__
-from .encode import STORES
+from .encode import DEFAULT_QUALITY, MODES, STORES
 from .errors import PackError
 from .engines import ENGINES
 from .partition import resolve_partition
@@ -66,8 +66,10 @@ def print_summary(summary: Summary) -> None:
     resumed = f", {summary.resumed_shards} resumed" if summary.resumed_shards else ""
     shards = (f"{summary.num_shards} shards" if summary.published
               else f"{summary.num_shards} of {summary.planned_shards} shards (this task's)")
+    ratio = (f", {summary.bytes / summary.source_bytes:.2f}x the {human_bytes(summary.source_bytes)} of source files"
+             if summary.source_bytes else "")
     click.echo(
-        f"packed {summary.num_samples} samples ({human_bytes(summary.bytes)}) into {shards}{resumed} "
+        f"packed {summary.num_samples} samples ({human_bytes(summary.bytes)}{ratio}) into {shards}{resumed} "
         f"in {summary.elapsed:.1f}s ({summary.files_per_second:.0f} files/s); {summary.rejects} rejected "
         f"(see {Path(summary.out) / 'rejects.jsonl'}), {summary.ignored} non-image entries ignored"
         + ("" if summary.published else f"; run `pack merge {summary.out}` when every task is done")
@@ -78,7 +80,19 @@ def packing_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """The options that shape the packed result; their names are PackOptions' fields."""
     decorators = [
         click.option("--store", type=click.Choice(STORES), default="original", show_default=True,
-                     help="What to store per image: the file's bytes unchanged, or a decoded form."),
+                     help="original: the file's bytes unchanged; raw: decoded uint8 HWC pixels; "
+                          "bmp: lossless BMP; jpeg: re-encoded JPEG (after --resize/--center-crop)."),
+        click.option("--mode", type=click.Choice(MODES, case_sensitive=False), default=None,
+                     help="Pixel mode of decoding stores.  [default: RGB]"),
+        click.option("--resize", type=click.IntRange(min=1), default=None, metavar="N",
+                     help="Decoding stores: scale the shorter side to N, keeping the aspect ratio."),
+        click.option("--max-side", type=click.IntRange(min=1), default=None, metavar="N",
+                     help="Decoding stores: cap the longer side at N (after --resize; alone it only shrinks)."),
+        click.option("--center-crop", type=click.IntRange(min=1), default=None, metavar="N",
+                     help="Decoding stores: crop the central N x N after resizing; smaller images are "
+                          "padded with black."),
+        click.option("--quality", type=click.IntRange(1, 100), default=None,
+                     help=f"JPEG quality of --store jpeg.  [default: {DEFAULT_QUALITY}]"),
         click.option("--shard-size", type=click.IntRange(min=1), default=DEFAULT_SHARD_SIZE, show_default=True,
                      help="Most samples per shard."),
         click.option("--shard-bytes", type=ByteSize(), default=DEFAULT_SHARD_BYTES, show_default="1GiB",
@@ -92,15 +106,19 @@ def packing_options(command: Callable[..., Any]) -> Callable[..., Any]:
 def pack_options_from(fmt: str, params: dict[str, Any]) -> PackOptions:
     """Take PackOptions' fields out of a command's parameters."""
     names = [field.name for field in fields(PackOptions) if field.name != "format"]
-    return PackOptions(format=fmt, **{name: params.pop(name) for name in names})
+    try:
+        return PackOptions(format=fmt, **{name: params.pop(name) for name in names})
+    except PackError as exc:  # contradictory flags are a usage error (exit 2), like a bad value
+        raise click.UsageError(str(exc)) from None
 
 
 def option_args(options: PackOptions) -> list[str]:
     """PackOptions back to command-line flags, so generated job scripts pack exactly these options."""
     args: list[str] = []
     for field in fields(PackOptions):
-        if field.name != "format":
-            args += [f"--{field.name.replace('_', '-')}", str(getattr(options, field.name))]
+        value = getattr(options, field.name)
+        if field.name != "format" and value is not None:
+            args += [f"--{field.name.replace('_', '-')}", str(value)]
     return args
 
 

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator
 from readers.manifest import MANIFEST_NAME, REJECTS_NAME, FileInfo, Manifest, ShardInfo, shard_name
 
 from . import __version__
-from .encode import Encoded, encode
+from .encode import Encoded, encode, encode_kwargs
 from .errors import PackError, RejectedFile
 from .fsutil import atomic_write_text, publish, sha256_file
 from .partition import Partition
@@ -56,6 +56,7 @@ class ShardResult:
     fingerprint: str
     rejects: list[dict[str, str]]
     label_counts: dict[str, int]
+    source_bytes: int
     sidecars: list[dict[str, Any]] = field(default_factory=list)
 
     def info(self) -> ShardInfo:
@@ -79,6 +80,7 @@ class Summary:
     out: str
     num_samples: int
     bytes: int
+    source_bytes: int
     num_shards: int
     planned_shards: int
     rejects: int
@@ -147,6 +149,7 @@ def pack(
         out=str(out_path),
         num_samples=sum(result.num_samples for result in finished),
         bytes=sum(result.bytes for result in finished),
+        source_bytes=sum(result.source_bytes for result in finished),
         num_shards=len(finished),
         planned_shards=plan.num_shards,
         rejects=sum(len(result.rejects) for result in finished)
@@ -284,11 +287,11 @@ def run_shard(out: Path, plan: Plan, shard: int, *, threads: int = READ_THREADS,
     rejects: list[dict[str, str]] = []
     label_counts: dict[str, int] = {}
     sidecars: list[dict[str, Any]] = []
-    count = 0
+    count = source_bytes = 0
     final = out / name
     try:
         writer = writer_cls(tmp, expected_bytes=sum(entry.size for entry in entries), classes=plan.classes)
-        for entry, encoded in load_samples(Path(plan.source), entries, plan.options["store"], threads):
+        for entry, encoded in load_samples(Path(plan.source), entries, encode_kwargs(plan.options), threads):
             if isinstance(encoded, RejectedFile):
                 rejects.append({"path": entry.path, "reason": str(encoded)})
             else:
@@ -296,6 +299,7 @@ def run_shard(out: Path, plan: Plan, shard: int, *, threads: int = READ_THREADS,
                                   payload=encoded.payload, meta=encoded.meta, extension=encoded.extension))
                 count += 1
                 label_counts[str(entry.label)] = label_counts.get(str(entry.label), 0) + 1
+                source_bytes += entry.size
             if progress:
                 progress(1)
         writer.close()
@@ -315,7 +319,7 @@ def run_shard(out: Path, plan: Plan, shard: int, *, threads: int = READ_THREADS,
         raise
     result = ShardResult(name=name, num_samples=count, bytes=final.stat().st_size, sha256=sha256_file(final),
                          fingerprint=plan.fingerprint, rejects=rejects, label_counts=label_counts,
-                         sidecars=sidecars)
+                         source_bytes=source_bytes, sidecars=sidecars)
     marker = marker_path(out, name)
     marker.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(marker, json.dumps(asdict(result)) + "\n")
@@ -333,19 +337,19 @@ def disk_full(path: Path) -> bool:
     return bool(stats.f_blocks) and stats.f_bavail * stats.f_frsize < DISK_FULL_MARGIN
 
 
-def load_sample(root: Path, entry: Entry, store: str) -> Encoded | RejectedFile:
+def load_sample(root: Path, entry: Entry, transform: dict[str, Any]) -> Encoded | RejectedFile:
     """Read and encode one file; runs in a reader thread (Pillow's codecs release the GIL)."""
     try:
         with open(os.path.join(root, entry.path), "rb") as handle:
             data = handle.read()
-        return encode(data, store)
+        return encode(data, **transform)
     except RejectedFile as exc:
         return exc
     except OSError as exc:
         return RejectedFile(f"cannot read: {exc.strerror or exc}")
 
 
-def load_samples(root: Path, entries: list[Entry], store: str,
+def load_samples(root: Path, entries: list[Entry], transform: dict[str, Any],
                  threads: int) -> Iterator[tuple[Entry, Encoded | RejectedFile]]:
     """Samples in listing order, loaded by a thread pool with a read-ahead bounded in bytes and files."""
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="pack-read") as pool:
@@ -357,7 +361,7 @@ def load_samples(root: Path, entries: list[Entry], store: str,
                     not pending or (in_flight < READAHEAD_BYTES and len(pending) < READAHEAD_FILES)
                 ):
                     entry = entries[position]
-                    pending.append((entry, pool.submit(load_sample, root, entry, store)))
+                    pending.append((entry, pool.submit(load_sample, root, entry, transform)))
                     in_flight += entry.size
                     position += 1
                 entry, future = pending.popleft()
@@ -399,6 +403,7 @@ def merge(out: Path) -> Manifest:
                       for label in range(len(plan.classes))],
         options=plan.options,
         tool_version=f"pack {__version__}",
+        source_bytes=sum(result.source_bytes for result in results),
     )
     atomic_write_text(out / MANIFEST_NAME, manifest.to_json())
     shutil.rmtree(work_dir(out) / TMP_DIR, ignore_errors=True)

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from .encode import DEFAULT_QUALITY, MODES, STORES
 from .errors import PackError
 from .fsutil import atomic_write_text
 from .scan import Listing
@@ -34,12 +35,41 @@ class PackOptions:
     store: str = "original"
     shard_size: int = DEFAULT_SHARD_SIZE
     shard_bytes: int = DEFAULT_SHARD_BYTES
+    mode: str | None = None
+    resize: int | None = None
+    max_side: int | None = None
+    center_crop: int | None = None
+    quality: int | None = None
 
     def __post_init__(self) -> None:
+        """Reject contradictory options; fill in the defaults of decoding stores (RGB, quality 90)."""
         if self.shard_size < 1:
             raise PackError(f"--shard-size must be at least 1, not {self.shard_size}")
         if self.shard_bytes < 1:
             raise PackError(f"--shard-bytes must be positive, not {self.shard_bytes}")
+        if self.store not in STORES:
+            raise PackError(f"--store must be one of {', '.join(STORES)}, not {self.store!r}")
+        sizes = {"--resize": self.resize, "--max-side": self.max_side, "--center-crop": self.center_crop}
+        for flag, value in sizes.items():
+            if value is not None and value < 1:
+                raise PackError(f"{flag} must be at least 1, not {value}")
+        if self.store == "original":
+            given = [flag for flag, value in {**sizes, "--mode": self.mode}.items() if value is not None]
+            if given:
+                raise PackError(f"{given[0]} needs a store that decodes (--store raw, bmp or jpeg); original keeps file bytes")
+        elif self.mode is None:
+            object.__setattr__(self, "mode", "RGB")
+        if self.mode is not None and self.mode not in MODES:
+            raise PackError(f"--mode must be one of {', '.join(MODES)}, not {self.mode!r}")
+        if self.resize is not None and self.max_side is not None and self.max_side < self.resize:
+            raise PackError(f"--max-side {self.max_side} is smaller than --resize {self.resize}")
+        if self.store != "jpeg":
+            if self.quality is not None:
+                raise PackError("--quality applies only to --store jpeg")
+        elif self.quality is None:
+            object.__setattr__(self, "quality", DEFAULT_QUALITY)
+        elif not 1 <= self.quality <= 100:
+            raise PackError(f"--quality must be between 1 and 100, not {self.quality}")
 
 
 @dataclass

@@ -37,11 +37,13 @@ class PackedDataset(Dataset):
         transform: Callable[[Any], Any] | None = None,
         target_transform: Callable[[Any], Any] | None = None,
         on_error: str = "raise",
+        decode_size: tuple[int, int] | None = None,
     ) -> None:
         self.root = Path(root)
         self.manifest = manifest if manifest is not None else load_manifest(self.root)
         self.decode = decode
-        self._decoder = get_decoder(decode)
+        self.decode_size = decode_size
+        self._decoder = get_decoder(decode, decode_size)
         unknown = [name for name in fields if name not in FIELDS]
         if unknown or not fields:
             raise ValueError(f"fields must be a non-empty selection of {FIELDS}, got {tuple(fields)}")

@@ -22,11 +22,15 @@ def open_dataset(
     transform: Callable[[Any], Any] | None = None,
     target_transform: Callable[[Any], Any] | None = None,
     on_error: str = "raise",
+    decode_size: tuple[int, int] | None = None,
 ) -> PackedDataset:
     """Open a packed dataset directory; the format is read from its `index.json`.
 
     `on_error="skip"` stands the next readable sample in for a damaged one and counts it in
     `dataset.skipped` (per process) instead of raising `DatasetError`.
+
+    `decode_size=(H, W)` decodes images straight to about that size (JPEG DCT scaling, a
+    power-of-two reduction) when the training transform resizes or crops small anyway.
     """
     manifest = load_manifest(path)
     try:
@@ -41,5 +45,6 @@ def open_dataset(
         transform=transform,
         target_transform=target_transform,
         on_error=on_error,
+        decode_size=decode_size,
     )
 

@@ -59,6 +59,8 @@ class Manifest:
     options: dict[str, Any] = field(default_factory=dict)
     tool_version: str = ""
     version: int = FORMAT_VERSION
+    # Total size of the source files that were packed (None in manifests that predate it).
+    source_bytes: int | None = None
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -88,6 +90,7 @@ class Manifest:
             options=dict(data.get("options", {})),
             tool_version=str(data.get("tool_version", "")),
             version=int(data["version"]),
+            source_bytes=None if data.get("source_bytes") is None else int(data["source_bytes"]),
         )
 
 
