@@ -125,13 +125,15 @@ def decode_numpy(payload: bytes | memoryview, meta: dict[str, Any], size: Size |
 
 
 def decode_tensor(payload: bytes | memoryview, meta: dict[str, Any], size: Size | None = None) -> Any:
-    """CHW uint8 tensor (a permuted view of a writable HWC array)."""
+    """A contiguous CHW uint8 tensor.
+
+    Transposing here (numpy, ~50 us at 224x224) is several times cheaper than letting the
+    DataLoader's collate stack permuted views, and it is the one copy raw samples need anyway.
+    """
     import torch
 
     array = decode_numpy(payload, meta, size)
-    if not array.flags.writeable:
-        array = array.copy()  # torch refuses to share memory with a read-only buffer
-    return torch.from_numpy(array).permute(2, 0, 1)
+    return torch.from_numpy(np.ascontiguousarray(array.transpose(2, 0, 1)))
 
 
 def decode_bytes(payload: bytes | memoryview, meta: dict[str, Any]) -> bytes:
