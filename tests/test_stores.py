@@ -15,7 +15,8 @@ from torch.utils.data import DataLoader
 
 import readers
 from packer.cli import main
-from packer.encode import encode, resized_size
+from packer.encode import encode
+from packer.pixels import resized_size
 from packer.errors import PackError
 from packer.pipeline import pack
 from packer.plan import PackOptions
