@@ -11,10 +11,11 @@ from __future__ import annotations
 import functools
 import io
 import math
+import numbers
 from typing import Any, Callable
 
 import numpy as np
-from PIL import ExifTags, Image, ImageOps
+from PIL import ExifTags, Image, ImageOps, JpegImagePlugin
 
 Size = tuple[int, int]
 Decoder = Callable[[memoryview, dict[str, Any]], Any]
@@ -87,7 +88,7 @@ def open_image(payload: bytes | memoryview, meta: dict[str, Any], size: Size | N
         image = Image.open(io.BytesIO(payload))
         # Samples the packer decoded already had their orientation applied and carry no EXIF.
         orientation = 1 if "shape" in meta else image.getexif().get(_ORIENTATION, 1)
-        if size is not None and image.format == "JPEG":
+        if size is not None and isinstance(image, JpegImagePlugin.JpegImageFile):  # also MPO
             width, height = image.size
             if orientation in _SWAPS_AXES:
                 size = (size[1], size[0])
@@ -154,7 +155,7 @@ def check_size(size: Any) -> Size:
     if (
         not isinstance(size, (tuple, list))
         or len(size) != 2
-        or not all(isinstance(side, int) and not isinstance(side, bool) and side > 0 for side in size)
+        or not all(isinstance(side, numbers.Integral) and not isinstance(side, bool) and side > 0 for side in size)
     ):
         raise ValueError(f"decode_size must be (height, width) with two positive ints, not {size!r}")
     return int(size[0]), int(size[1])

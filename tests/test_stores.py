@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import click
 import pytest
 import torch
 from click.testing import CliRunner
@@ -328,3 +329,26 @@ def test_cli_summary_shows_the_size_trade_off(odd_folder: Path, tmp_path: Path) 
     manifest = readers.load_manifest(tmp_path / "out")
     assert manifest.options["mode"] == "L" and manifest.options["resize"] == 16
     assert manifest.source_bytes == sum(len(value[0]) for value in SOURCES.values())
+
+
+def test_option_flags_round_trip_for_job_scripts() -> None:
+    """Generated Slurm scripts re-run `pack` with option_args: the flags must parse back to the same options."""
+    from packer.cli import option_args, pack_options_from
+
+    for options in (PackOptions(format="lmdb"), PackOptions(format="lmdb", store="raw", mode="L", resize=64, center_crop=56),
+                    PackOptions(format="lmdb", store="jpeg", max_side=300)):
+        command = main.get_command(click.Context(main), "lmdb")  # type: ignore[attr-defined]
+        assert command is not None
+        ctx = command.make_context("lmdb", ["src", "out", *option_args(options)])
+        assert pack_options_from("lmdb", dict(ctx.params)) == options
+
+
+@pytest.mark.parametrize("fmt", sorted(WRITERS))
+def test_decoding_store_is_deterministic_across_worker_processes(fmt: str, odd_folder: Path, tmp_path: Path) -> None:
+    options = PackOptions(format=fmt, store="jpeg", resize=12, shard_size=3)
+    pack(odd_folder, tmp_path / "one", options, workers=1)
+    pack(odd_folder, tmp_path / "two", options, workers=2)
+    shards = sorted(path.name for path in (tmp_path / "one").glob("shard-*"))
+    assert len(shards) >= 3
+    for name in shards:
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes(), name
