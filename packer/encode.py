@@ -57,6 +57,14 @@ def encode_kwargs(options: Mapping[str, Any]) -> dict[str, Any]:
     return {key: options[key] for key in ENCODE_OPTIONS if options.get(key) is not None}
 
 
+def fixed_shape(options: Mapping[str, Any]) -> tuple[int, int, int] | None:
+    """The (H, W, C) every sample has when the options guarantee one: raw pixels, center-cropped."""
+    side = options.get("center_crop")
+    if options.get("store") != "raw" or side is None:
+        return None
+    return (side, side, len(options["mode"]))
+
+
 def encode(
     data: bytes,
     store: str = "original",

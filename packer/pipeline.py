@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator
 from readers.manifest import MANIFEST_NAME, REJECTS_NAME, FileInfo, Manifest, ShardInfo, shard_name
 
 from . import __version__
-from .encode import Encoded, encode, encode_kwargs
+from .encode import Encoded, encode, encode_kwargs, fixed_shape
 from .errors import PackError, RejectedFile
 from .fsutil import atomic_write_text, publish, sha256_file
 from .partition import Partition
@@ -290,7 +290,8 @@ def run_shard(out: Path, plan: Plan, shard: int, *, threads: int = READ_THREADS,
     count = source_bytes = 0
     final = out / name
     try:
-        writer = writer_cls(tmp, expected_bytes=sum(entry.size for entry in entries), classes=plan.classes)
+        writer = writer_cls(tmp, expected_bytes=sum(entry.size for entry in entries), classes=plan.classes,
+                            sample_shape=fixed_shape(plan.options))
         for entry, encoded in load_samples(Path(plan.source), entries, encode_kwargs(plan.options), threads):
             if isinstance(encoded, RejectedFile):
                 rejects.append({"path": entry.path, "reason": str(encoded)})

@@ -16,21 +16,27 @@ import h5py
 import numpy as np
 
 from .base import PackedDataset
-from .manifest import HDF5_LAYOUT_FLAT, DatasetError
+from .manifest import HDF5_LAYOUT_FIXED, HDF5_LAYOUT_FLAT, DatasetError
 
 
 @dataclass
 class HDF5Shard:
-    """An open shard: the file, its payload dataset and the small per-sample columns in memory."""
+    """An open shard: the file, its payload dataset and the small per-sample columns in memory.
+
+    `offsets` is None in the fixed layout (`images` is then (N, H, W, C)); `shapes` and `mode`
+    are set for decoded stores (`shapes` only in the flat layout).
+    """
 
     file: h5py.File
     images: h5py.Dataset
-    offsets: np.ndarray
+    offsets: np.ndarray | None
     labels: np.ndarray
     formats: np.ndarray
     crcs: np.ndarray
     paths: Any  # the `paths` dataset through `.asstr()`: indexing decodes UTF-8
     raw_paths: dict[int, str]
+    shapes: np.ndarray | None
+    mode: str | None
 
 
 def read_raw_strings(file: h5py.File, name: str) -> dict[int, str]:
@@ -47,17 +53,20 @@ def open_shard(path: str, num_samples: int) -> HDF5Shard:
         raise DatasetError(f"{path}: cannot open HDF5 shard ({exc})") from None
     try:
         layout = file.attrs.get("layout")
-        if layout != HDF5_LAYOUT_FLAT:
+        if layout not in (HDF5_LAYOUT_FLAT, HDF5_LAYOUT_FIXED):
             raise DatasetError(f"{path}: unknown HDF5 payload layout {layout!r}")
+        mode = file.attrs.get("mode")
         shard = HDF5Shard(
             file=file,
             images=file["images"],
-            offsets=file["offsets"][:],
+            offsets=file["offsets"][:] if layout == HDF5_LAYOUT_FLAT else None,
             labels=file["labels"][:],
             formats=file["formats"][:],
             crcs=file["crc32"][:],
             paths=file["paths"].asstr(),
             raw_paths=read_raw_strings(file, "paths"),
+            shapes=file["shapes"][:] if "shapes" in file else None,
+            mode=None if mode is None else str(mode),
         )
     except KeyError as exc:
         file.close()
@@ -65,8 +74,14 @@ def open_shard(path: str, num_samples: int) -> HDF5Shard:
     except DatasetError:
         file.close()
         raise
-    counts = {"labels": len(shard.labels), "formats": len(shard.formats), "offsets": len(shard.offsets) - 1,
-              "crc32": len(shard.crcs), "paths": len(shard.paths)}
+    counts = {"labels": len(shard.labels), "formats": len(shard.formats), "crc32": len(shard.crcs),
+              "paths": len(shard.paths)}
+    if shard.offsets is not None:
+        counts["offsets"] = len(shard.offsets) - 1
+    else:
+        counts["images"] = len(shard.images)
+    if shard.shapes is not None:
+        counts["shapes"] = len(shard.shapes)
     for name, count in counts.items():
         if count != num_samples:
             file.close()
@@ -87,16 +102,26 @@ class HDF5Dataset(PackedDataset):
 
     def _read(self, shard: int, local: int) -> tuple[dict[str, Any], memoryview]:
         handle: HDF5Shard = self.handle(shard)
-        start, end = int(handle.offsets[local]), int(handle.offsets[local + 1])
-        payload = handle.images[start:end]
-        if len(payload) != end - start:
-            raise DatasetError(f"{self.shard_path(shard)}: sample {local} runs past the image data")
         meta: dict[str, Any] = {"label": int(handle.labels[local]), "format": handle.formats[local].decode("ascii"),
                                 "crc32": int(handle.crcs[local])}
+        if handle.offsets is None:  # fixed layout: one (H, W, C) row, read as one chunk
+            payload = handle.images[local]
+            meta["shape"] = list(payload.shape)
+        else:
+            start, end = int(handle.offsets[local]), int(handle.offsets[local + 1])
+            payload = handle.images[start:end]
+            if len(payload) != end - start:
+                raise DatasetError(f"{self.shard_path(shard)}: sample {local} runs past the image data")
+            if handle.shapes is not None:
+                meta["shape"] = handle.shapes[local].tolist()
+        if handle.mode is not None:
+            meta["mode"] = handle.mode
+            if meta["format"] == "raw":
+                meta["dtype"] = "uint8"
         if "path" in self.fields:
             raw = handle.raw_paths.get(local)
             meta["path"] = raw if raw is not None else handle.paths[local]
-        return meta, memoryview(payload)
+        return meta, memoryview(payload).cast("B")
 
     def stored_samples(self, shard: int) -> int:
         return int(self.handle(shard).file.attrs["num_samples"])

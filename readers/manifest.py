@@ -128,6 +128,7 @@ def lmdb_key(local_index: int) -> bytes:
 # HDF5 shards: the payload layout named by each file's `layout` attribute, and the width of its
 # fixed-length ASCII `formats` column.
 HDF5_LAYOUT_FLAT = "flat"
+HDF5_LAYOUT_FIXED = "fixed"  # raw pixels of one shape: `images` is (N, H, W, C) uint8
 HDF5_FORMAT_WIDTH = 8
 
 # Tar shards: ustar blocks, member keys, and the `.idx` sidecar: a header (magic, uint32 LE

@@ -57,8 +57,8 @@ def test_writes_in_bounded_batches_and_grows(tmp_path: Path, monkeypatch: pytest
 
 def test_meta_without_a_column_is_refused(tmp_path: Path) -> None:
     writer = HDF5Writer(tmp_path / "shard.h5", expected_bytes=10, classes=[])
-    with pytest.raises(ValueError, match=r"no column for meta keys \['shape'\]"):
-        writer.add(sample(0, b"x", "a.jpg", {"format": "jpeg", "shape": [1, 1, 3]}))
+    with pytest.raises(ValueError, match=r"no column for meta keys \['exif'\]"):
+        writer.add(sample(0, b"x", "a.jpg", {"format": "jpeg", "exif": ""}))
     with pytest.raises(ValueError, match="longer than 8 bytes"):
         writer.add(sample(0, b"x", "a.jpg", {"format": "jpeg2000x"}))
 

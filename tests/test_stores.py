@@ -356,3 +356,27 @@ def test_decoding_store_is_deterministic_across_worker_processes(fmt: str, odd_f
     assert len(shards) >= 3
     for name in shards:
         assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes(), name
+
+
+def test_hdf5_fixed_shape_raw_layout(odd_folder: Path, tmp_path: Path) -> None:
+    """Center-cropped raw pixels: one (N, H, W, C) array, one image per chunk; other stores stay flat."""
+    import h5py
+
+    ds = pack_to(odd_folder, tmp_path / "fixed", "hdf5", store="raw", center_crop=12, shard_size=4)
+    with h5py.File(ds.shard_path(0), "r", locking=False) as file:
+        assert file.attrs["layout"] == "fixed" and file.attrs["mode"] == "RGB"
+        assert file["images"].shape == (4, 12, 12, 3) and file["images"].chunks == (1, 12, 12, 3)
+        assert "offsets" not in file and "shapes" not in file
+        first = file["images"][0]
+    image, _ = ds[0]
+    assert np.array_equal(image, first)
+    assert [image.shape for image, _ in ds] == [(12, 12, 3)] * len(SOURCES)
+    mixed = pack_to(odd_folder, tmp_path / "mixed", "hdf5", store="raw", resize=10)
+    with h5py.File(mixed.shard_path(0), "r", locking=False) as file:
+        assert file.attrs["layout"] == "flat" and file["shapes"].shape == (len(SOURCES), 3)
+        shapes = file["shapes"][:]
+    assert [list(image.shape) for image, _ in mixed] == shapes.tolist()
+    gray = pack_to(odd_folder, tmp_path / "gray", "hdf5", store="bmp", mode="L", center_crop=8)
+    with h5py.File(gray.shard_path(0), "r", locking=False) as file:
+        assert file.attrs["layout"] == "flat" and file.attrs["mode"] == "L"  # fixed is for raw only
+    assert {image.shape for image, _ in gray} == {(8, 8, 1)}

@@ -33,7 +33,8 @@ class ShardWriter(ABC):
     """Writes one shard file at `path` (a temporary name; the pipeline renames it when done).
 
     `expected_bytes` is the sum of the source files' sizes; `classes` the dataset's class names,
-    for formats whose shards describe themselves. Subclasses set `format` and `extension`, and
+    for formats whose shards describe themselves; `sample_shape` the (H, W, C) of every payload
+    when the options guarantee one (raw pixels with a center crop), for fixed-shape layouts. Subclasses set `format` and `extension`, and
     implement `add` and `close`. `close` must leave the file complete and flushed to disk. A
     format that needs more files per shard (a tar's offset index) names their extensions in
     `sidecars` and writes each to `sidecar_path(self.path, ext)`; the pipeline publishes them as
@@ -47,10 +48,12 @@ class ShardWriter(ABC):
     write_errors: ClassVar[tuple[type[Exception], ...]] = ()
     sidecars: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, path: Path, expected_bytes: int, classes: Sequence[str]) -> None:
+    def __init__(self, path: Path, expected_bytes: int, classes: Sequence[str],
+                 sample_shape: tuple[int, int, int] | None = None) -> None:
         self.path = path
         self.expected_bytes = expected_bytes
         self.classes = list(classes)
+        self.sample_shape = sample_shape
 
     @abstractmethod
     def add(self, sample: Sample) -> None: ...

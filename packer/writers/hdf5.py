@@ -3,8 +3,9 @@
 Layout (docs/FORMAT.md): image bytes back to back in one chunked uint8 dataset `images`, sample
 i at `images[offsets[i]:offsets[i + 1]]` (scripts/bench_hdf5_layout.py measured this 2-5x faster
 for random reads than a vlen uint8 dataset); per-sample `labels`, `formats` and `paths` columns;
-`classes`. The payload layout is one class (`FlatPayloads`) named by the file's `layout`
-attribute, so a fixed-shape pixel layout can sit beside it.
+`classes`. The payload layout is named by the file's `layout` attribute: `FlatPayloads`, or
+`FixedPixels` (one (N, H, W, C) uint8 array) when every sample is raw pixels of one shape.
+Decoded stores add a `shapes` column (flat layout) and a `mode` attribute.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any, Iterator, Sequence
 import h5py
 import numpy as np
 
-from readers.manifest import FORMAT_VERSION, HDF5_FORMAT_WIDTH, HDF5_LAYOUT_FLAT
+from readers.manifest import FORMAT_VERSION, HDF5_FORMAT_WIDTH, HDF5_LAYOUT_FIXED, HDF5_LAYOUT_FLAT
 
 from ..fsutil import fsync_path
 from .base import Sample, ShardWriter
@@ -60,10 +61,14 @@ def h5py_errors_as_oserror() -> Iterator[None]:
 
 
 class Column:
-    """A 1-D dataset that grows by whole batches: memory stays bounded, resizes stay rare."""
+    """A dataset of one value (or one fixed-size `row`) per sample that grows by whole batches:
+    memory stays bounded, resizes stay rare."""
 
-    def __init__(self, file: h5py.File, name: str, dtype: Any, chunk: int = COLUMN_CHUNK) -> None:
-        self.dataset = file.create_dataset(name, shape=(0,), maxshape=(None,), dtype=dtype, chunks=(chunk,))
+    def __init__(self, file: h5py.File, name: str, dtype: Any, chunk: int = COLUMN_CHUNK,
+                 row: tuple[int, ...] = ()) -> None:
+        self.dataset = file.create_dataset(name, shape=(0, *row), maxshape=(None, *row), dtype=dtype,
+                                           chunks=(chunk, *row))
+        self._row = row
         self._pending: list[Any] = []
 
     def append(self, value: Any) -> None:
@@ -75,13 +80,13 @@ class Column:
         if not self._pending:
             return
         start = self.dataset.shape[0]
-        values = np.empty(len(self._pending), dtype=self.dataset.dtype)
+        values = np.empty((len(self._pending), *self._row), dtype=self.dataset.dtype)
         if values.dtype == object:  # strings or arrays: one element each, no broadcasting
             for position, value in enumerate(self._pending):
                 values[position] = value
         else:
             values[:] = self._pending
-        self.dataset.resize((start + len(values),))
+        self.dataset.resize((start + len(values), *self._row))
         # write_direct: `dataset[a:b] = values` would try to broadcast equal-length vlen arrays.
         self.dataset.write_direct(values, dest_sel=np.s_[start:])
         self._pending = []
@@ -163,16 +168,66 @@ class FlatPayloads:
         self._offsets.flush()
 
 
+class FixedPixels:
+    """Raw pixels of one shape in `images`, uint8 (N, H, W, C), one image per chunk: a random read
+    touches exactly one chunk. Rows are buffered and written FLUSH_BYTES at a time; the extent
+    doubles when full and is trimmed at the end."""
+
+    layout = HDF5_LAYOUT_FIXED
+
+    def __init__(self, file: h5py.File, shape: tuple[int, int, int], directory: Path) -> None:
+        self._shape = shape
+        self._row_bytes = int(np.prod(shape))
+        self._directory = directory
+        rows = max(1, FLUSH_BYTES // self._row_bytes)
+        self._images = file.create_dataset(
+            "images", shape=(rows, *shape), maxshape=(None, *shape), dtype=np.uint8, chunks=(1, *shape)
+        )
+        self._buffer = bytearray()
+        self._count = 0  # rows appended
+        self._written = 0  # rows already in `images`
+
+    def append(self, payload: bytes) -> None:
+        if len(payload) != self._row_bytes:
+            raise ValueError(f"raw payload of {len(payload)} bytes, expected {self._row_bytes} for shape {self._shape}")
+        self._buffer += payload
+        self._count += 1
+        if len(self._buffer) >= FLUSH_BYTES:
+            self._write()
+
+    def _write(self) -> None:
+        rows = len(self._buffer) // self._row_bytes
+        check_space(self._directory, len(self._buffer) + METADATA_MARGIN)
+        end = self._written + rows
+        if end > self._images.shape[0]:
+            self._images.resize((max(end, 2 * self._images.shape[0]), *self._shape))
+        self._images[self._written:end] = np.frombuffer(self._buffer, dtype=np.uint8).reshape(rows, *self._shape)
+        self._buffer = bytearray()
+        self._written = end
+
+    def finish(self) -> None:
+        if self._buffer:
+            self._write()
+        self._images.resize((self._count, *self._shape))
+
+
 class HDF5Writer(ShardWriter):
     format = "hdf5"
     extension = ".h5"
 
-    def __init__(self, path: Path, expected_bytes: int, classes: Sequence[str]) -> None:
-        super().__init__(path, expected_bytes, classes)
+    def __init__(self, path: Path, expected_bytes: int, classes: Sequence[str],
+                 sample_shape: tuple[int, int, int] | None = None) -> None:
+        super().__init__(path, expected_bytes, classes, sample_shape)
         check_space(path.parent, expected_bytes + METADATA_MARGIN)
+        self._payloads: FlatPayloads | FixedPixels
+        self._shapes: Column | None = None  # decoded stores in the flat layout: (H, W, C) per sample
+        self._mode: str | None = None
         with h5py_errors_as_oserror():
             self._file = h5py.File(path, "w")
-            self._payloads = FlatPayloads(self._file, expected_bytes, path.parent)
+            if sample_shape is None:
+                self._payloads = FlatPayloads(self._file, expected_bytes, path.parent)
+            else:
+                self._payloads = FixedPixels(self._file, sample_shape, path.parent)
             self._labels = Column(self._file, "labels", np.int64)
             self._formats = Column(self._file, "formats", h5py.string_dtype("ascii", HDF5_FORMAT_WIDTH))
             self._crcs = Column(self._file, "crc32", np.uint32)
@@ -180,9 +235,10 @@ class HDF5Writer(ShardWriter):
         self._count = 0
 
     def add(self, sample: Sample) -> None:
-        extra = sorted(set(sample.meta) - {"format"})
+        extra = sorted(set(sample.meta) - {"format", "shape", "mode", "dtype"})
         if extra:
             raise ValueError(f"{self.path}: the HDF5 layout has no column for meta keys {extra}")
+        self._check_pixels(sample.meta)
         kind = sample.meta["format"].encode("ascii")
         if len(kind) > HDF5_FORMAT_WIDTH:
             raise ValueError(f"{self.path}: format name {kind!r} longer than {HDF5_FORMAT_WIDTH} bytes")
@@ -192,7 +248,26 @@ class HDF5Writer(ShardWriter):
             self._formats.append(kind)
             self._crcs.append(sample.crc32)
             self._paths.append(sample.path)
+            if self._shapes is not None:
+                self._shapes.append(sample.meta["shape"])
         self._count += 1
+
+    def _check_pixels(self, meta: dict[str, Any]) -> None:
+        """Decoded samples: one mode per file (an attribute), shapes in a column or the layout."""
+        mode = meta.get("mode")
+        if self._count == 0:
+            self._mode = mode
+            if mode is not None and self.sample_shape is None:
+                with h5py_errors_as_oserror():
+                    self._shapes = Column(self._file, "shapes", np.int32, row=(3,))
+        elif mode != self._mode:
+            raise ValueError(f"{self.path}: sample mode {mode!r} differs from the shard's {self._mode!r}")
+        if meta.get("dtype", "uint8") != "uint8":
+            raise ValueError(f"{self.path}: only uint8 pixels are supported, not {meta['dtype']!r}")
+        if self.sample_shape is not None and (meta.get("format") != "raw" or
+                                              tuple(meta.get("shape", ())) != self.sample_shape):
+            raise ValueError(f"{self.path}: a {meta.get('format')} sample of shape {meta.get('shape')} "
+                             f"in a fixed {self.sample_shape} raw layout")
 
     def close(self) -> None:
         check_space(self.path.parent, METADATA_MARGIN)
@@ -202,8 +277,9 @@ class HDF5Writer(ShardWriter):
 
     def _finish(self) -> None:
         self._payloads.finish()
-        for column in (self._labels, self._formats, self._crcs, self._paths):
-            column.flush()
+        for column in (self._labels, self._formats, self._crcs, self._paths, self._shapes):
+            if column is not None:
+                column.flush()
         classes = StringColumn(self._file, "classes", chunk=max(1, len(self.classes)))
         for name in self.classes:
             classes.append(name)
@@ -211,5 +287,7 @@ class HDF5Writer(ShardWriter):
         attrs = self._file.attrs
         attrs["pack_format_version"] = FORMAT_VERSION
         attrs["layout"] = self._payloads.layout
+        if self._mode is not None:
+            attrs["mode"] = self._mode
         attrs["num_samples"] = self._count
         self._file.close()

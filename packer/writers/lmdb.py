@@ -24,8 +24,9 @@ class LMDBWriter(ShardWriter):
     extension = ".lmdb"
     write_errors = (lmdb.Error,)
 
-    def __init__(self, path: Path, expected_bytes: int, classes: Sequence[str]) -> None:
-        super().__init__(path, expected_bytes, classes)
+    def __init__(self, path: Path, expected_bytes: int, classes: Sequence[str],
+                 sample_shape: tuple[int, int, int] | None = None) -> None:
+        super().__init__(path, expected_bytes, classes, sample_shape)
         self._map_size = max(MIN_MAP_SIZE, int(expected_bytes * 1.5))
         self._env = lmdb.open(
             str(path), subdir=False, map_size=self._map_size, lock=False, sync=False,

@@ -67,8 +67,9 @@ class WebDatasetWriter(ShardWriter):
     aliases = ("webdataset",)
     sidecars = (TAR_INDEX_EXTENSION,)
 
-    def __init__(self, path: Path, expected_bytes: int, classes: Sequence[str]) -> None:
-        super().__init__(path, expected_bytes, classes)
+    def __init__(self, path: Path, expected_bytes: int, classes: Sequence[str],
+                 sample_shape: tuple[int, int, int] | None = None) -> None:
+        super().__init__(path, expected_bytes, classes, sample_shape)
         self._tar: BinaryIO = open(path, "wb", buffering=WRITE_BUFFER)
         self._index: BinaryIO = open(sidecar_path(path, TAR_INDEX_EXTENSION), "wb", buffering=WRITE_BUFFER)
         self._index.write(TAR_INDEX_HEADER.pack(TAR_INDEX_MAGIC, TAR_INDEX_COLUMNS, 0))  # count set by close()
