@@ -237,6 +237,9 @@ def info_command(out: Path, as_json: bool) -> None:
     click.echo(f"shards       {info['shards']}, {human_bytes(info['bytes'])} in all; per shard "
                + " / ".join(human_bytes(info['shard_bytes'][k]) for k in ('min', 'median', 'max')) + " (min/median/max)")
     click.echo(f"per sample   {human_bytes(info['bytes_per_sample'])}")
+    if info["source_bytes"]:
+        click.echo(f"vs source    {info['bytes'] / info['source_bytes']:.2f}x the {human_bytes(info['source_bytes'])} "
+                   "of the source files")
     if sizes:
         click.echo("image size   " + " / ".join(f"{sizes['width'][k]:.0f}x{sizes['height'][k]:.0f}"
                                                  for k in ("min", "median", "max"))

@@ -31,6 +31,7 @@ def describe(out: Path) -> dict[str, Any]:
         "classes": [{"index": i, "name": name, "samples": counts[i]} for i, name in enumerate(classes)],
         "shards": len(manifest.shards),
         "bytes": total,
+        "source_bytes": manifest.source_bytes,  # None for manifests written before it was recorded
         "shard_bytes": {"min": min(shard_bytes, default=0), "median": int(statistics.median(shard_bytes or [0])),
                         "max": max(shard_bytes, default=0)},
         "bytes_per_sample": total / manifest.num_samples if manifest.num_samples else 0,

@@ -333,6 +333,20 @@ def test_cli_summary_shows_the_size_trade_off(odd_folder: Path, tmp_path: Path) 
     manifest = readers.load_manifest(tmp_path / "out")
     assert manifest.options["mode"] == "L" and manifest.options["resize"] == 16
     assert manifest.source_bytes == sum(len(value[0]) for value in SOURCES.values())
+    info = CliRunner().invoke(main, ["info", str(tmp_path / "out"), "--json"])
+    assert info.exit_code == 0 and json.loads(info.output)["source_bytes"] == manifest.source_bytes
+    text = CliRunner().invoke(main, ["info", str(tmp_path / "out")]).output
+    assert "vs source    " in text and "x the " in text
+    assert "resize=16" in text  # the stored geometry is visible too
+
+
+@pytest.mark.parametrize("fmt", sorted(WRITERS))
+def test_full_verify_decodes_every_store(fmt: str, odd_folder: Path, tmp_path: Path) -> None:
+    for store in ("raw", "bmp", "jpeg"):
+        out = tmp_path / store
+        pack(odd_folder, out, PackOptions(format=fmt, store=store, center_crop=8))
+        result = CliRunner().invoke(main, ["verify", str(out), "--full", "-q"])
+        assert result.exit_code == 0, result.output
 
 
 def test_option_flags_round_trip_for_job_scripts() -> None:
