@@ -16,6 +16,19 @@
 Each format is also read with 0 workers (rows "/0w"), to show the readers' own speed apart from
 the cost of shipping samples from workers to the main process.
 
+5. Decoding (issue 4): --decode-images JPEGs packed with every format as `original` and as
+   224x224 `raw`, `bmp` and `jpeg` (--resize 224 --center-crop 224). Every pipeline yields uint8
+   3x224x224 tensors through a shuffled DataLoader (--workers workers): the loose files opened,
+   decoded, resized and cropped by a plain Dataset ("loose+decode"); the packed originals the same
+   way ("FMT/original"), and with decode_size=(224, 224) ("FMT/draft": JPEG DCT scaling before the
+   resize); the pre-decoded stores with decode="tensor" and no transform. Goals: raw224 >= 10x
+   loose+decode, draft >= 1.5x original. This part is CPU-bound, so the cache stays warm: rates
+   are steady state (timed from the first batch, whole epochs for at least --decode-seconds), the
+   pipelines run in --decode-rounds interleaved rounds and each keeps its best (other load on a
+   shared machine only ever slows a round down). A no-work Dataset shows the DataLoader's own
+   transport ceiling, and a single-process decode-only rate compares plain and draft decoding.
+   `--skip-container --skip-memory` runs this part alone (about 2 minutes on 2 cores).
+
 To add a case, append a `Case` to the list `cases()` returns: a name, the files whose cache it
 drops, a function returning an iterable of batches, and the baseline and goal it is judged by.
 """
@@ -42,10 +55,12 @@ from torch.utils.data import DataLoader, Dataset
 
 import readers
 from packer.pipeline import pack
+from packer.pixels import center_crop, resized_size
 from packer.plan import PackOptions
 from packer.scan import scan
 from packer.writers import WRITERS
 from readers.bench import keep_list
+from readers.decode import reduction
 from readers.manifest import MANIFEST_NAME, ShardInfo, load_manifest, shard_name
 
 BASELINE = "loose"
@@ -296,6 +311,166 @@ def memory_report(work: Path, fmt: str, args: argparse.Namespace) -> None:
         gc.collect()
 
 
+# Decoding: pre-decoded stores and decode_size --------------------------------------------
+
+SIDE = 224
+RAW_GOAL = 10.0
+DRAFT_GOAL = 1.5
+DECODE_BASELINE = "loose+decode"
+# Pack variants of the decoding part: name -> store and geometry options.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "original": {"store": "original"},
+    "raw224": {"store": "raw", "resize": SIDE, "center_crop": SIDE},
+    "bmp224": {"store": "bmp", "resize": SIDE, "center_crop": SIDE},
+    "jpeg224": {"store": "jpeg", "resize": SIDE, "center_crop": SIDE},
+}
+
+
+def to_tensor_224(image: Image.Image) -> torch.Tensor:
+    """The usual eval transform without torchvision: shorter side to 224 (bilinear), center crop 224."""
+    size = resized_size(*image.size, SIDE, None)
+    if size != image.size:
+        image = image.resize(size, Image.Resampling.BILINEAR)
+    array = np.asarray(center_crop(image, SIDE))
+    return torch.from_numpy(np.ascontiguousarray(array.transpose(2, 0, 1)))
+
+
+class LooseDecoded(LooseFiles):
+    """The decoding baseline: what an ImageFolder pipeline does per sample, from the loose files."""
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:  # type: ignore[override]
+        data, label = super().__getitem__(index)
+        return to_tensor_224(Image.open(io.BytesIO(data)).convert("RGB")), label
+
+
+class Blank(Dataset):
+    """No work at all: what the DataLoader itself moves from workers to the main process per second."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+        self.image = torch.zeros((3, SIDE, SIDE), dtype=torch.uint8)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return self.image.clone(), 0
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time of these processes so far (from /proc/PID/stat)."""
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def steady_rate(dataset: Dataset, seconds: float, workers: int, batch_size: int) -> tuple[float, float]:
+    """Samples per second after the first batch, over whole epochs lasting at least `seconds`; and
+    samples per CPU-second spent meanwhile by the workers and this process, which load from other
+    jobs on the machine does not change."""
+    before = set(children())
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=workers,
+                        persistent_workers=workers > 0, prefetch_factor=4 if workers else None)
+    started = None
+    count = 0
+    pids: list[int] = []
+    cpu = 0.0
+    while started is None or time.perf_counter() - started < seconds:
+        for images, _ in loader:
+            assert images.shape[1:] == (3, SIDE, SIDE), images.shape
+            if started is None:
+                pids = sorted(set(children()) - before)
+                cpu = time.process_time() + cpu_seconds(pids)
+                started = time.perf_counter()
+                continue
+            count += len(images)
+    elapsed = time.perf_counter() - started
+    cpu = time.process_time() + cpu_seconds(pids) - cpu
+    return count / elapsed, count / cpu
+
+
+def decode_only(pool: list[bytes], draft: bool, seconds: float) -> float:
+    """Single-process JPEG decodes per second, full size or DCT-scaled towards 224x224."""
+    count, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        for data in pool:
+            image = Image.open(io.BytesIO(data))
+            if draft:
+                scale = reduction(*image.size, (SIDE, SIDE))
+                image.draft("RGB", (image.size[0] // scale, image.size[1] // scale))
+            image.load()
+        count += len(pool)
+    return count / (time.perf_counter() - started)
+
+
+def decode_report(work: Path, formats: list[str], args: argparse.Namespace) -> bool:
+    """The decoding part: prints rates, ratios and stored sizes; True when every goal is met."""
+    src = args.src or work / "decode-src"
+    if not args.src:
+        make_source(src, args.decode_images)
+    files = [path for path in files_under(src) if not path.name.startswith(".")]
+    source_bytes = sum(path.stat().st_size for path in files)
+    print(f"\ndecoding: {len(files)} images, {source_bytes / 1e6:.1f} MB, in {src}")
+    rng = np.random.default_rng(1)
+    pool = [jpeg(rng) for _ in range(32)]
+    plain = draft = 0.0
+    for _ in range(args.decode_rounds):
+        plain = max(plain, decode_only(pool, draft=False, seconds=args.decode_seconds / 2))
+        draft = max(draft, decode_only(pool, draft=True, seconds=args.decode_seconds / 2))
+    print(f"decode only, 1 process: plain {plain:.0f}/s, draft towards 224 {draft:.0f}/s ({draft / plain:.2f}x)")
+
+    pipelines: list[tuple[str, Callable[[], Dataset], int]] = [
+        ("(no-work ceiling)", lambda: Blank(args.decode_images), 0),
+        (DECODE_BASELINE, lambda: LooseDecoded(src), source_bytes),
+    ]
+    for fmt in formats:
+        for variant, options in VARIANTS.items():
+            out = work / f"decode-{fmt}-{variant}"
+            if not (out / MANIFEST_NAME).exists():
+                started = time.perf_counter()
+                pack(src, out, PackOptions(format=fmt, **options), overwrite=True)
+                print(f"packed {fmt}/{variant} ({time.perf_counter() - started:.1f}s)", flush=True)
+            stored = sum(shard.bytes for shard in load_manifest(out).shards)
+            if variant == "original":
+                pipelines.append((f"{fmt}/original", lambda out=out: readers.open_dataset(
+                    out, transform=to_tensor_224), stored))
+                pipelines.append((f"{fmt}/draft", lambda out=out: readers.open_dataset(
+                    out, transform=to_tensor_224, decode_size=(SIDE, SIDE)), stored))
+            else:
+                pipelines.append((f"{fmt}/{variant}", lambda out=out: readers.open_dataset(out, decode="tensor"), stored))
+
+    print(f"uint8 3x{SIDE}x{SIDE} batches of {args.batch_size}, shuffled, {args.workers} workers, "
+          f">= {args.decode_seconds:g}s per pipeline and round, best of {args.decode_rounds} interleaved rounds")
+    rates: dict[str, float] = {}
+    per_cpu: dict[str, float] = {}
+    for _ in range(args.decode_rounds):
+        for name, make, _ in pipelines:
+            rate, efficiency = steady_rate(make(), args.decode_seconds, args.workers, args.batch_size)
+            rates[name] = max(rates.get(name, 0.0), rate)
+            per_cpu[name] = max(per_cpu.get(name, 0.0), efficiency)
+    base, base_cpu = rates[DECODE_BASELINE], per_cpu[DECODE_BASELINE]
+    print(f"  {'':18s} {'samples/s':>9} {'ratio':>7}   {'per CPU-s':>9} {'ratio':>7}   stored")
+    for name, _, stored in pipelines:
+        size = (f"{stored / 1e6:7.1f} MB = {stored / source_bytes:5.2f}x the source" if stored
+                else "the DataLoader's transport limit")
+        print(f"  {name:18s} {rates[name]:9.0f} {rates[name] / base:6.2f}x   {per_cpu[name]:9.0f} "
+              f"{per_cpu[name] / base_cpu:6.2f}x   {size}")
+    print(f"ratios against {DECODE_BASELINE}; 'per CPU-s' counts the CPU time of the workers and the main "
+          "process, a cross-check that load from other jobs does not move")
+    ok = True
+    for fmt in formats:
+        raw = rates[f"{fmt}/raw224"] / base
+        fast = rates[f"{fmt}/draft"] / rates[f"{fmt}/original"]
+        fast_cpu = per_cpu[f"{fmt}/draft"] / per_cpu[f"{fmt}/original"]
+        ok &= raw >= RAW_GOAL and fast >= DRAFT_GOAL
+        print(f"{fmt}: raw224 {raw:.1f}x {DECODE_BASELINE} (goal {RAW_GOAL:g}x: {'met' if raw >= RAW_GOAL else 'MISSED'}; "
+              f"per CPU-s {per_cpu[f'{fmt}/raw224'] / base_cpu:.1f}x); draft {fast:.2f}x original "
+              f"(goal {DRAFT_GOAL:g}x: {'met' if fast >= DRAFT_GOAL else 'MISSED'}; per CPU-s {fast_cpu:.2f}x)")
+    return ok
+
+
 # Main ------------------------------------------------------------------------------------
 
 
@@ -309,6 +484,11 @@ def main() -> int:
     parser.add_argument("--formats", default=",".join(WRITERS), help="comma-separated, from the writer registry")
     parser.add_argument("--repeat", type=int, default=3, help="rounds of every case; the median is reported")
     parser.add_argument("--skip-memory", action="store_true", help="leave out the worker memory part")
+    parser.add_argument("--skip-container", action="store_true", help="leave out the container-only part")
+    parser.add_argument("--skip-decode", action="store_true", help="leave out the decoding part")
+    parser.add_argument("--decode-images", type=int, default=1000, help="JPEGs for the decoding part (without --src)")
+    parser.add_argument("--decode-seconds", type=float, default=2.0, help="least timed seconds per pipeline and round")
+    parser.add_argument("--decode-rounds", type=int, default=2, help="interleaved rounds; each pipeline keeps its best")
     args = parser.parse_args()
     formats = [name for name in args.formats.split(",") if name]
     unknown = sorted(set(formats) - set(WRITERS))
@@ -320,60 +500,64 @@ def main() -> int:
     temporary = None if args.work else tempfile.mkdtemp(prefix="bench-read-")
     work = args.work or Path(temporary)  # type: ignore[arg-type]
     try:
-        src = args.src or work / "src"
-        if not args.src:
-            started = time.perf_counter()
-            make_source(src, args.images)
-            print(f"source: {args.images} generated JPEGs in {src} ({time.perf_counter() - started:.1f}s)")
-        sizes = [path.stat().st_size for path in files_under(src) if not path.name.startswith(".")]
-        print(f"source: {len(sizes)} files, {sum(sizes) / 1e6:.1f} MB, mean {np.mean(sizes) / 1e3:.0f} KB")
-        ctx = Context(args=args, src=src)
-        for fmt in formats:
-            out = work / fmt
-            started = time.perf_counter()
-            summary = pack(src, out, PackOptions(format=fmt), overwrite=True)
-            ctx.packed[fmt] = out
-            print(f"packed {fmt}: {summary.num_samples} samples in {summary.num_shards} shards "
-                  f"({time.perf_counter() - started:.1f}s)")
+        ok = True
+        if not args.skip_container:
+            src = args.src or work / "src"
+            if not args.src:
+                started = time.perf_counter()
+                make_source(src, args.images)
+                print(f"source: {args.images} generated JPEGs in {src} ({time.perf_counter() - started:.1f}s)")
+            sizes = [path.stat().st_size for path in files_under(src) if not path.name.startswith(".")]
+            print(f"source: {len(sizes)} files, {sum(sizes) / 1e6:.1f} MB, mean {np.mean(sizes) / 1e3:.0f} KB")
+            ctx = Context(args=args, src=src)
+            for fmt in formats:
+                out = work / fmt
+                started = time.perf_counter()
+                summary = pack(src, out, PackOptions(format=fmt), overwrite=True)
+                ctx.packed[fmt] = out
+                print(f"packed {fmt}: {summary.num_samples} samples in {summary.num_shards} shards "
+                      f"({time.perf_counter() - started:.1f}s)")
 
-        print(f"\nreading every sample once, shuffled, {args.workers} workers, batch {args.batch_size}, "
-              f"decode='bytes'; median samples/s of {args.repeat} rounds, cases interleaved")
-        results: dict[str, list[tuple[float, float]]] = {case.name: [] for case in cases(formats, args.workers)}
-        how = ""
-        for _ in range(args.repeat):
+            print(f"\nreading every sample once, shuffled, {args.workers} workers, batch {args.batch_size}, "
+                  f"decode='bytes'; median samples/s of {args.repeat} rounds, cases interleaved")
+            results: dict[str, list[tuple[float, float]]] = {case.name: [] for case in cases(formats, args.workers)}
+            how = ""
+            for _ in range(args.repeat):
+                for case in cases(formats, args.workers):
+                    how = drop_cache(case.files(ctx))
+                    samples, cold = timed_pass(case.batches(ctx), case.samples)
+                    _, warm = timed_pass(case.batches(ctx), case.samples)
+                    results[case.name].append((samples / cold, samples / warm))
+            median = {name: np.median(np.array(runs), axis=0) for name, runs in results.items()}
+            print(f"page cache: {how}")
+            mean_bytes = float(np.mean(sizes))
+            ceiling = sequential_read_rate(files_under(ctx.packed[formats[0]]))
+            print(f"disk ceiling: {ceiling / 1e6:.0f} MB/s reading {formats[0]} sequentially cold "
+                  f"= {ceiling / mean_bytes:.0f} samples/s of {mean_bytes / 1e3:.0f} KB; "
+                  f"2x the loose files' cold rate would need {2 * median[BASELINE][0] * mean_bytes / 1e6:.0f} MB/s")
+            print(f"{'case':<12} {'cold/s':>9} {'warm/s':>9} {'cold x':>7} {'warm x':>7}  cold range/s   goal")
             for case in cases(formats, args.workers):
-                how = drop_cache(case.files(ctx))
-                samples, cold = timed_pass(case.batches(ctx), case.samples)
-                _, warm = timed_pass(case.batches(ctx), case.samples)
-                results[case.name].append((samples / cold, samples / warm))
-        median = {name: np.median(np.array(runs), axis=0) for name, runs in results.items()}
-        print(f"page cache: {how}")
-        mean_bytes = float(np.mean(sizes))
-        ceiling = sequential_read_rate(files_under(ctx.packed[formats[0]]))
-        print(f"disk ceiling: {ceiling / 1e6:.0f} MB/s reading {formats[0]} sequentially cold "
-              f"= {ceiling / mean_bytes:.0f} samples/s of {mean_bytes / 1e3:.0f} KB; "
-              f"2x the loose files' cold rate would need {2 * median[BASELINE][0] * mean_bytes / 1e6:.0f} MB/s")
-        print(f"{'case':<12} {'cold/s':>9} {'warm/s':>9} {'cold x':>7} {'warm x':>7}  cold range/s   goal")
-        for case in cases(formats, args.workers):
-            cold, warm = median[case.name]
-            colds = [run[0] for run in results[case.name]]
-            line = f"{case.name:<12} {cold:>9.0f} {warm:>9.0f}"
-            if case.baseline:
-                ratio = cold / median[case.baseline][0]
-                line += f" {ratio:>6.2f}x {warm / median[case.baseline][1]:>6.2f}x"
-            else:
-                line += " " * 16
-            line += f"  {min(colds):>5.0f}-{max(colds):<6.0f}"
-            if case.baseline and case.goal is not None:
-                line += f"  >= {case.goal:g}x cold vs {case.baseline}: " + ("met" if ratio >= case.goal else "MISSED")
-            print(line)
+                cold, warm = median[case.name]
+                colds = [run[0] for run in results[case.name]]
+                line = f"{case.name:<12} {cold:>9.0f} {warm:>9.0f}"
+                if case.baseline:
+                    ratio = cold / median[case.baseline][0]
+                    line += f" {ratio:>6.2f}x {warm / median[case.baseline][1]:>6.2f}x"
+                else:
+                    line += " " * 16
+                line += f"  {min(colds):>5.0f}-{max(colds):<6.0f}"
+                if case.baseline and case.goal is not None:
+                    line += f"  >= {case.goal:g}x cold vs {case.baseline}: " + ("met" if ratio >= case.goal else "MISSED")
+                print(line)
+        if not args.skip_decode:
+            ok &= decode_report(work, formats, args)
         if not args.skip_memory:
             for fmt in formats:
                 memory_report(work, fmt, args)
     finally:
         if temporary:
             shutil.rmtree(temporary, ignore_errors=True)
-    return 0
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
