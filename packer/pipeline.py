@@ -318,7 +318,7 @@ def run_shard(out: Path, plan: Plan, shard: int, *, threads: int = READ_THREADS,
     except BaseException:
         remove_files(tmp, *tmp_sidecars.values())
         raise
-    result = ShardResult(name=name, num_samples=count, bytes=final.stat().st_size, sha256=sha256_file(final),
+    result = ShardResult(name=name, num_samples=count, bytes=final.stat().st_size, sha256=writer.sha256 or sha256_file(final),
                          fingerprint=plan.fingerprint, rejects=rejects, label_counts=label_counts,
                          source_bytes=source_bytes, sidecars=sidecars)
     marker = marker_path(out, name)

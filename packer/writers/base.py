@@ -61,6 +61,10 @@ class ShardWriter(ABC):
     @abstractmethod
     def close(self) -> None: ...
 
+    # A writer that writes its file front to back may hash it on the way and set this in close(),
+    # saving the pipeline a second read of the shard.
+    sha256: str | None = None
+
 
 def sidecar_path(shard_path: Path, extension: str) -> Path:
     """Where a writer puts sidecar `extension` of the shard it writes at `shard_path`."""

@@ -9,6 +9,7 @@ offset index goes to the `.idx` sidecar (layout in readers/webdataset.py and doc
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
 from pathlib import Path
@@ -75,6 +76,7 @@ class WebDatasetWriter(ShardWriter):
         self._index.write(TAR_INDEX_HEADER.pack(TAR_INDEX_MAGIC, TAR_INDEX_COLUMNS, 0))  # count set by close()
         self._position = 0
         self._count = 0
+        self._hash = hashlib.sha256()  # the tar is written front to back: hash it on the way
 
     def add(self, sample: Sample) -> None:
         if not sample.extension.isalnum():
@@ -87,15 +89,17 @@ class WebDatasetWriter(ShardWriter):
         after_image = _ZEROS[: tar_padding(len(payload))] + labels
         json_offset = image_offset + len(payload) + len(after_image) + TAR_BLOCK
         after_image += small_member(key + b".json", meta)
-        self._tar.write(tar_header(key + b"." + sample.extension.encode("ascii"), len(payload)))
-        self._tar.write(payload)  # no copy of the image bytes
-        self._tar.write(after_image)
+        for part in (tar_header(key + b"." + sample.extension.encode("ascii"), len(payload)), payload, after_image):
+            self._tar.write(part)  # the image bytes are not copied
+            self._hash.update(part)
         self._position = image_offset + len(payload) + len(after_image)
         self._index.write(_INDEX_ROW.pack(image_offset, len(payload), json_offset, len(meta)))
         self._count += 1
 
     def close(self) -> None:
         self._tar.write(_ZEROS * 2)  # end of archive
+        self._hash.update(_ZEROS * 2)
+        self.sha256 = self._hash.hexdigest()
         self._index.seek(0)
         self._index.write(TAR_INDEX_HEADER.pack(TAR_INDEX_MAGIC, TAR_INDEX_COLUMNS, self._count))
         for handle in (self._tar, self._index):
