@@ -1,0 +1,79 @@
+"""Check a candidate file's bytes before it is stored, and the policy for files that fail.
+
+`check_image` is pure (bytes in, format name out, or RejectedFile): reader threads call it
+before `encode`. The quick checks read only the file's ends and its header, so passthrough
+packing stays as fast as copying; `full` also decodes every pixel.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+from dataclasses import dataclass
+
+from PIL import Image
+
+from .encode import sniff_format
+from .errors import PackError, RejectedFile
+
+VALIDATE_MODES = ("quick", "full")
+ON_ERROR_MODES = ("skip", "fail")
+# Above Pillow's own warning limit (~89M pixels: 9500x9500), below its hard limit (~179M).
+DEFAULT_MAX_PIXELS = 100_000_000
+# Cameras and some encoders pad files after the end marker with zeros or whitespace.
+_PADDING = b"\x00 \t\r\n"
+_PNG_END = b"IEND\xaeB`\x82"
+
+# Our --max-pixels check replaces Pillow's warning; Pillow's hard limit still errors (see below).
+warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
+
+
+@dataclass(frozen=True)
+class ErrorPolicy:
+    """What to do with rejected files; does not change the packed result, so not a PackOption."""
+
+    on_error: str = "skip"
+    max_errors: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.on_error not in ON_ERROR_MODES:
+            raise PackError(f"--on-error must be one of {', '.join(ON_ERROR_MODES)}, not {self.on_error!r}")
+        if self.max_errors is not None and self.max_errors < 0:
+            raise PackError(f"--max-errors must be at least 0, not {self.max_errors}")
+
+    def too_many(self, rejects: int) -> bool:
+        return self.max_errors is not None and rejects > self.max_errors
+
+
+def check_image(data: bytes, *, validate: str = "quick", max_pixels: int = DEFAULT_MAX_PIXELS) -> str:
+    """The file's actual format if it may be stored; raises RejectedFile with a short reason."""
+    if not data:
+        raise RejectedFile("empty file")
+    kind = sniff_format(data)
+    if kind is None:
+        raise RejectedFile("not an image (unrecognised content)")
+    check_complete(data, kind)
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            width, height = image.size
+            if width * height > max_pixels:
+                raise RejectedFile(
+                    f"decompression bomb: {width}x{height} pixels > --max-pixels {max_pixels}")
+            if validate == "full":
+                image.load()
+    except Image.DecompressionBombError as exc:
+        raise RejectedFile(f"decompression bomb: {exc}") from None
+    except (OSError, SyntaxError, ValueError, EOFError) as exc:
+        stage = "cannot decode" if validate == "full" else "unreadable image header"
+        raise RejectedFile(f"{stage} ({kind}): {exc}") from None
+    return kind
+
+
+def check_complete(data: bytes, kind: str) -> None:
+    """Catch truncated downloads from the file's end alone: each format's end marker must be there."""
+    if kind == "jpeg" and not data.rstrip(_PADDING).endswith(b"\xff\xd9"):
+        raise RejectedFile("truncated JPEG (no end-of-image marker)")
+    if kind == "png" and data.rfind(_PNG_END) < 0:
+        raise RejectedFile("truncated PNG (no IEND chunk)")
+    if kind == "gif" and not data.rstrip(_PADDING[:1]).endswith(b";"):
+        raise RejectedFile("truncated GIF (no trailer)")
