@@ -11,7 +11,7 @@ import io
 import warnings
 from dataclasses import dataclass
 
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from .encode import sniff_format
 from .errors import PackError, RejectedFile
@@ -24,7 +24,7 @@ DEFAULT_MAX_PIXELS = 100_000_000
 _PADDING = b"\x00 \t\r\n"
 _PNG_END = b"IEND\xaeB`\x82"
 
-# Our --max-pixels check replaces Pillow's warning; Pillow's hard limit still errors (see below).
+# Our --max-pixels check replaces Pillow's warning; a multi-frame GIF may still raise Pillow's error.
 warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
 
 
@@ -53,20 +53,35 @@ def check_image(data: bytes, *, validate: str = "quick", max_pixels: int = DEFAU
     if kind is None:
         raise RejectedFile("not an image (unrecognised content)")
     check_complete(data, kind)
+    stage = "unreadable image header"
     try:
-        with Image.open(io.BytesIO(data)) as image:
+        with open_header(data, kind) as image:
             width, height = image.size
             if width * height > max_pixels:
                 raise RejectedFile(
                     f"decompression bomb: {width}x{height} pixels > --max-pixels {max_pixels}")
             if validate == "full":
+                stage = "cannot decode"
                 image.load()
     except Image.DecompressionBombError as exc:
         raise RejectedFile(f"decompression bomb: {exc}") from None
+    except UnidentifiedImageError:
+        raise RejectedFile(f"{stage} ({kind}): not understood by Pillow") from None
     except (OSError, SyntaxError, ValueError, EOFError) as exc:
-        stage = "cannot decode" if validate == "full" else "unreadable image header"
         raise RejectedFile(f"{stage} ({kind}): {exc}") from None
     return kind
+
+
+def open_header(data: bytes, kind: str) -> Image.Image:
+    """Parse only the header, through the format's own plugin: unlike `Image.open`, this skips
+    Pillow's decompression-bomb check, so ours (--max-pixels, with the image's size) runs first.
+    """
+    Image.init()
+    plugin = Image.OPEN.get(kind.upper())
+    if plugin is None:
+        return Image.open(io.BytesIO(data))
+    factory, _ = plugin
+    return factory(io.BytesIO(data), "")
 
 
 def check_complete(data: bytes, kind: str) -> None:
