@@ -258,3 +258,14 @@ def test_invalid_option_values_are_usage_errors(args: list[str], message: str,
     code, output = run("lmdb", root, tmp_path / "out", *args)
     assert code == 2 and message in output and "Traceback" not in output
     assert not (tmp_path / "out").exists()
+
+
+def test_slurm_script_carries_the_error_policy(bad_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
+    root, _ = bad_folder
+    code, script = run("slurm-script", "lmdb", root, tmp_path / "out", "--tasks", 2, "--max-errors", 3,
+                       "--validate", "full")
+    assert code == 0, script
+    pack_line = next(line for line in script.splitlines() if " lmdb " in line)
+    merge_line = next(line for line in script.splitlines() if " merge " in line)
+    assert "--validate full" in pack_line and "--on-error skip --max-errors 3" in pack_line
+    assert merge_line.endswith("--on-error skip --max-errors 3")
