@@ -23,7 +23,7 @@ from packer.cli import main
 from packer.errors import PackError, RejectedFile
 from packer.pipeline import pack
 from packer.plan import PackOptions
-from packer.validate import ErrorPolicy, check_image
+from packer.validate import ErrorPolicy, check_image, header_size
 from packer.writers import WRITERS
 
 
@@ -239,6 +239,29 @@ def test_max_pixels_is_a_pack_option(tmp_path: Path) -> None:
         check_image(bomb_png(20, 10), max_pixels=100)
     assert check_image(bomb, max_pixels=30000 * 30000) == "png"
     assert check_image(bomb_png(20, 10), max_pixels=200) == "png"
+
+
+def test_header_size_agrees_with_pillow() -> None:
+    rng = random.Random(3)
+    base = Image.open(io.BytesIO(image_bytes(rng, size=(37, 21))))
+    samples = [*odd_files(rng).values(), encoded(base, "JPEG", progressive=True), encoded(base, "GIF"),
+               encoded(base.convert("L"), "JPEG")]
+    for data in samples:
+        kind = check_image(data)
+        with Image.open(io.BytesIO(data)) as image:
+            assert header_size(data, kind) == image.size
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "GIF"])
+def test_bomb_claimed_by_a_jpeg_or_gif_header(fmt: str) -> None:
+    data = bytearray(encoded(Image.new("RGB", (20, 10)), fmt))
+    if fmt == "JPEG":
+        frame = data.find(b"\xff\xc0")
+        data[frame + 5:frame + 9] = struct.pack(">HH", 30000, 30000)
+    else:
+        data[6:10] = struct.pack("<HH", 30000, 30000)
+    with pytest.raises(RejectedFile, match=r"^decompression bomb: 30000x30000 pixels > --max-pixels 100000000$"):
+        check_image(bytes(data))
 
 
 @pytest.mark.parametrize(
