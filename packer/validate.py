@@ -8,12 +8,13 @@ stays fast; `full` also opens every file with Pillow and decodes every pixel.
 
 from __future__ import annotations
 
+import functools
 import io
 import struct
 import warnings
 from dataclasses import dataclass
-
-from PIL import Image, UnidentifiedImageError
+from types import ModuleType
+from typing import Any
 
 from .encode import sniff_format
 from .errors import PackError, RejectedFile
@@ -25,9 +26,6 @@ DEFAULT_MAX_PIXELS = 100_000_000
 # Cameras and some encoders pad files after the end marker with zeros or whitespace.
 _PADDING = b"\x00 \t\r\n"
 _PNG_END = b"IEND\xaeB`\x82"
-
-# Our --max-pixels check replaces Pillow's warning; a multi-frame GIF may still raise Pillow's error.
-warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
 
 
 @dataclass(frozen=True)
@@ -59,6 +57,7 @@ def check_image(data: bytes, *, validate: str = "quick", max_pixels: int = DEFAU
     if size is not None:
         check_pixels(*size, max_pixels)
         return kind
+    image_module = pillow()
     stage = "unreadable image header"
     try:
         with open_header(data, kind) as image:
@@ -66,9 +65,9 @@ def check_image(data: bytes, *, validate: str = "quick", max_pixels: int = DEFAU
             if validate == "full":
                 stage = "cannot decode"
                 image.load()
-    except Image.DecompressionBombError as exc:
+    except image_module.DecompressionBombError as exc:
         raise RejectedFile(f"decompression bomb: {exc}") from None
-    except UnidentifiedImageError:
+    except image_module.UnidentifiedImageError:
         raise RejectedFile(f"{stage} ({kind}): not understood by Pillow") from None
     except (OSError, SyntaxError, ValueError, EOFError) as exc:
         raise RejectedFile(f"{stage} ({kind}): {exc}") from None
@@ -108,11 +107,24 @@ def header_size(data: bytes, kind: str) -> tuple[int, int] | None:
     return None
 
 
-def open_header(data: bytes, kind: str) -> Image.Image:
+@functools.cache
+def pillow() -> ModuleType:
+    """PIL.Image, imported only when a header needs it: passthrough workers mostly never do.
+
+    Our --max-pixels check replaces Pillow's bomb warning; a multi-frame GIF may still raise its error.
+    """
+    from PIL import Image
+
+    warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
+    Image.init()
+    return Image
+
+
+def open_header(data: bytes, kind: str) -> Any:
     """Parse only the header, through the format's own plugin: unlike `Image.open`, this skips
     Pillow's decompression-bomb check, so ours (--max-pixels, with the image's size) runs first.
     """
-    Image.init()
+    Image = pillow()
     plugin = Image.OPEN.get(kind.upper())
     if plugin is None:
         return Image.open(io.BytesIO(data))

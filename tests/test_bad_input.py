@@ -71,7 +71,7 @@ def odd_files(rng: random.Random) -> dict[str, bytes]:
         "class_00/sixteen-bit.png": encoded(Image.new("I;16", (20, 10), 40000), "PNG"),
         "class_00/palette-transparent.png": palette_png(),
         "class_00/grey-alpha.png": encoded(Image.new("LA", (20, 10), (100, 50)), "PNG"),
-        "class_00/rgba.png": encoded(Image.new("RGBA", (20, 10), (1, 2, 3, 4)), "PNG"),
+        "class_00/rgba.png": encoded(Image.new("RGBA", (20, 10), (1, 2, 3, 255)), "PNG"),
         "class_00/exif-rotated.jpg": rotated_jpeg(),
         "class_00/really-a-png.jpg": image_bytes(rng, "PNG"),
         "class_00/padded.jpg": good_jpeg + b"\x00\x00\r\n",
@@ -140,6 +140,7 @@ def test_good_files_packed_bad_files_listed(fmt: str, bad_folder: tuple[Path, di
     assert all(image.mode == "RGB" for image in decoded.values())
     assert decoded["class_00/exif-rotated.jpg"].size == (20, 40)
     assert decoded["class_00/rgba.png"].getpixel((0, 0)) == (1, 2, 3)
+    assert decoded["class_00/palette-transparent.png"].getpixel((0, 0)) == (255, 0, 0)
     formats = {path: images.record(i)[0]["format"] for i, path in enumerate(paths)}
     assert formats["class_00/really-a-png.jpg"] == "png" and formats["class_00/cmyk.jpg"] == "jpeg"
 
@@ -292,3 +293,18 @@ def test_slurm_script_carries_the_error_policy(bad_folder: tuple[Path, dict[str,
     merge_line = next(line for line in script.splitlines() if " merge " in line)
     assert "--validate full" in pack_line and "--on-error skip --max-errors 3" in pack_line
     assert merge_line.endswith("--on-error skip --max-errors 3")
+
+
+@pytest.mark.parametrize("store", ["raw", "jpeg"])
+def test_decoding_stores_reject_the_same_files(store: str, bad_folder: tuple[Path, dict[str, bytes]],
+                                               tmp_path: Path) -> None:
+    root, good = bad_folder
+    out = tmp_path / "out"
+    code, output = run("lmdb", root, out, "--store", store, "-q")
+    assert code == 0, output
+    found = rejects(out)
+    assert found.pop("class_02/corrupt-middle.jpg").startswith("cannot decode")  # decoding it to store pixels
+    assert found == BAD_REASONS
+    images = readers.open_dataset(out, decode="pil", fields=("image", "path"))
+    assert sorted(path for _, path in images) == sorted(set(good) - {"class_02/corrupt-middle.jpg"})
+    assert all(image.mode == "RGB" for image, _ in images)
