@@ -27,6 +27,7 @@ from .pipeline import Summary, ensure_plan, merge, pack
 from .plan import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SIZE, PackOptions
 from .scan import ScanError
 from .slurm import slurm_script
+from .validate import DEFAULT_MAX_PIXELS, ON_ERROR_MODES, VALIDATE_MODES, ErrorPolicy
 from .writers import WRITERS
 
 if TYPE_CHECKING:
@@ -97,6 +98,10 @@ def packing_options(command: Callable[..., Any]) -> Callable[..., Any]:
                      help="Most samples per shard."),
         click.option("--shard-bytes", type=ByteSize(), default=DEFAULT_SHARD_BYTES, show_default="1GiB",
                      help="Most source bytes per shard (e.g. 4GB, 512MiB)."),
+        click.option("--validate", type=click.Choice(VALIDATE_MODES), default="quick", show_default=True,
+                     help="quick: check content type, end markers and header size; full: also decode every image."),
+        click.option("--max-pixels", type=click.IntRange(min=1), default=DEFAULT_MAX_PIXELS, show_default=True,
+                     help="Reject images whose header claims more pixels (decompression bombs)."),
     ]
     for decorator in reversed(decorators):
         command = decorator(command)
@@ -122,11 +127,20 @@ def option_args(options: PackOptions) -> list[str]:
     return args
 
 
+def error_policy_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """What to do with bad files; not part of the packed result, so not PackOptions."""
+    command = click.option("--max-errors", type=click.IntRange(min=0), default=None,
+                           help="Abort when more than this many files are rejected; default: no limit.")(command)
+    return click.option("--on-error", type=click.Choice(ON_ERROR_MODES), default="skip", show_default=True,
+                        help="skip: list bad files in rejects.jsonl and go on; fail: stop at the first.")(command)
+
+
 def make_pack_command(fmt: str) -> click.Command:
     @click.command(name=fmt, help=f"Pack the images under SRC into {fmt} shards in directory OUT.")
     @click.argument("src", type=click.Path(path_type=Path))
     @click.argument("out", type=click.Path(path_type=Path))
     @packing_options
+    @error_policy_options
     @click.option("--workers", type=click.IntRange(min=1), default=None,
                   help="Shards packed at once; default: the CPUs this job may use.")
     @click.option("--overwrite", is_flag=True, help="Replace an existing packed dataset in OUT.")
@@ -138,12 +152,14 @@ def make_pack_command(fmt: str) -> click.Command:
     @click.option("--scheduler", default=None, help="For --engine dask: 'local' or a scheduler address.")
     @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
     def command(src: Path, out: Path, workers: int | None, overwrite: bool, task_index: int | None,
-                task_count: int | None, engine: str, scheduler: str | None, quiet: bool, **params: Any) -> None:
+                task_count: int | None, engine: str, scheduler: str | None, quiet: bool, on_error: str,
+                max_errors: int | None, **params: Any) -> None:
         options = pack_options_from(fmt, params)
+        policy = ErrorPolicy(on_error=on_error, max_errors=max_errors)
         partition = resolve_partition(task_index, task_count)
         with progress_bar(f"pack {fmt}", quiet) as bar:
             summary = pack(src, out, options, overwrite=overwrite, workers=workers, partition=partition,
-                           engine=engine, scheduler=scheduler, progress=bar.update)
+                           engine=engine, scheduler=scheduler, progress=bar.update, policy=policy)
         print_summary(summary)
 
     return command
@@ -195,9 +211,10 @@ def plan_command(src: Path, out: Path, fmt: str, **params: Any) -> None:
 
 @main.command("merge")
 @click.argument("out", type=click.Path(path_type=Path))
-def merge_command(out: Path) -> None:
+@error_policy_options
+def merge_command(out: Path, on_error: str, max_errors: int | None) -> None:
     """Publish index.json once every planned shard in OUT is finished; name what is missing if not."""
-    manifest = merge(out)
+    manifest = merge(out, ErrorPolicy(on_error=on_error, max_errors=max_errors))
     click.echo(f"merged {len(manifest.shards)} shards, {manifest.num_samples} samples: {out / 'index.json'}")
 
 
@@ -260,12 +277,16 @@ def info_command(out: Path, as_json: bool) -> None:
 @click.option("--time", "time_limit", default="04:00:00", show_default=True, help="Time limit per task.")
 @click.option("--partition", default=None, help="Slurm partition.")
 @click.option("--mem", default=None, help="Memory per task, e.g. 4G.")
+@error_policy_options
 def slurm_script_command(fmt: str, src: Path, out: Path, tasks: int, cpus_per_task: int, time_limit: str,
-                         partition: str | None, mem: str | None, **params: Any) -> None:
+                         partition: str | None, mem: str | None, on_error: str, max_errors: int | None,
+                         **params: Any) -> None:
     """Print a Slurm script: an sbatch array packing FORMAT shards, then a merge job (afterok)."""
     options = pack_options_from(fmt, params)
-    pack_args = [fmt, str(src.resolve()), str(out.resolve()), *option_args(options)]
-    click.echo(slurm_script([sys.executable, "-m", "packer.cli"], pack_args, out, tasks=tasks, cpus_per_task=cpus_per_task, time_limit=time_limit,
+    policy_args = ["--on-error", on_error] + (["--max-errors", str(max_errors)] if max_errors is not None else [])
+    pack_args = [fmt, str(src.resolve()), str(out.resolve()), *option_args(options), *policy_args]
+    click.echo(slurm_script([sys.executable, "-m", "packer.cli"], pack_args, out, merge_args=policy_args,
+                            tasks=tasks, cpus_per_task=cpus_per_task, time_limit=time_limit,
                             partition=partition, mem=mem, job_name=f"pack-{fmt}"), nl=False)
 
 

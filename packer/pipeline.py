@@ -31,6 +31,7 @@ from .fsutil import atomic_write_text, publish, sha256_file
 from .partition import Partition
 from .plan import Entry, PackOptions, Plan, load_plan, read_shard_entries, work_dir, write_plan
 from .scan import scan
+from .validate import DEFAULT_MAX_PIXELS, ErrorPolicy, check_image
 from .writers import WRITERS, Sample, get_writer, sidecar_path
 
 log = logging.getLogger(__name__)
@@ -116,12 +117,14 @@ def pack(
     engine: str = "local",
     scheduler: str | None = None,
     progress: Progress | None = None,
+    policy: ErrorPolicy = ErrorPolicy(),
 ) -> Summary:
     """Pack the images under `src` into shards in `out`.
 
     With a partition of several tasks, only this task's shards are packed and nothing is
     published: `merge` does that once all tasks are done. An interrupted run of the same
-    command resumes: finished shards are kept, the others are packed again.
+    command resumes: finished shards are kept, the others are packed again. `policy` says
+    whether a rejected file stops the run, and how many rejects are too many.
     """
     from .engines import get_engine
 
@@ -132,6 +135,9 @@ def pack(
     if overwrite and not partition.is_whole:
         raise PackError(f"{out_path}: --overwrite cannot be combined with a partitioned run; remove OUT first")
     plan = ensure_plan(src_path, out_path, options, overwrite=overwrite)
+    if plan.scan_rejects and policy.on_error == "fail":
+        first = plan.scan_rejects[0]
+        raise PackError(f"{src_path / first['path']}: {first['reason']} (--on-error fail)")
     mine = partition.shards(plan.num_shards)
     done = {shard: finished_shard(out_path, plan, shard) for shard in mine}
     pending = [shard for shard, result in done.items() if result is None]
@@ -139,11 +145,11 @@ def pack(
         progress(sum(plan.bounds[k + 1] - plan.bounds[k] for k, result in done.items() if result is not None))
     clean_tmp(out_path, plan, pending)
     get_engine(engine)(out_path, plan, pending, workers=workers or default_workers(), scheduler=scheduler,
-                       progress=progress)
+                       progress=progress, policy=policy)
     results = [finished_shard(out_path, plan, shard, check_hash=False) for shard in mine]
     published = partition.is_whole
     if published:
-        merge(out_path)
+        merge(out_path, policy)
     finished = [result for result in results if result is not None]
     return Summary(
         out=str(out_path),
@@ -275,8 +281,12 @@ def clean_tmp(out: Path, plan: Plan, shards: list[int]) -> None:
 
 
 def run_shard(out: Path, plan: Plan, shard: int, *, threads: int = READ_THREADS,
-              progress: Progress | None = None) -> ShardResult:
-    """Pack one planned shard: temp files, renamed when synced (sidecars first), then the marker."""
+              progress: Progress | None = None, policy: ErrorPolicy = ErrorPolicy()) -> ShardResult:
+    """Pack one planned shard: temp files, renamed when synced (sidecars first), then the marker.
+
+    Under `policy` the shard stops early, publishing nothing, at its first reject (fail) or when
+    its own rejects alone exceed --max-errors; the total over all shards is checked in `merge`.
+    """
     name = shard_file_name(plan, shard)
     entries = read_shard_entries(out, plan, shard)
     writer_cls = get_writer(plan.options["format"])
@@ -292,9 +302,10 @@ def run_shard(out: Path, plan: Plan, shard: int, *, threads: int = READ_THREADS,
     try:
         writer = writer_cls(tmp, expected_bytes=sum(entry.size for entry in entries), classes=plan.classes,
                             sample_shape=fixed_shape(plan.options))
-        for entry, encoded in load_samples(Path(plan.source), entries, encode_kwargs(plan.options), threads):
+        for entry, encoded in load_samples(Path(plan.source), entries, plan.options, threads):
             if isinstance(encoded, RejectedFile):
                 rejects.append({"path": entry.path, "reason": str(encoded)})
+                check_rejects(out, plan, rejects, policy)
             else:
                 writer.add(Sample(local_index=count, label=entry.label, path=entry.path,
                                   payload=encoded.payload, meta=encoded.meta, extension=encoded.extension))
@@ -338,19 +349,31 @@ def disk_full(path: Path) -> bool:
     return bool(stats.f_blocks) and stats.f_bavail * stats.f_frsize < DISK_FULL_MARGIN
 
 
-def load_sample(root: Path, entry: Entry, transform: dict[str, Any]) -> Encoded | RejectedFile:
-    """Read and encode one file; runs in a reader thread (Pillow's codecs release the GIL)."""
+def check_rejects(out: Path, plan: Plan, rejects: list[dict[str, str]], policy: ErrorPolicy) -> None:
+    """Raise PackError when these rejects break the policy; names the file, or the count."""
+    if policy.on_error == "fail" and rejects:
+        first = rejects[0]
+        raise PackError(f"{Path(plan.source) / first['path']}: {first['reason']} (--on-error fail)")
+    if policy.too_many(len(rejects)):
+        raise PackError(f"{out}: {len(rejects)} files rejected, more than --max-errors {policy.max_errors} "
+                        f"(first: {rejects[0]['path']}: {rejects[0]['reason']}); no index.json written")
+
+
+def load_sample(root: Path, entry: Entry, options: dict[str, Any]) -> Encoded | RejectedFile:
+    """Read, check and encode one file; runs in a reader thread (Pillow's codecs release the GIL)."""
     try:
         with open(os.path.join(root, entry.path), "rb") as handle:
             data = handle.read()
-        return encode(data, **transform)
+        check_image(data, validate=options.get("validate", "quick"),
+                    max_pixels=options.get("max_pixels", DEFAULT_MAX_PIXELS))
+        return encode(data, **encode_kwargs(options))
     except RejectedFile as exc:
         return exc
     except OSError as exc:
         return RejectedFile(f"cannot read: {exc.strerror or exc}")
 
 
-def load_samples(root: Path, entries: list[Entry], transform: dict[str, Any],
+def load_samples(root: Path, entries: list[Entry], options: dict[str, Any],
                  threads: int) -> Iterator[tuple[Entry, Encoded | RejectedFile]]:
     """Samples in listing order, loaded by a thread pool with a read-ahead bounded in bytes and files."""
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="pack-read") as pool:
@@ -362,7 +385,7 @@ def load_samples(root: Path, entries: list[Entry], transform: dict[str, Any],
                     not pending or (in_flight < READAHEAD_BYTES and len(pending) < READAHEAD_FILES)
                 ):
                     entry = entries[position]
-                    pending.append((entry, pool.submit(load_sample, root, entry, transform)))
+                    pending.append((entry, pool.submit(load_sample, root, entry, options)))
                     in_flight += entry.size
                     position += 1
                 entry, future = pending.popleft()
@@ -373,8 +396,12 @@ def load_samples(root: Path, entries: list[Entry], transform: dict[str, Any],
                 future.cancel()
 
 
-def merge(out: Path) -> Manifest:
-    """Publish index.json and rejects.jsonl once every planned shard has its marker."""
+def merge(out: Path, policy: ErrorPolicy = ErrorPolicy()) -> Manifest:
+    """Publish index.json and rejects.jsonl once every planned shard has its marker.
+
+    The authoritative --max-errors check (all shards, scan-time rejects included): rejects.jsonl
+    is still written so the bad files can be looked at, but index.json is not.
+    """
     plan = load_plan(out)
     if plan is None:
         raise PackError(f"{work_dir(out)}: no plan; nothing was packed here")
@@ -394,6 +421,7 @@ def merge(out: Path) -> Manifest:
         key=lambda reject: reject["path"],
     )
     atomic_write_text(out / REJECTS_NAME, "".join(json.dumps(reject) + "\n" for reject in rejects))
+    check_rejects(out, plan, rejects, policy)
     manifest = Manifest(
         format=plan.options["format"],
         store=plan.options["store"],

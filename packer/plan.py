@@ -19,6 +19,7 @@ from .encode import DEFAULT_QUALITY, MODES, STORES
 from .errors import PackError
 from .fsutil import atomic_write_text
 from .scan import Listing
+from .validate import DEFAULT_MAX_PIXELS, VALIDATE_MODES
 
 WORK_DIR = ".pack"
 PLAN_NAME = "plan.json"
@@ -40,6 +41,8 @@ class PackOptions:
     max_side: int | None = None
     center_crop: int | None = None
     quality: int | None = None
+    validate: str = "quick"
+    max_pixels: int = DEFAULT_MAX_PIXELS
 
     def __post_init__(self) -> None:
         """Reject contradictory options; fill in the defaults of decoding stores (RGB, quality 90)."""
@@ -70,6 +73,10 @@ class PackOptions:
             object.__setattr__(self, "quality", DEFAULT_QUALITY)
         elif not 1 <= self.quality <= 100:
             raise PackError(f"--quality must be between 1 and 100, not {self.quality}")
+        if self.validate not in VALIDATE_MODES:
+            raise PackError(f"--validate must be one of {', '.join(VALIDATE_MODES)}, not {self.validate!r}")
+        if self.max_pixels < 1:
+            raise PackError(f"--max-pixels must be at least 1, not {self.max_pixels}")
 
 
 @dataclass

@@ -6,7 +6,7 @@ import shlex
 from pathlib import Path
 
 
-def slurm_script(pack_command: list[str], pack_args: list[str], out: Path, *, tasks: int, cpus_per_task: int, time_limit: str,
+def slurm_script(pack_command: list[str], pack_args: list[str], out: Path, *, merge_args: list[str], tasks: int, cpus_per_task: int, time_limit: str,
                  partition: str | None, mem: str | None, job_name: str) -> str:
     """`pack_command` runs pack on the compute nodes (this interpreter: same install, shared filesystem).
 
@@ -18,7 +18,7 @@ def slurm_script(pack_command: list[str], pack_args: list[str], out: Path, *, ta
     """
     out_abs = shlex.quote(str(out.resolve()))
     pack_line = " ".join(shlex.quote(arg) for arg in [*pack_command, *pack_args]) + " --quiet"
-    merge_line = " ".join(shlex.quote(arg) for arg in [*pack_command, "merge", str(out.resolve())])
+    merge_line = " ".join(shlex.quote(arg) for arg in [*pack_command, "merge", str(out.resolve()), *merge_args])
     extra = "".join(f"#SBATCH {line}\n" for line in (
         [f"--partition={partition}"] if partition else []) + ([f"--mem={mem}"] if mem else []))
     return f"""#!/usr/bin/env bash

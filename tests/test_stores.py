@@ -219,7 +219,8 @@ def test_undecodable_file_is_rejected_with_a_reason(tmp_path: Path) -> None:
     root = tmp_path / "src"
     (root / "a").mkdir(parents=True)
     (root / "a" / "good.png").write_bytes(saved(Image.new("RGB", (4, 4)), "PNG"))
-    (root / "a" / "broken.jpg").write_bytes(SOURCES["rgb.jpg"][0][:200])
+    # Cut short but with its end marker put back, so the quick input check passes it and decoding fails.
+    (root / "a" / "broken.jpg").write_bytes(SOURCES["rgb.jpg"][0][:200] + b"\xff\xd9")
     summary = pack(root, tmp_path / "out", PackOptions(format="lmdb", store="raw"))
     assert summary.num_samples == 1 and summary.rejects == 1
     reject = json.loads((tmp_path / "out" / "rejects.jsonl").read_text())

@@ -7,11 +7,12 @@ from typing import Callable, Protocol
 
 from ..errors import PackError
 from ..plan import Plan
+from ..validate import ErrorPolicy
 
 
 class Engine(Protocol):
     def __call__(self, out: Path, plan: Plan, shards: list[int], *, workers: int, scheduler: str | None,
-                 progress: Callable[[int], None] | None) -> None: ...
+                 progress: Callable[[int], None] | None, policy: ErrorPolicy) -> None: ...
 
 
 def get_engine(name: str) -> Engine:

@@ -11,6 +11,7 @@ from typing import Callable
 
 from ..pipeline import run_shard
 from ..plan import Plan
+from ..validate import ErrorPolicy
 
 _counter: Synchronized | None = None
 
@@ -32,23 +33,23 @@ def _count(samples: int) -> None:
         _counter.value += samples
 
 
-def _run(out: Path, plan: Plan, shard: int) -> None:
-    run_shard(out, plan, shard, progress=_count)
+def _run(out: Path, plan: Plan, shard: int, policy: ErrorPolicy) -> None:
+    run_shard(out, plan, shard, progress=_count, policy=policy)
 
 
 def run_local(out: Path, plan: Plan, shards: list[int], *, workers: int, scheduler: str | None = None,
-              progress: Callable[[int], None] | None = None) -> None:
+              progress: Callable[[int], None] | None = None, policy: ErrorPolicy = ErrorPolicy()) -> None:
     del scheduler
     if workers <= 1 or len(shards) <= 1:
         for shard in shards:
-            run_shard(out, plan, shard, progress=progress)
+            run_shard(out, plan, shard, progress=progress, policy=policy)
         return
     context = multiprocessing.get_context("spawn")
     counter = context.Value("q", 0)
     reported = 0
     pool = context.Pool(min(workers, len(shards)), initializer=_init_worker, initargs=(counter,))
     try:
-        tasks = [pool.apply_async(_run, (out, plan, shard)) for shard in shards]
+        tasks = [pool.apply_async(_run, (out, plan, shard, policy)) for shard in shards]
         pool.close()
         while tasks:
             tasks[0].wait(timeout=0.2)
