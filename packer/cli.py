@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import click
 from tqdm import tqdm
 
-from readers.decode import DECODE_MODES
-from readers.manifest import DatasetError, load_manifest
+from readers.manifest import DECODE_MODES, DatasetError, load_manifest
 
 from . import __version__
 from .encode import DEFAULT_QUALITY, MODES, STORES
@@ -320,10 +319,10 @@ def bench(out: Path, batch_sizes: tuple[int, ...], max_workers: int | None, deco
                f"({best.samples_per_second:.0f} samples/s, decode={decode!r})")
 
 
-for _name, _writer in WRITERS.items():
+for _name in WRITERS:
     main.add_command(make_pack_command(_name))
-    for _alias in _writer.aliases:
-        main.add_command(make_pack_command(_name), name=_alias)
+for _alias, _name in WRITERS.aliases.items():
+    main.add_command(make_pack_command(_name), name=_alias)
 
 
 if __name__ == "__main__":

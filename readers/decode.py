@@ -17,6 +17,8 @@ from typing import Any, Callable
 import numpy as np
 from PIL import ExifTags, Image, ImageOps, JpegImagePlugin
 
+from .manifest import DECODE_MODES
+
 Size = tuple[int, int]
 Decoder = Callable[[memoryview, dict[str, Any]], Any]
 
@@ -147,7 +149,6 @@ _DECODERS: dict[str, Decoder] = {
     "tensor": decode_tensor,
     "bytes": decode_bytes,
 }
-DECODE_MODES = tuple(_DECODERS)
 
 
 def check_size(size: Any) -> Size:

@@ -21,6 +21,9 @@ MANIFEST_NAME = "index.json"
 REJECTS_NAME = "rejects.jsonl"
 SHARD_PATTERN = "shard-{:06d}{}"
 
+# What a reader can hand back per image (readers.decode implements each); here so that the packer's
+# CLI can offer the choice without importing numpy and Pillow.
+DECODE_MODES = ("pil", "numpy", "tensor", "bytes")
 LMDB_KEY_WIDTH = 10
 RECORD_MAGIC = b"PKR1"
 _RECORD_HEADER = struct.Struct("<4sI")

@@ -43,7 +43,6 @@ class ShardWriter(ABC):
 
     format: ClassVar[str]
     extension: ClassVar[str]
-    aliases: ClassVar[tuple[str, ...]] = ()
     # What the format's library raises when writing fails (a full disk, say), besides OSError.
     write_errors: ClassVar[tuple[type[Exception], ...]] = ()
     sidecars: ClassVar[tuple[str, ...]] = ()

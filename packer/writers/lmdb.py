@@ -15,7 +15,7 @@ from .base import Sample, ShardWriter
 log = logging.getLogger(__name__)
 
 # Dirty pages of a write transaction live in memory until commit: commit in bounded batches.
-COMMIT_BYTES = 4 << 20
+COMMIT_BYTES = 16 << 20
 MIN_MAP_SIZE = 64 << 20
 
 

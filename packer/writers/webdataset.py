@@ -65,7 +65,6 @@ class WebDatasetWriter(ShardWriter):
 
     format = "wds"
     extension = ".tar"
-    aliases = ("webdataset",)
     sidecars = (TAR_INDEX_EXTENSION,)
 
     def __init__(self, path: Path, expected_bytes: int, classes: Sequence[str],
