@@ -4,8 +4,8 @@ import random
 from pathlib import Path
 
 import pytest
-
 from imagefolders import add_non_utf8_file, image_bytes, make_image_folder
+
 from packer.pipeline import pack
 from packer.plan import PackOptions
 from packer.writers import WRITERS

@@ -14,12 +14,11 @@ import zlib
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from clirun import run
+from imagefolders import add_non_utf8_file, image_bytes
 from PIL import Image
 
 import readers
-from imagefolders import add_non_utf8_file, image_bytes
-from packer.cli import main
 from packer.errors import PackError, RejectedFile
 from packer.pipeline import pack
 from packer.plan import PackOptions
@@ -110,11 +109,6 @@ def bad_folder(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
     odd_name = image_bytes(rng)
     good[add_non_utf8_file(root, odd_name)] = odd_name
     return root, good
-
-
-def run(*args: object) -> tuple[int, str]:
-    result = CliRunner().invoke(main, [str(arg) for arg in args])
-    return result.exit_code, result.output
 
 
 def rejects(out: Path) -> dict[str, str]:

@@ -10,16 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from clirun import run
 
 import readers
-from packer.cli import main
 from packer.writers import WRITERS
-
-
-def run(*args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(main, [str(arg) for arg in args])
-    return result.exit_code, result.output
 
 
 @pytest.mark.parametrize("fmt", sorted(WRITERS))

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import zlib
-
 import re
+import zlib
 from pathlib import Path
 
 import pytest

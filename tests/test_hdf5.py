@@ -8,9 +8,9 @@ from pathlib import Path
 
 import h5py
 import pytest
+from imagefolders import image_bytes
 
 import readers
-from imagefolders import image_bytes
 from packer.pipeline import pack
 from packer.plan import PackOptions
 from packer.writers import Sample

@@ -16,8 +16,8 @@ import lmdb
 import numpy as np
 import pytest
 import webdataset
-
 from imagefolders import image_bytes
+
 from packer.pipeline import pack
 from packer.plan import PackOptions
 from readers.manifest import decode_record

@@ -11,12 +11,12 @@ import json
 import os
 from pathlib import Path
 
+import ddp_ranks
 import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
 
-import ddp_ranks
 import readers
 from packer.pipeline import pack
 from packer.plan import PackOptions

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from imagefolders import make_image_folder
+
 from packer.errors import PackError
 from packer.pipeline import pack
 from packer.plan import PackOptions

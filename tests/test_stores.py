@@ -6,8 +6,8 @@ import io
 import json
 from pathlib import Path
 
-import numpy as np
 import click
+import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
@@ -17,9 +17,9 @@ from torch.utils.data import DataLoader
 import readers
 from packer.cli import main
 from packer.encode import encode
-from packer.pixels import resized_size
 from packer.errors import PackError
 from packer.pipeline import pack
+from packer.pixels import resized_size
 from packer.plan import PackOptions
 from packer.writers import WRITERS
 from readers.decode import decode_numpy, decode_tensor, reduction

@@ -6,10 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from clirun import run
 
 import readers
-from packer.cli import main
 
 
 def flip_byte_in_sample(out: Path, shard: int, files: dict[str, bytes]) -> str:
@@ -24,11 +23,6 @@ def flip_byte_in_sample(out: Path, shard: int, files: dict[str, bytes]) -> str:
     data[start + len(files[victim]) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
     return victim
-
-
-def run(*args: object) -> tuple[int, str]:
-    result = CliRunner().invoke(main, [str(arg) for arg in args])
-    return result.exit_code, result.output
 
 
 def test_verify_passes_on_a_sound_dataset(packed: tuple[Path, dict[str, bytes]]) -> None:
