@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import ctypes
 import multiprocessing
+import os
 import signal
+from contextlib import contextmanager
 from multiprocessing.sharedctypes import Synchronized
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from ..pipeline import run_shard
 from ..plan import Plan
@@ -25,6 +27,24 @@ def _init_worker(counter: Synchronized) -> None:
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG, Linux
     except (OSError, AttributeError):
         pass
+
+
+@contextmanager
+def few_malloc_arenas() -> Iterator[None]:
+    """Start workers with MALLOC_ARENA_MAX=2 unless the user set it.
+
+    glibc gives each reader thread its own malloc arena, and each arena keeps freed image
+    buffers: with 8 readers that was ~80 MB per worker. Two arenas cut a worker's RSS by a third
+    at no measured cost in speed. Only the spawned workers see the variable.
+    """
+    previous = os.environ.get("MALLOC_ARENA_MAX")
+    if previous is None:
+        os.environ["MALLOC_ARENA_MAX"] = "2"
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ["MALLOC_ARENA_MAX"]
 
 
 def _count(samples: int) -> None:
@@ -47,7 +67,8 @@ def run_local(out: Path, plan: Plan, shards: list[int], *, workers: int, schedul
     context = multiprocessing.get_context("spawn")
     counter = context.Value("q", 0)
     reported = 0
-    pool = context.Pool(min(workers, len(shards)), initializer=_init_worker, initargs=(counter,))
+    with few_malloc_arenas():
+        pool = context.Pool(min(workers, len(shards)), initializer=_init_worker, initargs=(counter,))
     try:
         tasks = [pool.apply_async(_run, (out, plan, shard, policy)) for shard in shards]
         pool.close()

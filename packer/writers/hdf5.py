@@ -26,7 +26,7 @@ from ..fsutil import fsync_path
 from .base import Sample, ShardWriter
 
 IMAGE_CHUNK = 64 << 10  # one chunk per random read of a typical JPEG; see scripts/bench_hdf5_layout.py
-FLUSH_BYTES = 16 << 20  # image bytes buffered in memory before they are written
+FLUSH_BYTES = 8 << 20  # image bytes buffered in memory before they are written
 COLUMN_BATCH = 4096  # per-sample values buffered before they are written
 COLUMN_CHUNK = 1024  # entries per chunk of a column: small shards stay small
 METADATA_MARGIN = 1 << 20  # free space kept for HDF5's own headers and chunk indexes
