@@ -8,8 +8,8 @@ import os
 import re
 import signal
 import sys
-from pathlib import Path
 from dataclasses import fields
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 import click
@@ -19,8 +19,8 @@ from readers.manifest import DECODE_MODES, DatasetError, load_manifest
 
 from . import __version__
 from .encode import DEFAULT_QUALITY, MODES, STORES
-from .errors import PackError
 from .engines import ENGINES
+from .errors import PackError
 from .partition import resolve_partition
 from .pipeline import Summary, ensure_plan, merge, pack
 from .plan import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SIZE, PackOptions
@@ -223,7 +223,9 @@ def merge_command(out: Path, on_error: str, max_errors: int | None) -> None:
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def verify_command(out: Path, full: bool, quiet: bool) -> None:
     """Check OUT's shards against index.json: presence, size, sha256, sample counts."""
-    from .verify import verify  # reads through `readers`, which imports torch: only when asked
+    from .verify import (
+        verify,  # reads through `readers`, which imports torch: only when asked
+    )
 
     total = load_manifest(out).num_samples
     with progress_bar("verify", quiet) as bar:
@@ -241,7 +243,9 @@ def verify_command(out: Path, full: bool, quiet: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 def info_command(out: Path, as_json: bool) -> None:
     """Describe a packed dataset: format, store, counts, classes, shard and image sizes, options."""
-    from .info import describe  # reads through `readers`, which imports torch: only when asked
+    from .info import (
+        describe,  # reads through `readers`, which imports torch: only when asked
+    )
 
     info = describe(out)
     if as_json:

@@ -9,8 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .errors import RejectedFile
-
 STORES = ("original", "raw", "bmp", "jpeg")
 MODES = ("RGB", "L")
 DEFAULT_QUALITY = 90
@@ -69,22 +67,18 @@ def encode(
     data: bytes,
     store: str = "original",
     *,
+    kind: str,
     mode: str = "RGB",
     resize: int | None = None,
     max_side: int | None = None,
     center_crop: int | None = None,
     quality: int = DEFAULT_QUALITY,
 ) -> Encoded:
-    """Check a source file's bytes and produce what gets stored; raises RejectedFile.
+    """What gets stored for a file `validate.check_image` accepted as format `kind`.
 
     `original` passes the bytes through. `raw` stores uint8 HWC pixels (meta `shape`, `dtype`),
     `bmp` lossless BMP bytes, `jpeg` a re-encoding at `quality`; all three record `shape` and `mode`.
     """
-    if not data:
-        raise RejectedFile("empty file")
-    kind = sniff_format(data)
-    if kind is None:
-        raise RejectedFile("not an image (unrecognised content)")
     if store not in STORES:
         raise ValueError(f"unknown store {store!r}")
     if store == "original":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -22,16 +23,32 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from readers.manifest import MANIFEST_NAME, REJECTS_NAME, FileInfo, Manifest, ShardInfo, shard_name
+from readers.cpus import available_cpus
+from readers.manifest import (
+    MANIFEST_NAME,
+    REJECTS_NAME,
+    FileInfo,
+    Manifest,
+    ShardInfo,
+    shard_name,
+)
 
 from . import __version__
 from .encode import Encoded, encode, encode_kwargs, fixed_shape
 from .errors import PackError, RejectedFile
 from .fsutil import atomic_write_text, publish, sha256_file
 from .partition import Partition
-from .plan import Entry, PackOptions, Plan, load_plan, read_shard_entries, work_dir, write_plan
+from .plan import (
+    Entry,
+    PackOptions,
+    Plan,
+    load_plan,
+    read_shard_entries,
+    work_dir,
+    write_plan,
+)
 from .scan import scan
-from .validate import DEFAULT_MAX_PIXELS, ErrorPolicy, check_image
+from .validate import ErrorPolicy, check_image
 from .writers import WRITERS, Sample, get_writer, sidecar_path
 
 log = logging.getLogger(__name__)
@@ -95,17 +112,6 @@ class Summary:
         return (self.num_samples + self.rejects) / self.elapsed if self.elapsed > 0 else 0.0
 
 
-def default_workers() -> int:
-    """CPUs this job may use: the Slurm allocation or the affinity mask, not the whole node."""
-    slurm = os.environ.get("SLURM_CPUS_PER_TASK", "")
-    if slurm.isdigit() and int(slurm) > 0:
-        return int(slurm)
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
 def pack(
     src: str | os.PathLike[str],
     out: str | os.PathLike[str],
@@ -135,16 +141,15 @@ def pack(
     if overwrite and not partition.is_whole:
         raise PackError(f"{out_path}: --overwrite cannot be combined with a partitioned run; remove OUT first")
     plan = ensure_plan(src_path, out_path, options, overwrite=overwrite)
-    if plan.scan_rejects and policy.on_error == "fail":
-        first = plan.scan_rejects[0]
-        raise PackError(f"{src_path / first['path']}: {first['reason']} (--on-error fail)")
+    if policy.on_error == "fail":
+        check_rejects(out_path, plan, plan.scan_rejects, policy)
     mine = partition.shards(plan.num_shards)
     done = {shard: finished_shard(out_path, plan, shard) for shard in mine}
     pending = [shard for shard, result in done.items() if result is None]
     if progress:
         progress(sum(plan.bounds[k + 1] - plan.bounds[k] for k, result in done.items() if result is not None))
     clean_tmp(out_path, plan, pending)
-    get_engine(engine)(out_path, plan, pending, workers=workers or default_workers(), scheduler=scheduler,
+    get_engine(engine)(out_path, plan, pending, workers=workers or available_cpus(), scheduler=scheduler,
                        progress=progress, policy=policy)
     results = [finished_shard(out_path, plan, shard, check_hash=False) for shard in mine]
     published = partition.is_whole
@@ -359,14 +364,14 @@ def check_rejects(out: Path, plan: Plan, rejects: list[dict[str, str]], policy: 
                         f"(first: {rejects[0]['path']}: {rejects[0]['reason']}); no index.json written")
 
 
-def load_sample(root: Path, entry: Entry, options: dict[str, Any]) -> Encoded | RejectedFile:
+def load_sample(root: Path, entry: Entry, validate: str, max_pixels: int,
+                encoding: dict[str, Any]) -> Encoded | RejectedFile:
     """Read, check and encode one file; runs in a reader thread (Pillow's codecs release the GIL)."""
     try:
         with open(os.path.join(root, entry.path), "rb") as handle:
             data = handle.read()
-        check_image(data, validate=options.get("validate", "quick"),
-                    max_pixels=options.get("max_pixels", DEFAULT_MAX_PIXELS))
-        return encode(data, **encode_kwargs(options))
+        kind = check_image(data, validate=validate, max_pixels=max_pixels)
+        return encode(data, kind=kind, **encoding)
     except RejectedFile as exc:
         return exc
     except OSError as exc:
@@ -376,6 +381,8 @@ def load_sample(root: Path, entry: Entry, options: dict[str, Any]) -> Encoded | 
 def load_samples(root: Path, entries: list[Entry], options: dict[str, Any],
                  threads: int) -> Iterator[tuple[Entry, Encoded | RejectedFile]]:
     """Samples in listing order, loaded by a thread pool with a read-ahead bounded in bytes and files."""
+    load = functools.partial(load_sample, root, validate=options["validate"], max_pixels=options["max_pixels"],
+                             encoding=encode_kwargs(options))
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="pack-read") as pool:
         pending: deque[tuple[Entry, Future[Encoded | RejectedFile]]] = deque()
         position = in_flight = 0
@@ -385,7 +392,7 @@ def load_samples(root: Path, entries: list[Entry], options: dict[str, Any],
                     not pending or (in_flight < READAHEAD_BYTES and len(pending) < READAHEAD_FILES)
                 ):
                     entry = entries[position]
-                    pending.append((entry, pool.submit(load_sample, root, entry, options)))
+                    pending.append((entry, pool.submit(load, entry)))
                     in_flight += entry.size
                     position += 1
                 entry, future = pending.popleft()

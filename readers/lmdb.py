@@ -10,7 +10,6 @@ import lmdb
 from .base import PackedDataset
 from .manifest import DatasetError, decode_record, lmdb_key
 
-
 # A page fault in a mapping with readahead reads ~128 KiB around it. Records that big (JPEG
 # photos) then cost one or two reads instead of a fault per 4 KiB page: about 3x faster cold
 # random reads of 100 KB records in scripts/bench_read.py. Shards of smaller records keep it

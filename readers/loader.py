@@ -21,6 +21,7 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from .base import PackedDataset
+from .cpus import available_cpus
 
 log = logging.getLogger(__name__)
 
@@ -43,16 +44,9 @@ def cpus_per_rank() -> int:
     Slurm's per-task allocation and the affinity mask both bound it (never the whole node's
     `os.cpu_count()`); torchrun's LOCAL_WORLD_SIZE ranks on one node split that between them.
     """
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cpus = os.cpu_count() or 1
-    slurm = os.environ.get("SLURM_CPUS_PER_TASK", "")
-    if slurm.isdigit() and int(slurm) > 0:
-        cpus = min(cpus, int(slurm))
     local = os.environ.get("LOCAL_WORLD_SIZE", "")
     ranks_here = int(local) if local.isdigit() and int(local) > 0 else 1
-    return max(1, cpus // ranks_here)
+    return max(1, available_cpus() // ranks_here)
 
 
 def default_num_workers() -> int:

@@ -21,7 +21,13 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from .base import PackedDataset
 from .manifest import (
-    TAR_BLOCK, TAR_INDEX_COLUMNS, TAR_INDEX_EXTENSION, TAR_INDEX_HEADER, TAR_INDEX_MAGIC, DatasetError, tar_key,
+    TAR_BLOCK,
+    TAR_INDEX_COLUMNS,
+    TAR_INDEX_EXTENSION,
+    TAR_INDEX_HEADER,
+    TAR_INDEX_MAGIC,
+    DatasetError,
+    tar_key,
     tar_padding,
 )
 

@@ -198,3 +198,15 @@ def test_slurm_script_runs_end_to_end_with_a_fake_sbatch(image_folder: tuple[Pat
     assert log.read_text().splitlines() == ["--parsable", "--parsable --dependency=afterok:4242"]
     assert shard_bytes(out) == shard_bytes(reference)
     assert manifest(out)["shards"] == manifest(reference)["shards"]
+
+
+def test_available_cpus_is_bounded_by_slurm_and_the_affinity_mask(monkeypatch: pytest.MonkeyPatch) -> None:
+    from readers.cpus import available_cpus
+
+    mask = len(os.sched_getaffinity(0))
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "1")
+    assert available_cpus() == 1
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", str(mask + 64))
+    assert available_cpus() == mask
+    monkeypatch.delenv("SLURM_CPUS_PER_TASK")
+    assert available_cpus() == mask

@@ -20,7 +20,12 @@ from typing import Any, Iterator, Sequence
 import h5py
 import numpy as np
 
-from readers.manifest import FORMAT_VERSION, HDF5_FORMAT_WIDTH, HDF5_LAYOUT_FIXED, HDF5_LAYOUT_FLAT
+from readers.manifest import (
+    FORMAT_VERSION,
+    HDF5_FORMAT_WIDTH,
+    HDF5_LAYOUT_FIXED,
+    HDF5_LAYOUT_FLAT,
+)
 
 from ..fsutil import fsync_path
 from .base import Sample, ShardWriter

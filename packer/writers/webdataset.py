@@ -16,7 +16,13 @@ from pathlib import Path
 from typing import BinaryIO, Sequence
 
 from readers.manifest import (
-    TAR_BLOCK, TAR_INDEX_COLUMNS, TAR_INDEX_EXTENSION, TAR_INDEX_HEADER, TAR_INDEX_MAGIC, tar_key, tar_padding,
+    TAR_BLOCK,
+    TAR_INDEX_COLUMNS,
+    TAR_INDEX_EXTENSION,
+    TAR_INDEX_HEADER,
+    TAR_INDEX_MAGIC,
+    tar_key,
+    tar_padding,
 )
 
 from ..fsutil import fsync_path
