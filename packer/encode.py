@@ -6,7 +6,8 @@ run in worker processes. Stores other than `original` decode the image (see `pac
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import zlib
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 STORES = ("original", "raw", "bmp", "jpeg")
@@ -44,6 +45,11 @@ def sniff_format(data: bytes) -> str | None:
 class Encoded:
     payload: bytes
     meta: dict[str, Any]
+    # Computed where the payload is made, in a reader thread: zlib releases the GIL for it.
+    crc32: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "crc32", zlib.crc32(self.payload))
 
     @property
     def extension(self) -> str:

@@ -15,6 +15,7 @@ import json
 import tarfile
 import tempfile
 import time
+import zlib
 from pathlib import Path
 from typing import Callable
 
@@ -32,7 +33,7 @@ def make_samples(count: int, mean_kb: float, seed: int) -> list[Sample]:
     blob = rng.integers(0, 256, int(sizes.max()), dtype=np.uint8).tobytes()
     return [
         Sample(local_index=i, label=i % 1000, path=f"n{i % 1000:08d}/img_{i:08d}.JPEG",
-               payload=blob[:size], meta={"format": "jpeg"}, extension="jpg")
+               payload=blob[:size], meta={"format": "jpeg"}, extension="jpg", crc32=zlib.crc32(blob[:size]))
         for i, size in enumerate(sizes)
     ]
 

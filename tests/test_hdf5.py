@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import zlib
 from pathlib import Path
 
 import h5py
@@ -23,7 +24,7 @@ BAD_NAME = os.fsdecode(b"caf\xe9")  # Latin-1 bytes: not UTF-8
 
 def sample(index: int, payload: bytes, path: str, meta: dict | None = None) -> Sample:
     return Sample(local_index=index, label=index % 3, path=path, payload=payload,
-                  meta=meta or {"format": "jpeg"}, extension="jpg")
+                  meta=meta or {"format": "jpeg"}, extension="jpg", crc32=zlib.crc32(payload))
 
 
 def test_writes_in_bounded_batches_and_grows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

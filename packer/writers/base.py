@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import zlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,7 +10,11 @@ from typing import Any, ClassVar, Sequence
 
 @dataclass(frozen=True)
 class Sample:
-    """One accepted sample, numbered from 0 inside its shard."""
+    """One accepted sample, numbered from 0 inside its shard.
+
+    `crc32` is the payload's, computed by the reader thread that loaded it (off the writer's
+    serial path); it lets readers and `pack verify` name a damaged sample.
+    """
 
     local_index: int
     label: int
@@ -19,11 +22,7 @@ class Sample:
     payload: bytes
     meta: dict[str, Any]
     extension: str
-
-    @property
-    def crc32(self) -> int:
-        """Of the payload: lets readers and `pack verify` name a damaged sample."""
-        return zlib.crc32(self.payload)
+    crc32: int
 
     def record_meta(self) -> dict[str, Any]:
         return {"label": self.label, "path": self.path, **self.meta, "crc32": self.crc32}

@@ -1,0 +1,47 @@
+"""The packer's file reading: whole files, in listing order, whatever their size did since the scan."""
+
+from __future__ import annotations
+
+import random
+import zlib
+from pathlib import Path
+
+import pytest
+
+from imagefolders import image_bytes
+
+from packer import pipeline
+from packer.encode import Encoded
+from packer.errors import RejectedFile
+from packer.plan import Entry
+
+
+@pytest.mark.parametrize("scanned_size", [0, 5, 4095, 4096, 4097, 10_000])
+def test_read_file_returns_the_whole_file_even_if_its_size_changed(tmp_path: Path, scanned_size: int) -> None:
+    data = bytes(range(256)) * 16  # 4096 bytes
+    path = tmp_path / "image.jpg"
+    path.write_bytes(data)
+    assert pipeline.read_file(str(path), scanned_size) == data
+
+
+def test_load_samples_keeps_listing_order_across_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pipeline, "READ_RUN_FILES", 3)
+    monkeypatch.setattr(pipeline, "READAHEAD_FILES", 6)
+    entries, contents = [], []
+    for index in range(20):
+        name = f"{index:02d}.jpg"
+        data = b"not an image" if index == 3 else b"" if index == 10 else image_bytes(random.Random(index), "JPEG")
+        (tmp_path / name).write_bytes(data)
+        entries.append(Entry(path=name, label=index % 2, size=len(data)))
+        contents.append(data)
+    (tmp_path / "05.jpg").unlink()  # vanished after the scan
+    options = {"validate": "quick", "max_pixels": 10**8, "store": "original"}
+    loaded = list(pipeline.load_samples(tmp_path, entries, options, threads=4))
+    assert [entry.path for entry, _ in loaded] == [entry.path for entry in entries]
+    results = [result for _, result in loaded]
+    assert str(results[3]) == "not an image (unrecognised content)" and str(results[10]) == "empty file"
+    assert isinstance(results[5], RejectedFile) and str(results[5]).startswith("cannot read: ")
+    for index in set(range(20)) - {3, 5, 10}:
+        encoded = results[index]
+        assert isinstance(encoded, Encoded) and encoded.payload == contents[index]
+        assert encoded.crc32 == zlib.crc32(contents[index])
