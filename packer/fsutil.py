@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 
@@ -25,6 +26,19 @@ def atomic_write_text(path: Path, text: str) -> None:
         os.fsync(handle.fileno())
     os.replace(tmp, path)
     fsync_path(path.parent)
+
+
+def sync_and_hash(paths: list[Path], to_hash: Path) -> str:
+    """fsync `paths` and, meanwhile, compute the sha256 of `to_hash` in a thread.
+
+    Hashing a finished 1 GB shard is ~0.5 s of CPU and its fsync ~0.4 s of waiting on the disk:
+    side by side, a shard that cannot be hashed while it is written costs one of them, not both.
+    """
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="pack-hash") as pool:
+        digest = pool.submit(sha256_file, to_hash)
+        for path in paths:
+            fsync_path(path)
+        return digest.result()
 
 
 def publish(tmp: Path, final: Path) -> None:

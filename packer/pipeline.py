@@ -36,7 +36,7 @@ from readers.manifest import (
 from . import __version__
 from .encode import Encoded, encode, encode_kwargs, fixed_shape
 from .errors import PackError, RejectedFile
-from .fsutil import atomic_write_text, publish, sha256_file
+from .fsutil import atomic_write_text, publish, sha256_file, sync_and_hash
 from .partition import Partition
 from .plan import (
     Entry,
@@ -323,6 +323,8 @@ def run_shard(out: Path, plan: Plan, shard: int, *, threads: int = READ_THREADS,
             if progress:
                 progress(1)
         writer.close()
+        # A writer that hashed its file on the way is synced by `publish`; the others are hashed while they sync.
+        digest = writer.sha256 if writer.sha256 else sync_and_hash([tmp, *tmp_sidecars.values()], tmp)
         for extension, tmp_sidecar in tmp_sidecars.items():
             sidecar = out / shard_name(shard, extension)
             publish(tmp_sidecar, sidecar)
@@ -337,7 +339,7 @@ def run_shard(out: Path, plan: Plan, shard: int, *, threads: int = READ_THREADS,
     except BaseException:
         remove_files(tmp, *tmp_sidecars.values())
         raise
-    result = ShardResult(name=name, num_samples=count, bytes=final.stat().st_size, sha256=writer.sha256 or sha256_file(final),
+    result = ShardResult(name=name, num_samples=count, bytes=final.stat().st_size, sha256=digest,
                          fingerprint=plan.fingerprint, rejects=rejects, label_counts=label_counts,
                          source_bytes=source_bytes, sidecars=sidecars)
     marker = marker_path(out, name)

@@ -34,7 +34,8 @@ class ShardWriter(ABC):
     `expected_bytes` is the sum of the source files' sizes; `classes` the dataset's class names,
     for formats whose shards describe themselves; `sample_shape` the (H, W, C) of every payload
     when the options guarantee one (raw pixels with a center crop), for fixed-shape layouts. Subclasses set `format` and `extension`, and
-    implement `add` and `close`. `close` must leave the file complete and flushed to disk. A
+    implement `add` and `close`. `close` must leave the file complete and written to the OS (the
+    pipeline syncs it, while it hashes the file for writers that leave `sha256` unset). A
     format that needs more files per shard (a tar's offset index) names their extensions in
     `sidecars` and writes each to `sidecar_path(self.path, ext)`; the pipeline publishes them as
     `shard-NNNNNN<ext>` before the shard itself and lists them in index.json.

@@ -27,7 +27,6 @@ from readers.manifest import (
     HDF5_LAYOUT_FLAT,
 )
 
-from ..fsutil import fsync_path
 from .base import Sample, ShardWriter
 
 IMAGE_CHUNK = 64 << 10  # one chunk per random read of a typical JPEG; see scripts/bench_hdf5_layout.py
@@ -278,7 +277,6 @@ class HDF5Writer(ShardWriter):
         check_space(self.path.parent, METADATA_MARGIN)
         with h5py_errors_as_oserror():
             self._finish()
-        fsync_path(self.path)
 
     def _finish(self) -> None:
         self._payloads.finish()

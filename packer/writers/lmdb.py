@@ -61,5 +61,4 @@ class LMDBWriter(ShardWriter):
     def close(self) -> None:
         if self._pending:
             self._commit()
-        self._env.sync(True)
         self._env.close()

@@ -25,7 +25,6 @@ from readers.manifest import (
     tar_padding,
 )
 
-from ..fsutil import fsync_path
 from .base import Sample, ShardWriter, sidecar_path
 
 WRITE_BUFFER = 1 << 20
@@ -107,6 +106,5 @@ class WebDatasetWriter(ShardWriter):
         self.sha256 = self._hash.hexdigest()
         self._index.seek(0)
         self._index.write(TAR_INDEX_HEADER.pack(TAR_INDEX_MAGIC, TAR_INDEX_COLUMNS, self._count))
-        for handle in (self._tar, self._index):
-            handle.close()
-            fsync_path(Path(handle.name))
+        self._tar.close()
+        self._index.close()
