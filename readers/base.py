@@ -7,11 +7,10 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterator, Sequence
 
 import numpy as np
-import torch
 from torch.utils.data import Dataset
 from zlib_ng import zlib_ng
 
-from .decode import get_decoder, raw_array
+from .decode import get_decoder
 from .manifest import DatasetError, Manifest, load_manifest
 
 FIELDS = ("image", "label", "path", "index")
@@ -90,7 +89,11 @@ class PackedDataset(Dataset):
             yield self[index]
 
     def __getitem__(self, index: int) -> tuple[Any, ...]:
-        index = self._checked_index(index)
+        index = int(index)
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(f"sample index {index} out of range for {len(self)} samples")
         try:
             return self.load(index)
         except DatasetError:
@@ -105,14 +108,6 @@ class PackedDataset(Dataset):
             self.skipped += step
             return sample
         raise DatasetError(f"{self.root}: no readable sample left")
-
-    def _checked_index(self, index: int) -> int:
-        index = int(index)
-        if index < 0:
-            index += len(self)
-        if not 0 <= index < len(self):
-            raise IndexError(f"sample index {index} out of range for {len(self)} samples")
-        return index
 
     def record(self, index: int) -> tuple[dict[str, Any], memoryview]:
         """The stored meta and payload of one sample, checked against its CRC-32."""
@@ -145,54 +140,12 @@ class PackedDataset(Dataset):
             shard, local = self.locate(index)
             raise DatasetError(f"{self.shard_path(shard)}: sample {local}: cannot decode ({exc})") from None
 
-    def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, ...]]:
-        """A batch, as DataLoader workers ask for it: the same samples as `[self[i] for i in indices]`.
-
-        Raw samples read as tensors without a transform skip the per-sample decoder: each is
-        checked, then transposed (HWC to CHW) straight into one preallocated batch tensor, and
-        its image is a view of that. In scripts/bench_read.py this takes about a quarter off the
-        workers' CPU time per 224x224 sample. Other datasets, and any sample that fails or has
-        another shape than the batch's first, go through `self[i]`: same errors, same stand-ins.
-        """
-        if not self._batches_raw_tensors():
-            return [self[index] for index in indices]
-        batch: torch.Tensor | None = None
-        samples: list[tuple[Any, ...]] = []
-        for slot, index in enumerate(indices):
-            try:
-                index = self._checked_index(index)
-                meta, payload = self.record(index)
-                if meta.get("format") != "raw":
-                    raise ValueError("not a raw sample")
-                pixels = raw_array(payload, meta).transpose(2, 0, 1)
-                if batch is None:
-                    batch = torch.empty((len(indices), *pixels.shape), dtype=torch.uint8)
-                if pixels.dtype != np.uint8 or pixels.shape != batch.shape[1:]:
-                    raise ValueError("not the batch's shape")
-                np.copyto(batch[slot].numpy(), pixels)
-                samples.append(self._fields(index, meta, batch[slot]))
-            except Exception:  # noqa: BLE001 - self[index] raises what the per-sample path raises, or stands in
-                samples.append(self[index])
-        return samples
-
-    def _batches_raw_tensors(self) -> bool:
-        return (self.manifest.store == "raw" and self.decode == "tensor" and self.decode_size is None
-                and self.transform is None and "image" in self.fields)
-
     def _sample(self, index: int, meta: dict[str, Any], payload: memoryview) -> tuple[Any, ...]:
-        image = None
-        if "image" in self.fields:
-            image = self._decoder(payload, meta)
-            if self.transform:
-                image = self.transform(image)
-        return self._fields(index, meta, image)
-
-    def _fields(self, index: int, meta: dict[str, Any], image: Any) -> tuple[Any, ...]:
-        """The requested fields of one sample, given its final image."""
         out: list[Any] = []
         for name in self.fields:
             if name == "image":
-                out.append(image)
+                image = self._decoder(payload, meta)
+                out.append(self.transform(image) if self.transform else image)
             elif name == "label":
                 label = int(meta["label"])
                 out.append(self.target_transform(label) if self.target_transform else label)
