@@ -135,8 +135,9 @@ def decode_tensor(payload: bytes | memoryview, meta: dict[str, Any], size: Size 
     """
     import torch
 
-    array = decode_numpy(payload, meta, size)
-    return torch.from_numpy(np.ascontiguousarray(array.transpose(2, 0, 1)))
+    chw = decode_numpy(payload, meta, size).transpose(2, 0, 1)
+    # One channel transposes to a contiguous view: a raw record's (read-only) must still be copied.
+    return torch.from_numpy(np.ascontiguousarray(chw) if chw.flags.writeable else chw.copy())
 
 
 def decode_bytes(payload: bytes | memoryview, meta: dict[str, Any]) -> bytes:

@@ -241,7 +241,10 @@ def synthetic_dataset(one_shard: Path, out: Path, shards: int) -> Path:
 def children() -> list[int]:
     pids = []
     for task in Path(f"/proc/{os.getpid()}/task").iterdir():
-        text = (task / "children").read_text().split()
+        try:
+            text = (task / "children").read_text().split()
+        except FileNotFoundError:  # a thread (a DataLoader's, say) that ended since iterdir
+            continue
         pids += [int(pid) for pid in text]
     return pids
 

@@ -236,6 +236,9 @@ def test_raw_numpy_is_a_view_and_tensor_a_writable_copy() -> None:
     tensor = decode_tensor(payload, meta)
     assert tensor.shape == (3, 2, 4) and tensor[1, 0, 1].item() == 4
     tensor[0, 0, 0] = 99  # writable, and no "non-writable array" warning
+    gray = decode_tensor(payload, {"format": "raw", "shape": [2, 12, 1], "dtype": "uint8"})
+    gray[0, 0, 0] = 99  # one channel: the transpose is contiguous already, but must still be a copy
+    assert payload[0] == 0
 
 
 @pytest.mark.parametrize(
