@@ -18,13 +18,17 @@ def fsync_path(path: Path) -> None:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write to a temporary sibling, fsync, then rename over `path`."""
+    """Write to a temporary sibling, fsync, then rename over `path`; no leftover if that fails."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     fsync_path(path.parent)
 
 
@@ -54,3 +58,4 @@ def sha256_file(path: Path) -> str:
         while chunk := handle.read(1 << 20):
             digest.update(chunk)
     return digest.hexdigest()
+

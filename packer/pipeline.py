@@ -330,8 +330,15 @@ def run_shard(out: Path, plan: Plan, shard: int, *, threads: int = READ_THREADS,
             publish(tmp_sidecar, sidecar)
             sidecars.append({"name": sidecar.name, "bytes": sidecar.stat().st_size, "sha256": sha256_file(sidecar)})
         publish(tmp, final)
+        result = ShardResult(name=name, num_samples=count, bytes=final.stat().st_size, sha256=digest,
+                             fingerprint=plan.fingerprint, rejects=rejects, label_counts=label_counts,
+                             source_bytes=source_bytes, sidecars=sidecars)
+        marker = marker_path(out, name)
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(marker, json.dumps(asdict(result)) + "\n")
     except (OSError, *writer_cls.write_errors) as exc:
-        remove_files(tmp, *tmp_sidecars.values())
+        # Without its marker a published shard would be packed again anyway: take it back too.
+        remove_files(tmp, *tmp_sidecars.values(), final, *(out / sidecar["name"] for sidecar in sidecars))
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         if disk_full(out) and os.strerror(errno.ENOSPC) not in reason:  # some libraries say EIO
             reason = f"{os.strerror(errno.ENOSPC)}: {reason}"
@@ -339,12 +346,6 @@ def run_shard(out: Path, plan: Plan, shard: int, *, threads: int = READ_THREADS,
     except BaseException:
         remove_files(tmp, *tmp_sidecars.values())
         raise
-    result = ShardResult(name=name, num_samples=count, bytes=final.stat().st_size, sha256=digest,
-                         fingerprint=plan.fingerprint, rejects=rejects, label_counts=label_counts,
-                         source_bytes=source_bytes, sidecars=sidecars)
-    marker = marker_path(out, name)
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(marker, json.dumps(asdict(result)) + "\n")
     log.info("%s: %d samples, %d rejected", final, count, len(rejects))
     return result
 

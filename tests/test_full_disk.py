@@ -6,6 +6,7 @@ disk before HDF5 does; LMDB sometimes reports it as EIO, which the pipeline name
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -13,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from packer import pipeline
+from packer.errors import PackError
+from packer.plan import PackOptions
 from packer.writers import WRITERS
 
 PACK = [sys.executable, "-m", "packer.cli"]
@@ -39,3 +43,24 @@ def test_full_disk_is_a_clear_error(fmt: str, workers: str, image_folder: tuple[
         assert not (out / failed).exists()  # shards finished before the disk filled may stay: resume keeps them
     finally:
         subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_disk_full_at_the_marker_takes_the_shard_back(image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race the small tmpfs hits now and then: the shard fits, its marker does not."""
+    root, _ = image_folder
+    out = tmp_path / "out"
+    real_write = pipeline.atomic_write_text
+
+    def no_room_for_markers(path: Path, text: str) -> None:
+        if path.parent.name == pipeline.DONE_DIR:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_write(path, text)
+
+    monkeypatch.setattr(pipeline, "atomic_write_text", no_room_for_markers)
+    with pytest.raises(PackError, match=r": cannot write shard-000000\.tar \(No space left on device\); nothing was published"):
+        pipeline.pack(root, out, PackOptions(format="wds", shard_size=5), workers=1)
+    assert sorted(path.name for path in out.glob("shard-*")) == []
+    assert not (out / "index.json").exists()
+    monkeypatch.setattr(pipeline, "atomic_write_text", real_write)
+    assert pipeline.pack(root, out, PackOptions(format="wds", shard_size=5), workers=1).published
