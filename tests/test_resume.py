@@ -89,6 +89,31 @@ def test_ctrl_c_stops_with_message_and_resumes(big_folder: tuple[Path, Path], tm
     assert shard_bytes(out) == shard_bytes(reference)
 
 
+def test_a_worker_killed_mid_shard_is_a_clear_error_not_a_hang(big_folder: tuple[Path, Path], tmp_path: Path) -> None:
+    """multiprocessing.Pool replaces a dead worker but never finishes its task (the OOM killer's case)."""
+    src, reference = big_folder
+    out = tmp_path / "out"
+    command = [*PACK, "lmdb", str(src), str(out), "--shard-size", "200", "-q", "--workers", "2"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    tmp_dir = out / ".pack" / "tmp"
+    victim = 0
+    deadline = time.monotonic() + 60
+    while not victim and time.monotonic() < deadline and process.poll() is None:
+        for name in os.listdir(tmp_dir) if tmp_dir.is_dir() else ():
+            victim = int(name.rsplit("-", 1)[1])  # shard-NNNNNN.lmdb.tmp-HOST-PID: a worker mid-shard
+            os.kill(victim, signal.SIGKILL)
+            break
+        time.sleep(0.002)
+    assert victim, "no worker was seen packing a shard"
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 1, stderr
+    assert stderr.startswith(f"Error: {out}: the worker packing shard-") and stderr.count("\n") == 1
+    assert f"(pid {victim}) died before finishing it" in stderr and "rerun the same command" in stderr
+    assert not (out / "index.json").exists()
+    subprocess.run(command, check=True, capture_output=True)
+    assert manifest_without_version(out)["num_samples"] == manifest_without_version(reference)["num_samples"]
+
+
 def test_sigterm_is_treated_like_ctrl_c(big_folder: tuple[Path, Path], tmp_path: Path) -> None:
     src, _ = big_folder
     out = tmp_path / "out"

@@ -9,19 +9,22 @@ import signal
 from contextlib import contextmanager
 from multiprocessing.sharedctypes import Synchronized
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
-from ..pipeline import run_shard
+from ..errors import PackError
+from ..pipeline import run_shard, shard_file_name
 from ..plan import Plan
 from ..validate import ErrorPolicy
 
 _counter: Synchronized | None = None
+_workers: Any = None  # shard number -> pid of the worker that started it (a shared int64 array)
 
 
-def _init_worker(counter: Synchronized) -> None:
+def _init_worker(counter: Synchronized, workers: Any) -> None:
     """Count progress in shared memory, and die with the parent (no orphans writing after kill -9)."""
-    global _counter
+    global _counter, _workers
     _counter = counter
+    _workers = workers
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops the pool
     try:
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG, Linux
@@ -54,7 +57,35 @@ def _count(samples: int) -> None:
 
 
 def _run(out: Path, plan: Plan, shard: int, policy: ErrorPolicy) -> None:
+    _workers[shard] = os.getpid()
     run_shard(out, plan, shard, progress=_count, policy=policy)
+
+
+def _is_dead(pid: int) -> bool:
+    """Whether process `pid` has exited (a zombie the pool has not reaped yet counts as exited)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _check_alive(out: Path, plan: Plan, shards: list[int], workers: Any) -> None:
+    """multiprocessing.Pool replaces a worker that dies (OOM killer, a crash in a C library) but
+    never finishes its task: without this check, pack would wait for that shard forever."""
+    for shard in shards:
+        pid = workers[shard]
+        if pid and _is_dead(pid):
+            raise PackError(
+                f"{out}: the worker packing {shard_file_name(plan, shard)} (pid {pid}) died before finishing it "
+                "(killed, or out of memory?); finished shards are kept: rerun the same command to resume"
+            )
 
 
 def run_local(out: Path, plan: Plan, shards: list[int], *, workers: int, scheduler: str | None = None,
@@ -66,17 +97,18 @@ def run_local(out: Path, plan: Plan, shards: list[int], *, workers: int, schedul
         return
     context = multiprocessing.get_context("spawn")
     counter = context.Value("q", 0)
+    started = context.Array("q", plan.num_shards, lock=False)
     reported = 0
     with few_malloc_arenas():
-        pool = context.Pool(min(workers, len(shards)), initializer=_init_worker, initargs=(counter,))
+        pool = context.Pool(min(workers, len(shards)), initializer=_init_worker, initargs=(counter, started))
     try:
-        tasks = [pool.apply_async(_run, (out, plan, shard, policy)) for shard in shards]
+        tasks = {shard: pool.apply_async(_run, (out, plan, shard, policy)) for shard in shards}
         pool.close()
         while tasks:
-            tasks[0].wait(timeout=0.2)
-            for task in [task for task in tasks if task.ready()]:
-                task.get()  # re-raises a worker's error here
-                tasks.remove(task)
+            next(iter(tasks.values())).wait(timeout=0.2)
+            for shard in [shard for shard, task in tasks.items() if task.ready()]:
+                tasks.pop(shard).get()  # re-raises a worker's error here
+            _check_alive(out, plan, list(tasks), started)
             if progress:
                 current = counter.value
                 progress(current - reported)
