@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -143,8 +144,11 @@ def _add_file(
         listing.ignored_other += 1
         return
     try:
-        size = entry.stat(follow_symlinks=True).st_size
+        info = entry.stat(follow_symlinks=True)
     except OSError as exc:
         listing.unreadable.append((rel, f"cannot stat: {exc.strerror}"))
         return
-    entries.append((rel, label, size))
+    if not stat.S_ISREG(info.st_mode):  # a named pipe called x.jpg would block its reader forever
+        listing.unreadable.append((rel, "not a regular file"))
+        return
+    entries.append((rel, label, info.st_size))

@@ -72,3 +72,14 @@ def test_missing_and_non_directory_sources(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
     with pytest.raises(ScanError, match="not a directory"):
         scan(tmp_path / "file")
+
+
+def test_special_files_are_rejects_not_a_hang(tmp_path: Path) -> None:
+    """A named pipe with an image name would block the reader that opens it forever."""
+    src = tmp_path / "src"
+    (src / "cats").mkdir(parents=True)
+    (src / "cats" / "a.jpg").write_bytes(image_bytes(random.Random(1)))
+    os.mkfifo(src / "cats" / "pipe.jpg")
+    listing = scan(src)
+    assert listing.paths == ["cats/a.jpg"]
+    assert listing.unreadable == [("cats/pipe.jpg", "not a regular file")]
