@@ -17,14 +17,14 @@ from ..plan import Plan
 from ..validate import ErrorPolicy
 
 _counter: Synchronized | None = None
-_workers: Any = None  # shard number -> pid of the worker that started it (a shared int64 array)
+_started_by: Any = None  # shard number -> pid of the worker that started it (a shared int64 array)
 
 
-def _init_worker(counter: Synchronized, workers: Any) -> None:
+def _init_worker(counter: Synchronized, started_by: Any) -> None:
     """Count progress in shared memory, and die with the parent (no orphans writing after kill -9)."""
-    global _counter, _workers
+    global _counter, _started_by
     _counter = counter
-    _workers = workers
+    _started_by = started_by
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops the pool
     try:
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG, Linux
@@ -57,7 +57,7 @@ def _count(samples: int) -> None:
 
 
 def _run(out: Path, plan: Plan, shard: int, policy: ErrorPolicy) -> None:
-    _workers[shard] = os.getpid()
+    _started_by[shard] = os.getpid()
     run_shard(out, plan, shard, progress=_count, policy=policy)
 
 
@@ -76,11 +76,11 @@ def _is_dead(pid: int) -> bool:
         return False
 
 
-def _check_alive(out: Path, plan: Plan, shards: list[int], workers: Any) -> None:
+def _check_alive(out: Path, plan: Plan, shards: list[int], started_by: Any) -> None:
     """multiprocessing.Pool replaces a worker that dies (OOM killer, a crash in a C library) but
     never finishes its task: without this check, pack would wait for that shard forever."""
     for shard in shards:
-        pid = workers[shard]
+        pid = started_by[shard]
         if pid and _is_dead(pid):
             raise PackError(
                 f"{out}: the worker packing {shard_file_name(plan, shard)} (pid {pid}) died before finishing it "
@@ -97,10 +97,10 @@ def run_local(out: Path, plan: Plan, shards: list[int], *, workers: int, schedul
         return
     context = multiprocessing.get_context("spawn")
     counter = context.Value("q", 0)
-    started = context.Array("q", plan.num_shards, lock=False)
+    started_by = context.Array("q", plan.num_shards, lock=False)
     reported = 0
     with few_malloc_arenas():
-        pool = context.Pool(min(workers, len(shards)), initializer=_init_worker, initargs=(counter, started))
+        pool = context.Pool(min(workers, len(shards)), initializer=_init_worker, initargs=(counter, started_by))
     try:
         tasks = {shard: pool.apply_async(_run, (out, plan, shard, policy)) for shard in shards}
         pool.close()
@@ -108,7 +108,7 @@ def run_local(out: Path, plan: Plan, shards: list[int], *, workers: int, schedul
             next(iter(tasks.values())).wait(timeout=0.2)
             for shard in [shard for shard, task in tasks.items() if task.ready()]:
                 tasks.pop(shard).get()  # re-raises a worker's error here
-            _check_alive(out, plan, list(tasks), started)
+            _check_alive(out, plan, list(tasks), started_by)
             if progress:
                 current = counter.value
                 progress(current - reported)
