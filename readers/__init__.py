@@ -22,9 +22,9 @@ _LAZY = {
     "make_loader": "readers.loader",
     "PackedLoader": "readers.loader",
     "ShardWindowBatchSampler": "readers.loader",
-    "CudaPrefetcher": "readers.loader",
-    "default_num_workers": "readers.loader",
-    "epoch_order": "readers.loader",
+    "CudaPrefetcher": "readers.prefetch",
+    "default_num_workers": "readers.cpus",
+    "epoch_order": "readers.order",
 }
 
 

@@ -14,8 +14,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from .cpus import cpus_per_rank
 from .datasets import open_dataset
-from .loader import cpus_per_rank, make_loader
+from .loader import make_loader
 
 log = logging.getLogger(__name__)
 

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import os
 
+MAX_DEFAULT_WORKERS = 16
+"""More workers than this per rank rarely helps and multiplies open handles and memory."""
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+"""What OpenMP, MKL and OpenBLAS read for their thread count; loader workers set them to 1."""
+
 
 def available_cpus() -> int:
     """The affinity mask, bounded by Slurm's per-task allocation; never just `os.cpu_count()`,
@@ -16,3 +21,20 @@ def available_cpus() -> int:
     if slurm.isdigit() and int(slurm) > 0:
         cpus = min(cpus, int(slurm))
     return cpus
+
+
+def cpus_per_rank() -> int:
+    """CPUs this process may use, shared out over the ranks on this node.
+
+    Slurm's per-task allocation and the affinity mask both bound it (never the whole node's
+    `os.cpu_count()`); torchrun's LOCAL_WORLD_SIZE ranks on one node split that between them.
+    """
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    ranks_here = int(local) if local.isdigit() and int(local) > 0 else 1
+    return max(1, available_cpus() // ranks_here)
+
+
+def default_num_workers() -> int:
+    """One worker per CPU of this rank, less one for the training loop itself, at most 16."""
+    cpus = cpus_per_rank()
+    return min(MAX_DEFAULT_WORKERS, cpus - 1) if cpus > 1 else 0

@@ -1,11 +1,8 @@
-"""Training-side loading: one order per (seed, epoch), split evenly over ranks, resumable mid-epoch.
+"""The map-style training loader: a batch sampler over `readers.order`, DDP-equal ranks, mid-epoch resume.
 
-The order of an epoch is computed in the main process from the manifest's shard sizes alone:
-shuffle the shards, cut the shuffled shard list into windows of `shuffle_window` consecutive
-shards, shuffle the samples inside each window. The result is a permutation of every index
-that depends only on (seed, epoch); ranks then take equal contiguous slices of it, so the split
-depends only on the world size. DataLoader workers receive index batches and never hold the
-order, so their memory does not grow with the dataset and the order cannot depend on them.
+The sampler computes each epoch's order in the main process (`readers.order`). DataLoader
+workers receive index batches and never hold the order, so their memory does not grow with the
+dataset and the order cannot depend on them.
 """
 
 from __future__ import annotations
@@ -14,111 +11,23 @@ import logging
 import math
 import os
 import warnings
-from typing import Any, Callable, Iterator, Literal, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
 from .base import PackedDataset
-from .cpus import available_cpus
+from .cpus import THREAD_VARIABLES, default_num_workers
+from .order import (DEFAULT_SHUFFLE_WINDOW, LoaderMode, check_split_args, epoch_order, real_share_size, share_size,
+                    split_for_rank)
 
 log = logging.getLogger(__name__)
 
-Mode = Literal["train", "eval"]
-MODES: tuple[str, ...] = ("train", "eval")
-DEFAULT_SHUFFLE_WINDOW = 32
-"""Shards whose samples are mixed together; 32 default shards of 10k samples = 320k samples."""
-MAX_DEFAULT_WORKERS = 16
-"""More workers than this per rank rarely helps and multiplies open handles and memory."""
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 STATE_VERSION = 1
 # What must match for a saved position to mean the same batches in a fresh loader.
 _STATE_KEYS = ("seed", "world_size", "batch_size", "num_samples", "shuffle", "shuffle_window",
                "drop_last", "mode")
-
-
-def cpus_per_rank() -> int:
-    """CPUs this process may use, shared out over the ranks on this node.
-
-    Slurm's per-task allocation and the affinity mask both bound it (never the whole node's
-    `os.cpu_count()`); torchrun's LOCAL_WORLD_SIZE ranks on one node split that between them.
-    """
-    local = os.environ.get("LOCAL_WORLD_SIZE", "")
-    ranks_here = int(local) if local.isdigit() and int(local) > 0 else 1
-    return max(1, available_cpus() // ranks_here)
-
-
-def default_num_workers() -> int:
-    """One worker per CPU of this rank, less one for the training loop itself, at most 16."""
-    cpus = cpus_per_rank()
-    return min(MAX_DEFAULT_WORKERS, cpus - 1) if cpus > 1 else 0
-
-
-def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Concatenation of arange(s, s + n) for each (s, n), without a Python loop."""
-    total = int(lengths.sum())
-    if total == 0:
-        return np.empty(0, dtype=np.int64)
-    block_starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
-    return np.arange(total, dtype=np.int64) + np.repeat(starts - block_starts, lengths)
-
-
-def epoch_order(
-    shard_sizes: Sequence[int] | np.ndarray,
-    *,
-    seed: int,
-    epoch: int,
-    shuffle: bool = True,
-    shuffle_window: int | None = DEFAULT_SHUFFLE_WINDOW,
-) -> np.ndarray:
-    """The permutation of all sample indices read in one epoch (int64 array).
-
-    With `shuffle`, the shard order is shuffled, then samples are shuffled within each window of
-    `shuffle_window` consecutive shards of that order (None: one window, a global shuffle).
-    Without it, samples come in stored order. Depends on nothing but the arguments.
-    """
-    sizes = np.asarray(shard_sizes, dtype=np.int64)
-    offsets = np.concatenate(([0], np.cumsum(sizes)))
-    if not shuffle:
-        return np.arange(offsets[-1], dtype=np.int64)
-    window = len(sizes) if shuffle_window is None else shuffle_window
-    rng = np.random.default_rng(np.random.SeedSequence([seed, epoch]))
-    shards = rng.permutation(len(sizes))
-    order = _ranges(offsets[shards], sizes[shards])
-    ends = np.cumsum(sizes[shards])
-    start = 0
-    for first in range(0, len(shards), max(1, window)):
-        end = int(ends[min(first + window, len(shards)) - 1])
-        rng.shuffle(order[start:end])
-        start = end
-    return order
-
-
-def share_size(num_samples: int, *, world_size: int, batch_size: int, drop_last: bool, mode: Mode) -> int:
-    """Samples every rank reads per epoch: the same on all ranks, padding included."""
-    if mode == "train" and drop_last:
-        return num_samples // world_size // batch_size * batch_size
-    return math.ceil(num_samples / world_size)
-
-
-def split_for_rank(
-    order: np.ndarray, *, rank: int, world_size: int, batch_size: int, drop_last: bool, mode: Mode
-) -> tuple[np.ndarray, int]:
-    """This rank's contiguous share of an epoch's order, and how many of its samples are real.
-
-    Every rank gets `share_size` samples. "train": pad by repeating the order from its start
-    (drop_last=False) or drop the tail that does not fill a batch on every rank (True).
-    "eval": each sample exactly once over all ranks, then padding at the end of a rank's share.
-    """
-    total = len(order)
-    per_rank = share_size(total, world_size=world_size, batch_size=batch_size, drop_last=drop_last, mode=mode)
-    if mode == "train":
-        padded = np.resize(order, per_rank * world_size) if per_rank * world_size > total else order
-        return padded[rank * per_rank : (rank + 1) * per_rank], per_rank
-    start = min(rank * per_rank, total)
-    real = order[start : min(start + per_rank, total)]
-    return np.concatenate((real, np.resize(order, per_rank - len(real)))), len(real)
 
 
 class ShardWindowBatchSampler(Sampler[list[int]]):
@@ -139,22 +48,12 @@ class ShardWindowBatchSampler(Sampler[list[int]]):
         shuffle: bool = True,
         shuffle_window: int | None = DEFAULT_SHUFFLE_WINDOW,
         drop_last: bool = False,
-        mode: Mode = "train",
+        mode: LoaderMode = "train",
     ) -> None:
         self.shard_sizes = np.asarray(shard_sizes, dtype=np.int64)
         self.num_samples = int(self.shard_sizes.sum())
-        if self.num_samples == 0:
-            raise ValueError("cannot sample from an empty dataset")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, not {batch_size}")
-        if world_size < 1 or not 0 <= rank < world_size:
-            raise ValueError(f"rank must be in [0, world_size), got rank={rank}, world_size={world_size}")
-        if seed < 0:
-            raise ValueError(f"seed must be a non-negative integer, not {seed}")
-        if shuffle_window is not None and shuffle_window < 1:
-            raise ValueError(f"shuffle_window must be at least 1 shard (or None), not {shuffle_window}")
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
+        check_split_args(self.num_samples, batch_size=batch_size, rank=rank, world_size=world_size, seed=seed,
+                         shuffle_window=shuffle_window, mode=mode)
         self.batch_size = batch_size
         self.rank = rank
         self.world_size = world_size
@@ -162,14 +61,13 @@ class ShardWindowBatchSampler(Sampler[list[int]]):
         self.shuffle = shuffle
         self.shuffle_window = shuffle_window
         self.drop_last = drop_last
-        self.mode: Mode = mode
+        self.mode: LoaderMode = mode
         self.epoch = 0
         self.start_batch = 0
         self.samples_per_rank = share_size(self.num_samples, world_size=world_size, batch_size=batch_size,
                                            drop_last=drop_last, mode=mode)
-        start = min(rank * self.samples_per_rank, self.num_samples)
-        self.num_real = (min(self.samples_per_rank, self.num_samples - start) if mode == "eval"
-                         else self.samples_per_rank)
+        self.num_real = real_share_size(self.num_samples, rank=rank, world_size=world_size, batch_size=batch_size,
+                                        drop_last=drop_last, mode=mode)
         self.num_batches = math.ceil(self.samples_per_rank / batch_size)
 
     def set_epoch(self, epoch: int) -> None:
@@ -335,7 +233,7 @@ def make_loader(
     shuffle: bool | None = None,
     seed: int = 0,
     drop_last: bool = False,
-    mode: Mode = "train",
+    mode: LoaderMode = "train",
     shuffle_window: int | None = DEFAULT_SHUFFLE_WINDOW,
     num_workers: int | None = None,
     collate_fn: Callable[[list[Any]], Any] | None = None,
@@ -399,86 +297,3 @@ def make_loader(
     log.info("loader: rank %d/%d, %d workers, %d batches of %d per rank", rank, world_size, workers,
              sampler.num_batches, batch_size)
     return PackedLoader(dataset, sampler, **args)
-
-
-def _to_device(data: Any, device: torch.device) -> Any:
-    if isinstance(data, torch.Tensor):
-        return data.to(device, non_blocking=True)
-    if isinstance(data, dict):
-        return {key: _to_device(value, device) for key, value in data.items()}
-    if isinstance(data, tuple) and hasattr(data, "_fields"):
-        return type(data)(*(_to_device(value, device) for value in data))
-    if isinstance(data, (list, tuple)):
-        return type(data)(_to_device(value, device) for value in data)
-    return data
-
-
-def _record_stream(data: Any, stream: torch.cuda.Stream) -> None:
-    """Tell the caching allocator these side-stream tensors are in use on `stream` too."""
-    if isinstance(data, torch.Tensor):
-        data.record_stream(stream)
-    elif isinstance(data, dict):
-        for value in data.values():
-            _record_stream(value, stream)
-    elif isinstance(data, (list, tuple)):
-        for value in data:
-            _record_stream(value, stream)
-
-
-class CudaPrefetcher:
-    """Iterate a loader with the next batch already on its way to the GPU.
-
-    Tensors in (nested tuples, lists, dicts of) each batch are copied on a side stream with
-    `non_blocking=True` while the current batch trains; the training stream waits for the copy
-    before a batch is handed out. Without CUDA (or for a non-CUDA device) batches pass through
-    unchanged. `state_dict()` discounts the batch fetched ahead, so resume stays exact.
-    """
-
-    def __init__(self, loader: Any, device: torch.device | str | int | None = None) -> None:
-        self.loader = loader
-        if device is None:
-            device = "cuda"
-        self.device = torch.device(f"cuda:{device}" if isinstance(device, int) else device)
-        self.enabled = self.device.type == "cuda" and torch.cuda.is_available()
-        self._ahead = 0
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def __iter__(self) -> Iterator[Any]:
-        if not self.enabled:
-            yield from self.loader
-            return
-        stream = torch.cuda.Stream(self.device)
-        batches = iter(self.loader)
-
-        def fetch() -> tuple[bool, Any]:
-            try:
-                batch = next(batches)
-            except StopIteration:
-                return False, None
-            with torch.cuda.stream(stream):
-                return True, _to_device(batch, self.device)
-
-        # Not reset when the caller stops early: the batch fetched ahead was never handed out.
-        self._ahead = 0
-        more, upcoming = fetch()
-        while more:
-            current_stream = torch.cuda.current_stream(self.device)
-            current_stream.wait_stream(stream)
-            batch = upcoming
-            _record_stream(batch, current_stream)
-            more, upcoming = fetch()
-            self._ahead = 1 if more else 0
-            yield batch
-
-    def set_epoch(self, epoch: int) -> None:
-        self.loader.set_epoch(epoch)
-
-    def state_dict(self) -> dict[str, Any]:
-        state = dict(self.loader.state_dict())
-        state["batches"] -= self._ahead
-        return state
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.loader.load_state_dict(state)

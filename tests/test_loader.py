@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import ddp_ranks
@@ -21,7 +23,7 @@ import readers
 from packer.pipeline import pack
 from packer.plan import PackOptions
 from packer.writers import WRITERS
-from readers.loader import epoch_order, split_for_rank
+from readers.order import epoch_order, shard_order, split_for_rank
 
 SHARD_SIZE = 4
 
@@ -78,6 +80,21 @@ def test_epoch_order_depends_on_seed_and_epoch_only() -> None:
     assert not np.array_equal(first, epoch_order(sizes, seed=1, epoch=1, shuffle_window=4))
     assert not np.array_equal(first, epoch_order(sizes, seed=2, epoch=0, shuffle_window=4))
     assert np.array_equal(epoch_order(sizes, seed=1, epoch=0, shuffle=False), np.arange(200))
+
+
+def test_shard_order_is_the_shard_order_of_epoch_order() -> None:
+    sizes = [3, 5, 1, 4, 7, 2, 6]
+    offsets = np.concatenate(([0], np.cumsum(sizes)))
+    for seed, epoch in ((0, 0), (3, 1), (9, 4)):
+        order = epoch_order(sizes, seed=seed, epoch=epoch, shuffle_window=1)
+        visited = list(dict.fromkeys((np.searchsorted(offsets, order, side="right") - 1).tolist()))
+        assert shard_order(len(sizes), seed=seed, epoch=epoch).tolist() == visited
+    assert shard_order(4, seed=1, epoch=0, shuffle=False).tolist() == [0, 1, 2, 3]
+
+
+def test_order_and_cpu_defaults_import_no_torch() -> None:
+    code = "import sys, readers.order, readers.cpus; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 @pytest.mark.parametrize("mode,drop_last", [("train", False), ("train", True), ("eval", False)])

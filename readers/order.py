@@ -1,0 +1,127 @@
+"""Which samples each rank reads in an epoch, and in what order. Imports no torch.
+
+The order of an epoch is computed from the manifest's shard sizes alone: shuffle the shards,
+cut the shuffled shard list into windows of `shuffle_window` consecutive shards, shuffle the
+samples inside each window. The result is a permutation of every index that depends only on
+(seed, epoch); ranks then take equal contiguous slices of it, so the split depends only on the
+world size. Any loader (the map-style one in `readers.loader`, or one that streams shard by
+shard and reads `shard_order`) gets the same order and the same equal-share rule from here.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal, Sequence
+
+import numpy as np
+
+LoaderMode = Literal["train", "eval"]
+LOADER_MODES: tuple[str, ...] = ("train", "eval")
+""""train": equal shares padded or trimmed to whole batches; "eval": every sample exactly once."""
+DEFAULT_SHUFFLE_WINDOW = 32
+"""Shards whose samples are mixed together; 32 default shards of 10k samples = 320k samples."""
+
+
+def check_split_args(num_samples: int, *, batch_size: int, rank: int, world_size: int, seed: int,
+                     shuffle_window: int | None, mode: str) -> None:
+    """Refuse arguments no order or split is defined for, with the argument's name in the message."""
+    if num_samples == 0:
+        raise ValueError("cannot sample from an empty dataset")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, not {batch_size}")
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, world_size), got rank={rank}, world_size={world_size}")
+    if seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, not {seed}")
+    if shuffle_window is not None and shuffle_window < 1:
+        raise ValueError(f"shuffle_window must be at least 1 shard (or None), not {shuffle_window}")
+    if mode not in LOADER_MODES:
+        raise ValueError(f"mode must be one of {', '.join(LOADER_MODES)}, not {mode!r}")
+
+
+def concat_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenation of arange(s, s + n) for each (s, n), without a Python loop."""
+    total = int(lengths.sum())
+    if total == 0:
+        return np.empty(0, dtype=np.int64)
+    block_starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+    return np.arange(total, dtype=np.int64) + np.repeat(starts - block_starts, lengths)
+
+
+def _epoch_rng(seed: int, epoch: int) -> np.random.Generator:
+    return np.random.default_rng(np.random.SeedSequence([seed, epoch]))
+
+
+def shard_order(num_shards: int, *, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
+    """The order in which `epoch_order` visits shards, for loaders that read whole shards."""
+    if not shuffle:
+        return np.arange(num_shards, dtype=np.int64)
+    return _epoch_rng(seed, epoch).permutation(num_shards)
+
+
+def epoch_order(
+    shard_sizes: Sequence[int] | np.ndarray,
+    *,
+    seed: int,
+    epoch: int,
+    shuffle: bool = True,
+    shuffle_window: int | None = DEFAULT_SHUFFLE_WINDOW,
+) -> np.ndarray:
+    """The permutation of all sample indices read in one epoch (int64 array).
+
+    With `shuffle`, the shard order is shuffled (`shard_order`), then samples are shuffled within
+    each window of `shuffle_window` consecutive shards of that order (None: one window, a global
+    shuffle). Without it, samples come in stored order. Depends on nothing but the arguments.
+    """
+    sizes = np.asarray(shard_sizes, dtype=np.int64)
+    offsets = np.concatenate(([0], np.cumsum(sizes)))
+    if not shuffle:
+        return np.arange(offsets[-1], dtype=np.int64)
+    window = len(sizes) if shuffle_window is None else shuffle_window
+    rng = _epoch_rng(seed, epoch)
+    shards = rng.permutation(len(sizes))  # the same draw as shard_order's, then the windows' shuffles
+    order = concat_ranges(offsets[shards], sizes[shards])
+    ends = np.cumsum(sizes[shards])
+    start = 0
+    for first in range(0, len(shards), max(1, window)):
+        end = int(ends[min(first + window, len(shards)) - 1])
+        rng.shuffle(order[start:end])
+        start = end
+    return order
+
+
+def share_size(num_samples: int, *, world_size: int, batch_size: int, drop_last: bool, mode: LoaderMode) -> int:
+    """Samples every rank reads per epoch: the same on all ranks, padding included."""
+    if mode == "train" and drop_last:
+        return num_samples // world_size // batch_size * batch_size
+    return math.ceil(num_samples / world_size)
+
+
+def real_share_size(num_samples: int, *, rank: int, world_size: int, batch_size: int, drop_last: bool,
+                    mode: LoaderMode) -> int:
+    """Samples of this rank's share that are not padding: all of them in "train" (padding repeats
+    samples that train anyway), only those before the end of the order in "eval"."""
+    per_rank = share_size(num_samples, world_size=world_size, batch_size=batch_size, drop_last=drop_last, mode=mode)
+    if mode == "train":
+        return per_rank
+    start = min(rank * per_rank, num_samples)
+    return min(per_rank, num_samples - start)
+
+
+def split_for_rank(
+    order: np.ndarray, *, rank: int, world_size: int, batch_size: int, drop_last: bool, mode: LoaderMode
+) -> tuple[np.ndarray, int]:
+    """This rank's contiguous share of an epoch's order, and how many of its samples are real.
+
+    Every rank gets `share_size` samples. "train": pad by repeating the order from its start
+    (drop_last=False) or drop the tail that does not fill a batch on every rank (True).
+    "eval": each sample exactly once over all ranks, then padding at the end of a rank's share.
+    """
+    total = len(order)
+    per_rank = share_size(total, world_size=world_size, batch_size=batch_size, drop_last=drop_last, mode=mode)
+    if mode == "train":
+        padded = np.resize(order, per_rank * world_size) if per_rank * world_size > total else order
+        return padded[rank * per_rank : (rank + 1) * per_rank], per_rank
+    start = min(rank * per_rank, total)
+    real = order[start : min(start + per_rank, total)]
+    return np.concatenate((real, np.resize(order, per_rank - len(real)))), len(real)
