@@ -18,7 +18,7 @@ from tqdm import tqdm
 from readers.manifest import DECODE_MODES, DatasetError, load_manifest
 
 from . import __version__
-from .encode import DEFAULT_QUALITY, MODES, STORES
+from .encode import DEFAULT_QUALITY, PIXEL_MODES, STORES
 from .engines import ENGINES
 from .errors import PackError
 from .partition import resolve_partition
@@ -82,7 +82,7 @@ def packing_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--store", type=click.Choice(STORES), default="original", show_default=True,
                      help="original: the file's bytes unchanged; raw: decoded uint8 HWC pixels; "
                           "bmp: lossless BMP; jpeg: re-encoded JPEG (after --resize/--center-crop)."),
-        click.option("--mode", type=click.Choice(MODES, case_sensitive=False), default=None,
+        click.option("--mode", type=click.Choice(PIXEL_MODES, case_sensitive=False), default=None,
                      help="Pixel mode of decoding stores.  [default: RGB]"),
         click.option("--resize", type=click.IntRange(min=1), default=None, metavar="N",
                      help="Decoding stores: scale the shorter side to N, keeping the aspect ratio."),

@@ -12,7 +12,8 @@ from typing import Any, Mapping
 from readers.manifest import payload_crc32
 
 STORES = ("original", "raw", "bmp", "jpeg")
-MODES = ("RGB", "L")
+PIXEL_MODES = ("RGB", "L")
+"""Pillow modes a decoding store converts to (`--mode`): colour or greyscale."""
 DEFAULT_QUALITY = 90
 ENCODE_OPTIONS = ("store", "mode", "resize", "max_side", "center_crop", "quality")
 
@@ -93,7 +94,7 @@ def encode(
         if resize is not None or max_side is not None or center_crop is not None or mode != "RGB":
             raise ValueError("resizing, cropping and --mode need a decoding store (raw, bmp or jpeg)")
         return Encoded(payload=data, meta={"format": kind})
-    if mode not in MODES:
+    if mode not in PIXEL_MODES:
         raise ValueError(f"unknown mode {mode!r}")
     # Imported here: Pillow and numpy cost every spawned packing worker ~0.1 s, and passthrough needs neither.
     from .pixels import store_pixels

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from .encode import DEFAULT_QUALITY, MODES, STORES
+from .encode import DEFAULT_QUALITY, PIXEL_MODES, STORES
 from .errors import PackError
 from .fsutil import atomic_write_text
 from .scan import Listing
@@ -62,8 +62,8 @@ class PackOptions:
                 raise PackError(f"{given[0]} needs a store that decodes (--store raw, bmp or jpeg); original keeps file bytes")
         elif self.mode is None:
             object.__setattr__(self, "mode", "RGB")
-        if self.mode is not None and self.mode not in MODES:
-            raise PackError(f"--mode must be one of {', '.join(MODES)}, not {self.mode!r}")
+        if self.mode is not None and self.mode not in PIXEL_MODES:
+            raise PackError(f"--mode must be one of {', '.join(PIXEL_MODES)}, not {self.mode!r}")
         if self.resize is not None and self.max_side is not None and self.max_side < self.resize:
             raise PackError(f"--max-side {self.max_side} is smaller than --resize {self.resize}")
         if self.store != "jpeg":

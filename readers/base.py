@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterator, Sequence
 
@@ -13,7 +14,9 @@ from .decode import get_decoder
 from .manifest import DatasetError, Manifest, load_manifest, payload_crc32
 
 FIELDS = ("image", "label", "path", "index")
-ON_ERROR = ("raise", "skip")
+ON_ERROR_MODES = ("skip", "fail")
+"""What a damaged sample does: "fail" raises DatasetError, "skip" reads the next sample instead;
+the words of the packer's `--on-error`."""
 
 
 class PackedDataset(Dataset):
@@ -35,7 +38,7 @@ class PackedDataset(Dataset):
         fields: Sequence[str] = ("image", "label"),
         transform: Callable[[Any], Any] | None = None,
         target_transform: Callable[[Any], Any] | None = None,
-        on_error: str = "raise",
+        on_error: str = "fail",
         decode_size: tuple[int, int] | None = None,
     ) -> None:
         self.root = Path(root)
@@ -49,8 +52,11 @@ class PackedDataset(Dataset):
         self.fields = tuple(fields)
         self.transform = transform
         self.target_transform = target_transform
-        if on_error not in ON_ERROR:
-            raise ValueError(f"on_error must be one of {ON_ERROR}, not {on_error!r}")
+        if on_error == "raise":  # the readers' word for "fail" before both sides used the packer's
+            warnings.warn('on_error="raise" is deprecated; use "fail"', DeprecationWarning, stacklevel=3)
+            on_error = "fail"
+        if on_error not in ON_ERROR_MODES:
+            raise ValueError(f"on_error must be one of {ON_ERROR_MODES}, not {on_error!r}")
         self.on_error = on_error
         self.skipped = 0
         counts = np.array([shard.num_samples for shard in self.manifest.shards], dtype=np.int64)
@@ -96,7 +102,7 @@ class PackedDataset(Dataset):
         try:
             return self.load(index)
         except DatasetError:
-            if self.on_error == "raise":
+            if self.on_error == "fail":
                 raise
         # on_error="skip": stand in the next readable sample, so batches keep their size.
         for step in range(1, len(self)):

@@ -21,13 +21,14 @@ def open_dataset(
     fields: Sequence[str] = ("image", "label"),
     transform: Callable[[Any], Any] | None = None,
     target_transform: Callable[[Any], Any] | None = None,
-    on_error: str = "raise",
+    on_error: str = "fail",
     decode_size: tuple[int, int] | None = None,
 ) -> PackedDataset:
     """Open a packed dataset directory; the format is read from its `index.json`.
 
-    `on_error="skip"` stands the next readable sample in for a damaged one and counts it in
-    `dataset.skipped` (per process) instead of raising `DatasetError`.
+    `on_error="fail"` raises `DatasetError` on a damaged sample; `"skip"` stands the next readable
+    sample in for it and counts it in `dataset.skipped` (per process). The words are those of
+    `pack --on-error`; the former `"raise"` still works, with a DeprecationWarning.
 
     `decode_size=(H, W)` decodes images straight to about that size (JPEG DCT scaling, a
     power-of-two reduction) when the training transform resizes or crops small anyway.

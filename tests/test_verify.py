@@ -70,6 +70,19 @@ def test_reader_raises_naming_shard_and_sample_or_skips(packed: tuple[Path, dict
     assert all(files[path] == data for data, path in samples)
 
 
+def test_reader_on_error_speaks_the_packers_words(packed: tuple[Path, dict[str, bytes]]) -> None:
+    out, files = packed
+    flip_byte_in_sample(out, 1, files)
+    assert readers.open_dataset(out).on_error == "fail"
+    with pytest.warns(DeprecationWarning, match='on_error="raise" is deprecated; use "fail"'):
+        alias = readers.open_dataset(out, decode="bytes", on_error="raise")
+    assert alias.on_error == "fail"
+    with pytest.raises(readers.DatasetError, match="sample 1: damaged"):
+        alias[6]
+    with pytest.raises(ValueError, match=r"on_error must be one of \('skip', 'fail'\), not 'ignore'"):
+        readers.open_dataset(out, on_error="ignore")
+
+
 def test_info_text_and_json(packed: tuple[Path, dict[str, bytes]]) -> None:
     out, files = packed
     code, output = run("info", out, "--json")
