@@ -4,13 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-from click.testing import CliRunner
+from clirun import run
 
-from packer.cli import main
-from packer.pipeline import pack
-from packer.plan import PackOptions
-from packer.writers import WRITERS
 from readers.bench import BenchResult, bench_loader, climb, worker_ladder
 
 
@@ -35,30 +30,21 @@ def test_climb_stops_when_throughput_stops_rising() -> None:
     assert best.num_workers == 2 and [r.num_workers for r in results] == asked
 
 
-@pytest.fixture(params=sorted(WRITERS))
-def packed(request: pytest.FixtureRequest, image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> Path:
-    root, _ = image_folder
-    out = tmp_path / "out"
-    pack(root, out, PackOptions(format=request.param, shard_size=4))
-    return out
-
-
-def test_bench_loader_measures_every_batch_size(packed: Path) -> None:
-    report = bench_loader(packed, batch_sizes=(2, 4), max_workers=1, decode="bytes", seconds=0.05)
+def test_bench_loader_measures_every_batch_size(packed: tuple[Path, dict[str, bytes]]) -> None:
+    report = bench_loader(packed[0], batch_sizes=(2, 4), max_workers=1, decode="bytes", seconds=0.05)
     assert sorted(report.recommended) == [2, 4]
     assert {r.batch_size for r in report.results} == {2, 4}
     assert all(r.samples > 0 and r.num_workers in (0, 1) for r in report.results)
     assert report.best in report.recommended.values()
 
 
-def test_bench_command(packed: Path, tmp_path: Path) -> None:
-    runner = CliRunner()
-    result = runner.invoke(main, ["bench", str(packed), "--batch-size", "4", "--max-workers", "1", "--seconds", "0.05"])
-    assert result.exit_code == 0, result.output
-    lines = result.output.splitlines()
+def test_bench_command(packed: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
+    code, output = run("bench", packed[0], "--batch-size", "4", "--max-workers", "1", "--seconds", "0.05")
+    assert code == 0, output
+    lines = output.splitlines()
     assert lines[0].split() == ["batch", "workers", "samples/s"]
     assert lines[1].split()[:2] == ["4", "0"]
     assert lines[-1].startswith("recommended: batch 4, num_workers=")
-    missing = runner.invoke(main, ["bench", str(tmp_path / "nowhere")])
-    assert missing.exit_code == 1 and missing.output.startswith("Error: ") and "nowhere" in missing.output
-    assert len(missing.output.strip().splitlines()) == 1
+    code, output = run("bench", tmp_path / "nowhere")
+    assert code == 1 and output.startswith("Error: ") and "nowhere" in output
+    assert len(output.strip().splitlines()) == 1

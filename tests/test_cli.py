@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from clirun import run
 
@@ -85,12 +86,16 @@ def test_misuse_is_one_line_error(args: list[str], message: str, image_folder: t
 
 def test_shard_bytes_splits_by_size(image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
     root, files = image_folder
-    largest = max(len(data) for data in files.values())
-    code, output = run("lmdb", root, tmp_path / "out", "-q", "--shard-bytes", str(largest * 3))
+    limit = max(len(data) for data in files.values()) * 3
+    code, output = run("lmdb", root, tmp_path / "out", "-q", "--shard-bytes", limit)
     assert code == 0, output
     manifest = readers.load_manifest(tmp_path / "out")
-    assert len(manifest.shards) >= len(files) // 3 // 2
     assert sum(shard.num_samples for shard in manifest.shards) == len(files)
+    sizes = [len(data) for data, in readers.open_dataset(tmp_path / "out", decode="bytes", fields=("image",))]
+    starts = np.cumsum([0] + [shard.num_samples for shard in manifest.shards])
+    shards = [sizes[start:end] for start, end in zip(starts[:-1], starts[1:])]
+    assert all(sum(shard) <= limit for shard in shards)  # no shard over the limit...
+    assert all(sum(shard) + following[0] > limit for shard, following in zip(shards, shards[1:]))  # ...nor cut early
 
 
 def test_installed_console_script(image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:

@@ -65,7 +65,8 @@ def test_meta_without_a_column_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def packed(tmp_path: Path) -> Path:
+def small_hdf5(tmp_path: Path) -> Path:
+    """6 images of 2 classes packed as HDF5 in 2 shards of 3; the test's own, to damage."""
     root = tmp_path / "src"
     rng = random.Random(0)
     for i in range(6):
@@ -76,25 +77,25 @@ def packed(tmp_path: Path) -> Path:
     return out
 
 
-def test_reader_opens_without_file_locking(packed: Path) -> None:
-    ds = readers.open_dataset(packed, decode="bytes", fields=("label", "path"))
+def test_reader_opens_without_file_locking(small_hdf5: Path) -> None:
+    ds = readers.open_dataset(small_hdf5, decode="bytes", fields=("label", "path"))
     assert isinstance(ds, readers.HDF5Dataset) and ds._handles == {}  # nothing opened up front
     assert ds[4] == (1, "c1/3.jpg")
     assert ds.handle(1).file.id.get_access_plist().get_file_locking()[0] == 0
     ds.close()
 
 
-def test_damaged_shards_name_the_file(packed: Path) -> None:
-    shard = packed / "shard-000001.h5"
+def test_damaged_shards_name_the_file(small_hdf5: Path) -> None:
+    shard = small_hdf5 / "shard-000001.h5"
     with h5py.File(shard, "r+") as f:
         f.attrs["layout"] = "pixels"
     with pytest.raises(readers.DatasetError, match=f"{shard}: unknown HDF5 payload layout 'pixels'"):
-        readers.open_dataset(packed)[3]
+        readers.open_dataset(small_hdf5)[3]
     with h5py.File(shard, "r+") as f:
         f.attrs["layout"] = "flat"
         f["offsets"].resize((3,))
     with pytest.raises(readers.DatasetError, match=f"{shard}: offsets holds 2 samples, index.json says 3"):
-        readers.open_dataset(packed)[3]
+        readers.open_dataset(small_hdf5)[3]
     shard.write_bytes(b"not hdf5")
     with pytest.raises(readers.DatasetError, match=f"{shard}: cannot open HDF5 shard"):
-        readers.open_dataset(packed)[3]
+        readers.open_dataset(small_hdf5)[3]

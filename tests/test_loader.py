@@ -1,7 +1,8 @@
 """make_loader: equal ranks, exact coverage, deterministic windowed shuffle, mid-epoch resume.
 
-Every packed-data test runs for each format in the writer registry, read back through
-whichever reader class the manifest names, so new formats are covered when they register.
+Every packed-data test runs for each format in the writer registry (the shared `packed` fixture:
+19 samples in 5 shards of 4, the last one short), read back through whichever reader class the
+manifest names, so new formats are covered when they register.
 """
 
 from __future__ import annotations
@@ -20,24 +21,7 @@ import torch
 import torch.multiprocessing as mp
 
 import readers
-from packer.pipeline import pack
-from packer.plan import PackOptions
-from packer.writers import WRITERS
 from readers.order import epoch_order, shard_order, split_for_rank
-
-SHARD_SIZE = 4
-
-
-@pytest.fixture(params=sorted(WRITERS))
-def packed(request: pytest.FixtureRequest, image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path
-           ) -> tuple[Path, dict[str, bytes]]:
-    """The image folder (19 files) packed in 4-sample shards: 5 shards, the last one short."""
-    root, files = image_folder
-    out = tmp_path / f"packed-{request.param}"
-    pack(root, out, PackOptions(format=request.param, shard_size=SHARD_SIZE))
-    assert readers.load_manifest(out).format == request.param
-    return out, files
-
 
 def open_indexed(out: Path) -> readers.PackedDataset:
     dataset = readers.open_dataset(out, decode="bytes", fields=("index",))

@@ -55,7 +55,7 @@ def test_manifest_contract(packed: tuple[Path, dict[str, bytes]]) -> None:
         [shard["name"] for shard in index["shards"]]
         + [sidecar["name"] for shard in index["shards"] for sidecar in shard["sidecars"]]
     )
-    assert index["options"]["shard_size"] == 5 and index["tool_version"].startswith("pack ")
+    assert index["options"]["shard_size"] == 4 and index["tool_version"].startswith("pack ")
     assert (out / "rejects.jsonl").read_text() == ""
 
 

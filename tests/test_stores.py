@@ -10,12 +10,11 @@ import click
 import numpy as np
 import pytest
 import torch
-from click.testing import CliRunner
+from clirun import run
 from PIL import Image
 from torch.utils.data import DataLoader
 
 import readers
-from packer.cli import main
 from packer.encode import encode
 from packer.errors import PackError
 from packer.pipeline import pack
@@ -323,23 +322,22 @@ def test_pack_options_validation(options: dict[str, object], message: str) -> No
     ],
 )
 def test_cli_option_errors(args: list[str], message: str, odd_folder: Path, tmp_path: Path) -> None:
-    result = CliRunner().invoke(main, ["lmdb", str(odd_folder), str(tmp_path / "out"), "-q", *args])
-    assert result.exit_code == 2, result.output
-    assert message in result.output and "Traceback" not in result.output
+    code, output = run("lmdb", odd_folder, tmp_path / "out", "-q", *args)
+    assert code == 2, output
+    assert message in output and "Traceback" not in output
     assert not (tmp_path / "out").exists()
 
 
 def test_cli_summary_shows_the_size_trade_off(odd_folder: Path, tmp_path: Path) -> None:
-    args = ["lmdb", str(odd_folder), str(tmp_path / "out"), "-q", "--store", "raw", "--mode", "l", "--resize", "16"]
-    result = CliRunner().invoke(main, args)
-    assert result.exit_code == 0, result.output
-    assert "x the " in result.output and "of source files" in result.output
+    code, output = run("lmdb", odd_folder, tmp_path / "out", "-q", "--store", "raw", "--mode", "l", "--resize", "16")
+    assert code == 0, output
+    assert "x the " in output and "of source files" in output
     manifest = readers.load_manifest(tmp_path / "out")
     assert manifest.options["mode"] == "L" and manifest.options["resize"] == 16
     assert manifest.source_bytes == sum(len(value[0]) for value in SOURCES.values())
-    info = CliRunner().invoke(main, ["info", str(tmp_path / "out"), "--json"])
-    assert info.exit_code == 0 and json.loads(info.output)["source_bytes"] == manifest.source_bytes
-    text = CliRunner().invoke(main, ["info", str(tmp_path / "out")]).output
+    code, output = run("info", tmp_path / "out", "--json")
+    assert code == 0 and json.loads(output)["source_bytes"] == manifest.source_bytes
+    _, text = run("info", tmp_path / "out")
     assert "vs source    " in text and "x the " in text
     assert "resize=16" in text  # the stored geometry is visible too
 
@@ -349,13 +347,13 @@ def test_full_verify_decodes_every_store(fmt: str, odd_folder: Path, tmp_path: P
     for store in ("raw", "bmp", "jpeg"):
         out = tmp_path / store
         pack(odd_folder, out, PackOptions(format=fmt, store=store, center_crop=8))
-        result = CliRunner().invoke(main, ["verify", str(out), "--full", "-q"])
-        assert result.exit_code == 0, result.output
+        code, output = run("verify", out, "--full", "-q")
+        assert code == 0, output
 
 
 def test_option_flags_round_trip_for_job_scripts() -> None:
     """Generated Slurm scripts re-run `pack` with option_args: the flags must parse back to the same options."""
-    from packer.cli import option_args, pack_options_from
+    from packer.cli import main, option_args, pack_options_from
 
     for options in (PackOptions(format="lmdb"), PackOptions(format="lmdb", store="raw", mode="L", resize=64, center_crop=56),
                     PackOptions(format="lmdb", store="jpeg", max_side=300)):

@@ -32,8 +32,8 @@ def test_verify_passes_on_a_sound_dataset(packed: tuple[Path, dict[str, bytes]])
     assert f"{out}: OK, {len(files)} samples, all decoded" in output
 
 
-def test_verify_names_shard_and_sample_of_a_flipped_byte(packed: tuple[Path, dict[str, bytes]]) -> None:
-    out, files = packed
+def test_verify_names_shard_and_sample_of_a_flipped_byte(packed_copy: tuple[Path, dict[str, bytes]]) -> None:
+    out, files = packed_copy
     flip_byte_in_sample(out, 1, files)
     name = readers.load_manifest(out).shards[1].name
     code, output = run("verify", out, "-q")
@@ -43,8 +43,8 @@ def test_verify_names_shard_and_sample_of_a_flipped_byte(packed: tuple[Path, dic
     assert output.strip().splitlines()[-1] == f"Error: {out}: 2 problems found"
 
 
-def test_verify_reports_missing_and_truncated_shards(packed: tuple[Path, dict[str, bytes]]) -> None:
-    out, _ = packed
+def test_verify_reports_missing_and_truncated_shards(packed_copy: tuple[Path, dict[str, bytes]]) -> None:
+    out, _ = packed_copy
     shards = readers.load_manifest(out).shards
     (out / shards[0].name).unlink()
     last = out / shards[-1].name
@@ -55,13 +55,13 @@ def test_verify_reports_missing_and_truncated_shards(packed: tuple[Path, dict[st
     assert f"{last}: {shards[-1].bytes - 100} bytes, the manifest says {shards[-1].bytes}" in output
 
 
-def test_reader_raises_naming_shard_and_sample_or_skips(packed: tuple[Path, dict[str, bytes]]) -> None:
-    out, files = packed
+def test_reader_raises_naming_shard_and_sample_or_skips(packed_copy: tuple[Path, dict[str, bytes]]) -> None:
+    out, files = packed_copy
     victim = flip_byte_in_sample(out, 1, files)
     name = readers.load_manifest(out).shards[1].name
     strict = readers.open_dataset(out, decode="bytes", fields=("image", "path"))
     with pytest.raises(readers.DatasetError, match=f"{name}: sample 1: damaged"):
-        strict[6]
+        strict[5]
     lenient = readers.open_dataset(out, decode="bytes", fields=("image", "path"), on_error="skip")
     samples = [lenient[i] for i in range(len(lenient))]
     assert lenient.skipped == 1
@@ -70,15 +70,15 @@ def test_reader_raises_naming_shard_and_sample_or_skips(packed: tuple[Path, dict
     assert all(files[path] == data for data, path in samples)
 
 
-def test_reader_on_error_speaks_the_packers_words(packed: tuple[Path, dict[str, bytes]]) -> None:
-    out, files = packed
+def test_reader_on_error_speaks_the_packers_words(packed_copy: tuple[Path, dict[str, bytes]]) -> None:
+    out, files = packed_copy
     flip_byte_in_sample(out, 1, files)
     assert readers.open_dataset(out).on_error == "fail"
     with pytest.warns(DeprecationWarning, match='on_error="raise" is deprecated; use "fail"'):
         alias = readers.open_dataset(out, decode="bytes", on_error="raise")
     assert alias.on_error == "fail"
     with pytest.raises(readers.DatasetError, match="sample 1: damaged"):
-        alias[6]
+        alias[5]
     with pytest.raises(ValueError, match=r"on_error must be one of \('skip', 'fail'\), not 'ignore'"):
         readers.open_dataset(out, on_error="ignore")
 
@@ -91,9 +91,9 @@ def test_info_text_and_json(packed: tuple[Path, dict[str, bytes]]) -> None:
     assert info["num_samples"] == len(files) and info["store"] == "original"
     by_class = {entry["name"]: entry["samples"] for entry in info["classes"]}
     assert by_class == {name: sum(1 for path in files if path.startswith(name + "/")) for name in by_class}
-    assert info["shards"] == 4 and info["bytes"] == sum(s.bytes for s in readers.load_manifest(out).shards)
+    assert info["shards"] == 5 and info["bytes"] == sum(s.bytes for s in readers.load_manifest(out).shards)
     assert info["image_sizes"]["width"]["min"] >= 16 and info["image_sizes"]["width"]["max"] <= 64
-    assert info["options"]["shard_size"] == 5
+    assert info["options"]["shard_size"] == 4
     code, text = run("info", out)
     assert code == 0
     assert f"samples      {len(files)} in 3 classes" in text and "class_01" in text

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import logging
 import multiprocessing
+import shutil
 import tarfile
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Callable
 
 import pytest
 from torch.utils.data import DataLoader
@@ -20,11 +22,12 @@ from packer.writers.webdataset import small_member, tar_header
 
 
 @pytest.fixture
-def packed(image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
-    root, files = image_folder
-    out = tmp_path / "out"
-    pack(root, out, PackOptions(format="webdataset", shard_size=4))
-    return out, files
+def wds_copy(packed_as: Callable[[str], tuple[Path, dict[str, bytes]]], tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
+    """The test's own copy of the shared tar-shard dataset (19 samples, 5 shards of 4), to damage."""
+    out, files = packed_as("wds")
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    return copy, files
 
 
 def as_list(batch: list) -> list:
@@ -45,8 +48,9 @@ def test_header_limits() -> None:
         tar_header(b"x.jpg", 8**11)
 
 
-def test_alias_packs_wds(packed: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
-    out, _ = packed  # packed with format="webdataset"
+def test_alias_packs_wds(image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    pack(image_folder[0], out, PackOptions(format="webdataset"))
     assert readers.load_manifest(out).format == "wds"
     assert readers.load_manifest(out).options["format"] == "wds"
     assert isinstance(readers.open_dataset(out), readers.WebDatasetReader)
@@ -55,8 +59,8 @@ def test_alias_packs_wds(packed: tuple[Path, dict[str, bytes]], tmp_path: Path) 
 
 
 @pytest.mark.parametrize("start_method", ["fork", "spawn"])
-def test_stream_gives_every_sample_once_across_workers(packed: tuple[Path, dict[str, bytes]], start_method: str) -> None:
-    out, files = packed
+def test_stream_gives_every_sample_once_across_workers(wds_copy: tuple[Path, dict[str, bytes]], start_method: str) -> None:
+    out, files = wds_copy
     ds = readers.open_dataset(out, decode="bytes", fields=("image", "path", "index"))
     stream = ds.stream()
     assert isinstance(stream, readers.WebDatasetStream) and len(stream) == len(files)
@@ -68,9 +72,9 @@ def test_stream_gives_every_sample_once_across_workers(packed: tuple[Path, dict[
     assert sorted(seen, key=lambda sample: sample[2]) == [ds[i] for i in range(len(ds))]
 
 
-def test_stream_splits_shards_by_worker(packed: tuple[Path, dict[str, bytes]], monkeypatch: pytest.MonkeyPatch,
+def test_stream_splits_shards_by_worker(wds_copy: tuple[Path, dict[str, bytes]], monkeypatch: pytest.MonkeyPatch,
                                         caplog: pytest.LogCaptureFixture) -> None:
-    out, files = packed
+    out, files = wds_copy
     ds = readers.open_dataset(out, decode="bytes", fields=("index",))
     assert [index for (index,) in ds.stream()] == list(range(len(files)))  # no workers: everything
     shards = len(ds.manifest.shards)
@@ -94,8 +98,8 @@ def write_tar(path: Path, members: list[tuple[bytes, bytes]]) -> None:
 
 
 @pytest.mark.parametrize("name", [b"../0000000000.jpg", b"/abs/0000000000.jpg", b"a/../../0000000000.jpg"])
-def test_unsafe_member_names_are_refused(packed: tuple[Path, dict[str, bytes]], name: bytes) -> None:
-    out, _ = packed
+def test_unsafe_member_names_are_refused(wds_copy: tuple[Path, dict[str, bytes]], name: bytes) -> None:
+    out, _ = wds_copy
     shard = out / "shard-000000.tar"
     meta = json.dumps({"label": 0, "path": "x.jpg", "format": "jpeg"}).encode()
     write_tar(shard, [(name, b"\xff\xd8\xff"), (b"0000000000.json", meta)])
@@ -104,8 +108,8 @@ def test_unsafe_member_names_are_refused(packed: tuple[Path, dict[str, bytes]], 
         list(ds)
 
 
-def test_damaged_shards_name_the_file(packed: tuple[Path, dict[str, bytes]]) -> None:
-    out, _ = packed
+def test_damaged_shards_name_the_file(wds_copy: tuple[Path, dict[str, bytes]]) -> None:
+    out, _ = wds_copy
     ds = readers.open_dataset(out, decode="bytes")
     shard = out / "shard-000001.tar"
     data = bytearray(shard.read_bytes())
@@ -128,8 +132,8 @@ def test_damaged_shards_name_the_file(packed: tuple[Path, dict[str, bytes]]) -> 
         ds[11]
 
 
-def test_index_that_does_not_match_is_refused(packed: tuple[Path, dict[str, bytes]]) -> None:
-    out, _ = packed
+def test_index_that_does_not_match_is_refused(wds_copy: tuple[Path, dict[str, bytes]]) -> None:
+    out, _ = wds_copy
     index = out / "shard-000000.idx"
     raw = bytearray(index.read_bytes())
     raw[16:48], raw[48:80] = raw[48:80], raw[16:48]  # swap the rows of samples 0 and 1
@@ -143,8 +147,8 @@ def test_index_that_does_not_match_is_refused(packed: tuple[Path, dict[str, byte
     assert len(list(ds.iter_shard(0))) == 4  # streaming does not need the index
 
 
-def test_sample_count_must_match_manifest(packed: tuple[Path, dict[str, bytes]]) -> None:
-    out, _ = packed
+def test_sample_count_must_match_manifest(wds_copy: tuple[Path, dict[str, bytes]]) -> None:
+    out, _ = wds_copy
     ds = readers.open_dataset(out, decode="bytes")
     first = (out / "shard-000000.tar").read_bytes()
     (out / "shard-000001.tar").write_bytes(first[: first.index(b"0000000003.jpg")] + bytes(1024))
