@@ -1,0 +1,48 @@
+"""examples/train.py, the README's DDP training loop, run as torchrun would: 2 gloo ranks on CPU."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+TRAIN = Path(__file__).parents[1] / "examples" / "train.py"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_train_example_with_two_gloo_ranks(packed_as: Callable[[str], tuple[Path, dict[str, bytes]]],
+                                            tmp_path: Path) -> None:
+    data, files = packed_as("lmdb")
+    checkpoint = tmp_path / "checkpoint.pt"
+    world = 2
+    # What torchrun sets for each rank; no GPU, so the example picks gloo even where CUDA is present.
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world),
+           "LOCAL_WORLD_SIZE": str(world), "CUDA_VISIBLE_DEVICES": ""}
+    command = [sys.executable, str(TRAIN), str(data), str(data), "--epochs", "2", "--batch-size", "4",
+               "--checkpoint", str(checkpoint), "--checkpoint-every", "2"]
+    ranks = [subprocess.Popen(command, env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}, cwd=tmp_path,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(world)]
+    try:
+        outputs = [rank.communicate(timeout=120) for rank in ranks]
+    finally:
+        for rank in ranks:
+            rank.kill()
+    for rank, (_, stderr) in zip(ranks, outputs):
+        assert rank.returncode == 0, stderr
+    # Evaluation saw every sample exactly once over both ranks; only rank 0 prints.
+    assert outputs[0][0].startswith("accuracy ") and outputs[0][0].endswith(f" on {len(files)} images\n")
+    assert outputs[1][0] == ""
+    # 10 samples per rank in batches of 4: 3 steps per epoch, the last checkpoint after step 2 of epoch 1.
+    state = torch.load(checkpoint, map_location="cpu")
+    assert {key: state["loader"][key] for key in ("epoch", "batches", "world_size")} == {
+        "epoch": 1, "batches": 2, "world_size": world}
