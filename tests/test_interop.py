@@ -8,6 +8,7 @@ import random
 import shutil
 import struct
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -152,3 +153,13 @@ def test_tar_shards_are_reproducible(image_folder: tuple[Path, dict[str, bytes]]
         assert (first / name).read_bytes() == (second / name).read_bytes(), name
     shards = lambda out: json.loads((out / "index.json").read_text())["shards"]  # noqa: E731
     assert shards(first) == shards(second)
+
+
+def test_pack_and_readers_never_import_webdataset() -> None:
+    """webdataset is a test extra only: every module of both packages imports without it."""
+    code = ("import pkgutil, sys, importlib, packer, readers\n"
+            "sys.modules['webdataset'] = None  # any import of it now raises ImportError\n"
+            "for package in (packer, readers):\n"
+            "    for module in pkgutil.walk_packages(package.__path__, package.__name__ + '.'):\n"
+            "        importlib.import_module(module.name)\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
