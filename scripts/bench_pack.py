@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import itertools
 import os
 import random
 import shutil
@@ -20,7 +21,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
+import benchlib
 import numpy as np
 from PIL import Image
 
@@ -46,38 +49,28 @@ def jpeg_pool(count: int, seed: int) -> list[bytes]:
     return pool
 
 
-def make_source(root: Path, files: int, file_bytes: int | None = None, seed: int = 0) -> Path:
-    """A 100-class folder of `files` distinct, valid JPEGs (a unique COM segment in each copy)."""
-    src = root / (f"src-{files}" if file_bytes is None else f"src-{files}-tiny")
-    if (src / ".complete").exists():
-        return src
-    shutil.rmtree(src, ignore_errors=True)
-    pool = jpeg_pool(DISTINCT_IMAGES if file_bytes is None else 1, seed)
-    if file_bytes is not None:
-        tiny = io.BytesIO()
-        Image.new("RGB", (8, 8)).save(tiny, "JPEG")
-        pool = [tiny.getvalue()]
+def copies(pool: list[bytes], seed: int) -> Iterator[bytes]:
+    """Pool JPEGs in seeded random order, each copy distinct and valid (a COM segment naming its number)."""
     rng = random.Random(seed)
-    for index in range(files):
-        folder = src / f"n{index % 100:08d}"
-        folder.mkdir(parents=True, exist_ok=True)
+    for index in itertools.count():
         data = pool[rng.randrange(len(pool))]
         comment = b"pack-bench %d" % index
-        unique = data[:2] + b"\xff\xfe" + (len(comment) + 2).to_bytes(2, "big") + comment + data[2:]
-        (folder / f"img_{index:08d}.JPEG").write_bytes(unique)
-    (src / ".complete").touch()
-    return src
+        yield data[:2] + b"\xff\xfe" + (len(comment) + 2).to_bytes(2, "big") + comment + data[2:]
 
 
-def drop_caches() -> bool:
-    """Cold page cache, when this machine lets us (root on Linux)."""
-    try:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as handle:
-            handle.write("3\n")
-        return True
-    except OSError:
-        return False
+def tiny_jpeg() -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(buffer, "JPEG")
+    return buffer.getvalue()
+
+
+def make_source(root: Path, files: int, tiny: bool = False, seed: int = 0) -> Path:
+    """A 100-class folder of `files` distinct, valid JPEGs: ImageNet-sized, or 8x8 with `tiny`."""
+    def images() -> Iterator[bytes]:  # the pool is only made when the folder is
+        yield from copies([tiny_jpeg()] if tiny else jpeg_pool(DISTINCT_IMAGES, seed), seed)
+
+    return benchlib.make_source(root / (f"src-{files}-tiny" if tiny else f"src-{files}"), files, images(), classes=100,
+                                recipe={"images": "tiny" if tiny else "jpeg_pool", "seed": seed})
 
 
 def tree_rss(pid: int) -> int:
@@ -88,18 +81,16 @@ def tree_rss(pid: int) -> int:
         try:
             with open(f"/proc/{current}/statm") as handle:
                 total += int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-            for task in os.listdir(f"/proc/{current}/task"):
-                with open(f"/proc/{current}/task/{task}/children") as handle:
-                    stack += [int(child) for child in handle.read().split()]
         except (OSError, ValueError):
             continue
+        stack += benchlib.children(current)
     return total
 
 
 def timed(cmd: list[str], cold: bool) -> tuple[float, float]:
     """Seconds, and the peak RSS (MB) summed over the command's whole process tree."""
     if cold:
-        drop_caches()
+        benchlib.drop_page_cache()
     started = time.perf_counter()
     process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     peak = 0
@@ -119,7 +110,7 @@ def pack_command(fmt: str, src: Path, out: Path, extra: list[str]) -> list[str]:
 def bench_speed(work: Path, files: int, repeats: int, extra: list[str]) -> bool:
     src = make_source(work, files)
     size = sum(f.stat().st_size for f in src.rglob("*.JPEG"))
-    cold = drop_caches()
+    cold = benchlib.drop_page_cache()
     print(f"{files} files, {size / 1e9:.2f} GB; page cache {'dropped before each run' if cold else 'NOT dropped (no permission): warm runs'}")
     results: dict[str, list[float]] = {"tar": [], "tar+sync": []}
     rss: dict[str, float] = {}
@@ -154,7 +145,7 @@ def bench_memory(work: Path, counts: list[int], extra: list[str]) -> None:
     """Peak RSS for tiny-file folders of several sizes: what grows is the listing alone."""
     print("peak RSS by file count (8x8 JPEGs, lmdb):")
     for count in counts:
-        src = make_source(work, count, file_bytes=1)
+        src = make_source(work, count, tiny=True)
         seconds, peak = timed(pack_command("lmdb", src, work / "out-rss", extra), cold=False)
         print(f"  {count:8d} files: {peak:6.0f} MB peak RSS, {seconds:.1f} s")
         shutil.rmtree(work / "out-rss")

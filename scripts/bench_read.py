@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import gc
 import io
-import json
 import os
 import shutil
 import sys
@@ -48,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+import benchlib
 import numpy as np
 import torch
 from PIL import Image
@@ -82,17 +82,9 @@ def jpeg(rng: np.random.Generator) -> bytes:
 def make_source(root: Path, count: int, *, classes: int = 10, seed: int = 0,
                 image: Callable[[np.random.Generator], bytes] = jpeg) -> None:
     """count seeded images in `classes` ImageFolder classes; skipped if root already has them."""
-    marker = root / ".bench-source.json"
-    wanted = {"count": count, "classes": classes, "seed": seed, "image": image.__name__}
-    if marker.exists() and json.loads(marker.read_text()) == wanted:
-        return
-    shutil.rmtree(root, ignore_errors=True)
     rng = np.random.default_rng(seed)
-    for i in range(count):
-        folder = root / f"n{i % classes:08d}"
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"img_{i:08d}.JPEG").write_bytes(image(rng))
-    marker.write_text(json.dumps(wanted))
+    benchlib.make_source(root, count, (image(rng) for _ in range(count)), classes=classes,
+                         recipe={"seed": seed, "image": image.__name__})
 
 
 class LooseFiles(Dataset):
@@ -114,33 +106,13 @@ class LooseFiles(Dataset):
 # Page cache ------------------------------------------------------------------------------
 
 
-def drop_cache(files: Iterable[Path]) -> str:
-    """Empty the page cache for these files; returns how, or why it could not."""
-    os.sync()
-    try:
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-        return "dropped with /proc/sys/vm/drop_caches"
-    except OSError:
-        pass
-    try:
-        for path in files:
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-        return "dropped per file with posix_fadvise(DONTNEED) (not root)"
-    except (OSError, AttributeError) as exc:
-        return f"NOT dropped ({exc}): cold numbers are warm numbers"
-
-
 def files_under(root: Path) -> list[Path]:
     return [path for path in root.rglob("*") if path.is_file()]
 
 
 def sequential_read_rate(files: list[Path]) -> float:
     """Bytes/s reading these files start to end from a cold cache: what the disk gives at best."""
-    drop_cache(files)
+    benchlib.drop_cache(files)
     total = 0
     started = time.perf_counter()
     for path in files:
@@ -238,17 +210,6 @@ def synthetic_dataset(one_shard: Path, out: Path, shards: int) -> Path:
     return out
 
 
-def children() -> list[int]:
-    pids = []
-    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
-        try:
-            text = (task / "children").read_text().split()
-        except FileNotFoundError:  # a thread (a DataLoader's, say) that ended since iterdir
-            continue
-        pids += [int(pid) for pid in text]
-    return pids
-
-
 def memory_kb(pid: int) -> dict[str, int]:
     """Rss, Pss, Private_Dirty (what the process wrote itself: its own heap and copy-on-write
     copies) and the file-backed part of Rss (mapped shard pages: page cache, reclaimable), in KB."""
@@ -265,7 +226,7 @@ def worker_memory(batches: Iterable[Any], steps: int) -> list[dict[str, int]]:
     iterator = iter(batches)
     for _ in range(steps):
         next(iterator)
-    before = set(children())
+    before = set(benchlib.children(os.getpid()))
     usage = [memory_kb(pid) for pid in sorted(before)]
     del iterator
     gc.collect()
@@ -373,7 +334,7 @@ def steady_rate(dataset: Dataset, seconds: float, workers: int, batch_size: int)
     """Samples per second after the first batch, over whole epochs lasting at least `seconds`; and
     samples per CPU-second spent meanwhile by the workers and this process, which load from other
     jobs on the machine does not change."""
-    before = set(children())
+    before = set(benchlib.children(os.getpid()))
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=workers,
                         persistent_workers=workers > 0, prefetch_factor=4 if workers else None)
     started = None
@@ -384,7 +345,7 @@ def steady_rate(dataset: Dataset, seconds: float, workers: int, batch_size: int)
         for images, _ in loader:
             assert images.shape[1:] == (3, SIDE, SIDE), images.shape
             if started is None:
-                pids = sorted(set(children()) - before)
+                pids = sorted(set(benchlib.children(os.getpid())) - before)
                 cpu = time.process_time() + cpu_seconds(pids)
                 started = time.perf_counter()
                 continue
@@ -527,7 +488,7 @@ def main() -> int:
             how = ""
             for _ in range(args.repeat):
                 for case in cases(formats, args.workers):
-                    how = drop_cache(case.files(ctx))
+                    how = benchlib.drop_cache(case.files(ctx))
                     samples, cold = timed_pass(case.batches(ctx), case.samples)
                     _, warm = timed_pass(case.batches(ctx), case.samples)
                     results[case.name].append((samples / cold, samples / warm))
