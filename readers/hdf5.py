@@ -8,7 +8,6 @@ other HDF5 tools.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +15,8 @@ import h5py
 import numpy as np
 
 from .base import PackedDataset
-from .manifest import HDF5_LAYOUT_FIXED, HDF5_LAYOUT_FLAT, DatasetError
+from .layouts.hdf5 import LAYOUT_FIXED, LAYOUT_FLAT, RAW_INDEX_SUFFIX, RAW_SUFFIX, parse_raw_name
+from .manifest import DatasetError
 
 
 @dataclass
@@ -41,9 +41,9 @@ class HDF5Shard:
 
 def read_raw_strings(file: h5py.File, name: str) -> dict[int, str]:
     """Position -> exact `os.fsdecode` string for the entries of `name` that are not UTF-8."""
-    positions = file[name + "_raw_index"][:]
-    raw = file[name + "_raw"][:]
-    return {int(i): os.fsdecode(value.tobytes()) for i, value in zip(positions, raw)}
+    positions = file[name + RAW_INDEX_SUFFIX][:]
+    raw = file[name + RAW_SUFFIX][:]
+    return {int(i): parse_raw_name(value.tobytes()) for i, value in zip(positions, raw)}
 
 
 def open_shard(path: str, num_samples: int) -> HDF5Shard:
@@ -53,13 +53,13 @@ def open_shard(path: str, num_samples: int) -> HDF5Shard:
         raise DatasetError(f"{path}: cannot open HDF5 shard ({exc})") from None
     try:
         layout = file.attrs.get("layout")
-        if layout not in (HDF5_LAYOUT_FLAT, HDF5_LAYOUT_FIXED):
+        if layout not in (LAYOUT_FLAT, LAYOUT_FIXED):
             raise DatasetError(f"{path}: unknown HDF5 payload layout {layout!r}")
         mode = file.attrs.get("mode")
         shard = HDF5Shard(
             file=file,
             images=file["images"],
-            offsets=file["offsets"][:] if layout == HDF5_LAYOUT_FLAT else None,
+            offsets=file["offsets"][:] if layout == LAYOUT_FLAT else None,
             labels=file["labels"][:],
             formats=file["formats"][:],
             crcs=file["crc32"][:],
