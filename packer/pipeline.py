@@ -307,22 +307,21 @@ def run_shard(out: Path, plan: Plan, shard: int, *, threads: int = READ_THREADS,
     count = source_bytes = 0
     final = out / name
     try:
-        writer = writer_cls(tmp, expected_bytes=sum(entry.size for entry in entries), classes=plan.classes,
-                            sample_shape=fixed_shape(plan.options))
-        for entry, encoded in load_samples(Path(plan.source), entries, plan.options, threads):
-            if isinstance(encoded, RejectedFile):
-                rejects.append({"path": entry.path, "reason": str(encoded)})
-                check_rejects(out, plan, rejects, policy)
-            else:
-                writer.add(Sample(local_index=count, label=entry.label, path=entry.path,
-                                  payload=encoded.payload, meta=encoded.meta, extension=encoded.extension,
-                                  crc32=encoded.crc32))
-                count += 1
-                label_counts[str(entry.label)] = label_counts.get(str(entry.label), 0) + 1
-                source_bytes += entry.size
-            if progress:
-                progress(1)
-        writer.close()
+        with writer_cls(tmp, expected_bytes=sum(entry.size for entry in entries), classes=plan.classes,
+                        sample_shape=fixed_shape(plan.options)) as writer:
+            for entry, encoded in load_samples(Path(plan.source), entries, plan.options, threads):
+                if isinstance(encoded, RejectedFile):
+                    rejects.append({"path": entry.path, "reason": str(encoded)})
+                    check_rejects(out, plan, rejects, policy)
+                else:
+                    writer.add(Sample(local_index=count, label=entry.label, path=entry.path,
+                                      payload=encoded.payload, meta=encoded.meta, extension=encoded.extension,
+                                      crc32=encoded.crc32))
+                    count += 1
+                    label_counts[str(entry.label)] = label_counts.get(str(entry.label), 0) + 1
+                    source_bytes += entry.size
+                if progress:
+                    progress(1)
         # A writer that hashed its file on the way is synced by `publish`; the others are hashed while they sync.
         digest = writer.sha256 if writer.sha256 else sync_and_hash([tmp, *tmp_sidecars.values()], tmp)
         for extension, tmp_sidecar in tmp_sidecars.items():

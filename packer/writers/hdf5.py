@@ -266,6 +266,10 @@ class HDF5Writer(ShardWriter):
         with h5py_errors_as_oserror():
             self._finish()
 
+    def abort(self) -> None:
+        with h5py_errors_as_oserror():
+            self._file.close()
+
     def _finish(self) -> None:
         self._payloads.finish()
         for column in (self._labels, self._codecs, self._crcs, self._paths, self._shapes):

@@ -62,3 +62,7 @@ class LMDBWriter(ShardWriter):
         if self._pending:
             self._commit()
         self._env.close()
+
+    def abort(self) -> None:
+        self._pending = []
+        self._env.close()

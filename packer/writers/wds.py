@@ -77,3 +77,7 @@ class WdsWriter(ShardWriter):
         self._index.write(encode_index_header(self._count))
         self._tar.close()
         self._index.close()
+
+    def abort(self) -> None:
+        self._tar.close()
+        self._index.close()
