@@ -18,12 +18,10 @@ from typing import Any, Iterable
 from .encode import DEFAULT_QUALITY, MODES, STORES
 from .errors import PackError
 from .fsutil import atomic_write_text
+from .outdir import listing_path, plan_path, work_dir
 from .scan import Listing
 from .validate import DEFAULT_MAX_PIXELS, VALIDATE_MODES
 
-WORK_DIR = ".pack"
-PLAN_NAME = "plan.json"
-LISTING_NAME = "listing.jsonl"
 DEFAULT_SHARD_SIZE = 10_000
 DEFAULT_SHARD_BYTES = 1 << 30
 
@@ -124,20 +122,16 @@ def shard_bounds(sizes: Iterable[int], shard_size: int, shard_bytes: int) -> lis
     return bounds
 
 
-def work_dir(out: Path) -> Path:
-    return out / WORK_DIR
-
-
 def write_plan(out: Path, listing: Listing, options: PackOptions) -> Plan:
     """Write listing.jsonl and plan.json under OUT/.pack and return the plan."""
-    work = work_dir(out)
-    work.mkdir(parents=True, exist_ok=True)
+    work_dir(out).mkdir(parents=True, exist_ok=True)
     bounds = shard_bounds(listing.sizes, options.shard_size, options.shard_bytes)
     starts = set(bounds)
     digest = hashlib.sha256()
     offsets: list[int] = []
     position = 0
-    tmp = work / f"{LISTING_NAME}.tmp-{socket.gethostname()}-{os.getpid()}"
+    listing_file = listing_path(out)
+    tmp = listing_file.with_name(f"{listing_file.name}.tmp-{socket.gethostname()}-{os.getpid()}")
     with open(tmp, "wb") as handle:
         for index, (path, label, size) in enumerate(zip(listing.paths, listing.labels, listing.sizes)):
             if index in starts:
@@ -149,7 +143,7 @@ def write_plan(out: Path, listing: Listing, options: PackOptions) -> Plan:
         offsets.append(position)
         handle.flush()
         os.fsync(handle.fileno())
-    os.replace(tmp, work / LISTING_NAME)
+    os.replace(tmp, listing_file)
     plan = Plan(
         source=os.path.abspath(listing.root),
         options=asdict(options),
@@ -161,12 +155,12 @@ def write_plan(out: Path, listing: Listing, options: PackOptions) -> Plan:
         ignored=listing.ignored_hidden + listing.ignored_other,
         scan_rejects=[{"path": path, "reason": reason} for path, reason in listing.unreadable],
     )
-    atomic_write_text(work / PLAN_NAME, json.dumps(asdict(plan)) + "\n")
+    atomic_write_text(plan_path(out), json.dumps(asdict(plan)) + "\n")
     return plan
 
 
 def load_plan(out: Path) -> Plan | None:
-    path = work_dir(out) / PLAN_NAME
+    path = plan_path(out)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -179,11 +173,11 @@ def load_plan(out: Path) -> Plan | None:
 def read_shard_entries(out: Path, plan: Plan, shard: int) -> list[Entry]:
     """The listing slice of one shard, read with one seek."""
     start, end = plan.line_offsets[shard], plan.line_offsets[shard + 1]
-    with open(work_dir(out) / LISTING_NAME, "rb") as handle:
+    with open(listing_path(out), "rb") as handle:
         handle.seek(start)
         chunk = handle.read(end - start)
     entries = [Entry(*json.loads(line)) for line in chunk.splitlines()]
     expected = plan.bounds[shard + 1] - plan.bounds[shard]
     if len(entries) != expected:
-        raise PackError(f"{work_dir(out) / LISTING_NAME}: shard {shard} lists {len(entries)} files, plan says {expected}")
+        raise PackError(f"{listing_path(out)}: shard {shard} lists {len(entries)} files, plan says {expected}")
     return entries

@@ -19,7 +19,8 @@ from zlib_ng import zlib_ng
 FORMAT_VERSION = 1
 MANIFEST_NAME = "index.json"
 REJECTS_NAME = "rejects.jsonl"
-SHARD_PATTERN = "shard-{:06d}{}"
+SHARD_PREFIX = "shard-"
+SHARD_PATTERN = SHARD_PREFIX + "{:06d}{}"
 
 # What a reader can hand back per image (readers.decode implements each); here so that the packer's
 # CLI can offer the choice without importing numpy and Pillow.

@@ -23,6 +23,7 @@ import numpy as np
 from readers.layouts.hdf5 import CODEC_WIDTH, LAYOUT_FIXED, LAYOUT_FLAT, RAW_INDEX_SUFFIX, RAW_SUFFIX, encode_name
 from readers.manifest import FORMAT_VERSION
 
+from ..fsutil import free_bytes
 from .base import Sample, ShardWriter
 
 IMAGE_CHUNK = 64 << 10  # one chunk per random read of a typical JPEG; see scripts/bench_hdf5_layout.py
@@ -39,9 +40,8 @@ def check_space(directory: Path, needed: int) -> None:
     is closed or collected, so a full disk has to be noticed here; this is best effort (another
     process may fill the disk in between). Filesystems that report no size are not checked.
     """
-    stats = os.statvfs(directory)
-    free = stats.f_bavail * stats.f_frsize
-    if stats.f_blocks and free < needed:
+    free = free_bytes(directory)
+    if free is not None and free < needed:
         raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} ({needed} bytes needed, {free} free)")
 
 
