@@ -7,7 +7,7 @@ run in worker processes. Stores other than `original` decode the image (see `pac
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from readers.manifest import payload_crc32
 
@@ -56,19 +56,6 @@ class Encoded:
     @property
     def extension(self) -> str:
         return EXTENSIONS[self.meta["format"]]
-
-
-def encode_kwargs(options: Mapping[str, Any]) -> dict[str, Any]:
-    """The keyword arguments of `encode` from a plan's options (unset ones left to defaults)."""
-    return {key: options[key] for key in ENCODE_OPTIONS if options.get(key) is not None}
-
-
-def fixed_shape(options: Mapping[str, Any]) -> tuple[int, int, int] | None:
-    """The (H, W, C) every sample has when the options guarantee one: raw pixels, center-cropped."""
-    side = options.get("center_crop")
-    if options.get("store") != "raw" or side is None:
-        return None
-    return (side, side, len(options["mode"]))
 
 
 def encode(

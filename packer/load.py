@@ -9,9 +9,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterator
 
-from .encode import Encoded, encode, encode_kwargs
+from .encode import Encoded, encode
 from .errors import RejectedFile
-from .plan import Entry
+from .plan import Entry, PackOptions
 from .validate import check_image
 
 READ_THREADS = 8
@@ -53,15 +53,15 @@ def load_sample(root: str, entry: Entry, validate: str, max_pixels: int,
         return RejectedFile(f"cannot read: {exc.strerror or exc}")
 
 
-def load_samples(root: Path, entries: list[Entry], options: dict[str, Any],
+def load_samples(root: Path, entries: list[Entry], options: PackOptions,
                  threads: int) -> Iterator[tuple[Entry, Encoded | RejectedFile]]:
     """Samples in listing order, loaded by a thread pool with a read-ahead bounded in bytes and files.
 
     Each task loads a run of consecutive files (up to READ_RUN_FILES or READ_RUN_BYTES), so the
     pool's queue and futures cost once per run instead of once per file.
     """
-    load = functools.partial(load_sample, str(root), validate=options["validate"], max_pixels=options["max_pixels"],
-                             encoding=encode_kwargs(options))
+    load = functools.partial(load_sample, str(root), validate=options.validate, max_pixels=options.max_pixels,
+                             encoding=options.encoding)
 
     def load_run(run: list[Entry]) -> list[Encoded | RejectedFile]:
         return [load(entry) for entry in run]

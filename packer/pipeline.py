@@ -133,10 +133,9 @@ def ensure_plan(src: Path, out: Path, options: PackOptions, *, overwrite: bool =
         fcntl.flock(lock, fcntl.LOCK_EX)
         plan = load_plan(out)
         if plan is not None:
-            wanted = asdict(options)
-            if plan.options != wanted or plan.source != os.path.abspath(src):
+            if plan.options != options or plan.source != os.path.abspath(src):
                 raise PackError(
-                    f"{out}: holds an unfinished run of {plan.source} with options {plan.options}; "
+                    f"{out}: holds an unfinished run of {plan.source} with options {asdict(plan.options)}; "
                     "rerun with those, or pass --overwrite to start over"
                 )
             log.info("%s: reusing the plan (%d shards)", out, plan.num_shards)
@@ -174,14 +173,14 @@ def merge(out: Path, policy: ErrorPolicy = ErrorPolicy()) -> Manifest:
     atomic_write_text(out / REJECTS_NAME, "".join(json.dumps(reject) + "\n" for reject in rejects))
     check_rejects(out, plan, rejects, policy)
     manifest = Manifest(
-        format=plan.options["format"],
-        store=plan.options["store"],
+        format=plan.options.format,
+        store=plan.options.store,
         num_samples=sum(result.num_samples for result in results),
         classes=plan.classes,
         shards=[result.info() for result in results],
         class_counts=[sum(result.label_counts.get(str(label), 0) for result in results)
                       for label in range(len(plan.classes))],
-        options=plan.options,
+        options=asdict(plan.options),
         tool_version=f"pack {__version__}",
         source_bytes=sum(result.source_bytes for result in results),
     )

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from .encode import DEFAULT_QUALITY, MODES, STORES
+from .encode import DEFAULT_QUALITY, ENCODE_OPTIONS, MODES, STORES
 from .errors import PackError
 from .fsutil import atomic_write_text
 from .outdir import listing_path, plan_path, work_dir
@@ -76,6 +76,18 @@ class PackOptions:
         if self.max_pixels < 1:
             raise PackError(f"--max-pixels must be at least 1, not {self.max_pixels}")
 
+    @property
+    def encoding(self) -> dict[str, Any]:
+        """The keyword arguments of `encode.encode` (unset ones left to its defaults)."""
+        return {key: getattr(self, key) for key in ENCODE_OPTIONS if getattr(self, key) is not None}
+
+    @property
+    def sample_shape(self) -> tuple[int, int, int] | None:
+        """The (H, W, C) every sample has when the options guarantee one: raw pixels, center-cropped."""
+        if self.store != "raw" or self.center_crop is None or self.mode is None:
+            return None
+        return (self.center_crop, self.center_crop, len(self.mode))
+
 
 @dataclass
 class Entry:
@@ -87,7 +99,7 @@ class Entry:
 @dataclass
 class Plan:
     source: str
-    options: dict[str, Any]
+    options: PackOptions
     classes: list[str]
     num_listed: int
     bounds: list[int]
@@ -103,7 +115,7 @@ class Plan:
     @property
     def fingerprint(self) -> str:
         """Identifies what this plan would produce: same fingerprint, same shards."""
-        key = json.dumps([self.options, self.listing_sha256], sort_keys=True)
+        key = json.dumps([asdict(self.options), self.listing_sha256], sort_keys=True)
         return hashlib.sha256(key.encode()).hexdigest()
 
 
@@ -146,7 +158,7 @@ def write_plan(out: Path, listing: Listing, options: PackOptions) -> Plan:
     os.replace(tmp, listing_file)
     plan = Plan(
         source=os.path.abspath(listing.root),
-        options=asdict(options),
+        options=options,
         classes=listing.classes,
         num_listed=len(listing),
         bounds=bounds,
@@ -163,11 +175,11 @@ def load_plan(out: Path) -> Plan | None:
     path = plan_path(out)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
+        return Plan(**{**data, "options": PackOptions(**data["options"])})
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, TypeError, KeyError, PackError) as exc:
         raise PackError(f"{path}: unreadable plan ({exc})") from None
-    return Plan(**data)
 
 
 def read_shard_entries(out: Path, plan: Plan, shard: int) -> list[Entry]:

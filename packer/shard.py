@@ -18,7 +18,6 @@ from typing import Any, Callable
 
 from readers.manifest import FileInfo, ShardInfo, shard_name
 
-from .encode import fixed_shape
 from .errors import PackError, RejectedFile
 from .fsutil import atomic_write_text, free_bytes, publish, sha256_file, sync_and_hash
 from .load import READ_THREADS, load_samples
@@ -64,7 +63,7 @@ class ShardResult:
 
 
 def shard_file_name(plan: Plan, shard: int) -> str:
-    return shard_name(shard, get_writer(plan.options["format"]).extension)
+    return shard_name(shard, get_writer(plan.options.format).extension)
 
 
 def read_marker(out: Path, name: str) -> ShardResult | None:
@@ -111,7 +110,7 @@ def run_shard(out: Path, plan: Plan, shard: int, *, threads: int = READ_THREADS,
     """
     name = shard_file_name(plan, shard)
     entries = read_shard_entries(out, plan, shard)
-    writer_cls = get_writer(plan.options["format"])
+    writer_cls = get_writer(plan.options.format)
     folder = tmp_dir(out)
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f"{name}.tmp-{socket.gethostname()}-{os.getpid()}"
@@ -123,7 +122,7 @@ def run_shard(out: Path, plan: Plan, shard: int, *, threads: int = READ_THREADS,
     final = out / name
     try:
         with writer_cls(tmp, expected_bytes=sum(entry.size for entry in entries), classes=plan.classes,
-                        sample_shape=fixed_shape(plan.options)) as writer:
+                        sample_shape=plan.options.sample_shape) as writer:
             for entry, encoded in load_samples(Path(plan.source), entries, plan.options, threads):
                 if isinstance(encoded, RejectedFile):
                     rejects.append({"path": entry.path, "reason": str(encoded)})

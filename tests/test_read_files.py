@@ -13,7 +13,7 @@ from imagefolders import image_bytes
 from packer import load
 from packer.encode import Encoded
 from packer.errors import RejectedFile
-from packer.plan import Entry
+from packer.plan import Entry, PackOptions
 
 
 @pytest.mark.parametrize("scanned_size", [0, 5, 4095, 4096, 4097, 10_000])
@@ -35,7 +35,7 @@ def test_load_samples_keeps_listing_order_across_runs(tmp_path: Path, monkeypatc
         entries.append(Entry(path=name, label=index % 2, size=len(data)))
         contents.append(data)
     (tmp_path / "05.jpg").unlink()  # vanished after the scan
-    options = {"validate": "quick", "max_pixels": 10**8, "store": "original"}
+    options = PackOptions(format="wds")
     loaded = list(load.load_samples(tmp_path, entries, options, threads=4))
     assert [entry.path for entry, _ in loaded] == [entry.path for entry in entries]
     results = [result for _, result in loaded]
