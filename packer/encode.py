@@ -16,7 +16,7 @@ MODES = ("RGB", "L")
 DEFAULT_QUALITY = 90
 ENCODE_OPTIONS = ("store", "mode", "resize", "max_side", "center_crop", "quality")
 
-# Leading bytes that identify each format we accept, and the extension it is stored under.
+# Leading bytes that identify each codec we accept.
 _SIGNATURES: tuple[tuple[bytes, str], ...] = (
     (b"\xff\xd8\xff", "jpeg"),
     (b"\x89PNG\r\n\x1a\n", "png"),
@@ -32,8 +32,8 @@ EXTENSIONS = {"jpeg": "jpg", "png": "png", "gif": "gif", "bmp": "bmp", "tiff": "
               "raw": "raw"}
 
 
-def sniff_format(data: bytes) -> str | None:
-    """The image format from the file's content, never from its name."""
+def sniff_codec(data: bytes) -> str | None:
+    """The image's codec from the file's content, never from its name."""
     if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
         return "webp"
     for signature, name in _SIGNATURES:
@@ -62,14 +62,14 @@ def encode(
     data: bytes,
     store: str = "original",
     *,
-    kind: str,
+    codec: str,
     mode: str = "RGB",
     resize: int | None = None,
     max_side: int | None = None,
     center_crop: int | None = None,
     quality: int = DEFAULT_QUALITY,
 ) -> Encoded:
-    """What gets stored for a file `validate.check_image` accepted as format `kind`.
+    """What gets stored for a file `validate.check_image` accepted as codec `codec`.
 
     `original` passes the bytes through. `raw` stores uint8 HWC pixels (meta `shape`, `dtype`),
     `bmp` lossless BMP bytes, `jpeg` a re-encoding at `quality`; all three record `shape` and `mode`.
@@ -79,7 +79,7 @@ def encode(
     if store == "original":
         if resize is not None or max_side is not None or center_crop is not None or mode != "RGB":
             raise ValueError("resizing, cropping and --mode need a decoding store (raw, bmp or jpeg)")
-        return Encoded(payload=data, meta={"format": kind})
+        return Encoded(payload=data, meta={"format": codec})
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}")
     # Imported here: Pillow and numpy cost every spawned packing worker ~0.1 s, and passthrough needs neither.

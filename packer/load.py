@@ -45,8 +45,8 @@ def load_sample(root: str, entry: Entry, validate: str, max_pixels: int,
     """Read, check and encode one file; runs in a reader thread (Pillow's codecs release the GIL)."""
     try:
         data = read_file(os.path.join(root, entry.path), entry.size)
-        kind = check_image(data, validate=validate, max_pixels=max_pixels)
-        return encode(data, kind=kind, **encoding)
+        codec = check_image(data, validate=validate, max_pixels=max_pixels)
+        return encode(data, codec=codec, **encoding)
     except RejectedFile as exc:
         return exc
     except OSError as exc:

@@ -31,7 +31,7 @@ class HDF5Shard:
     images: h5py.Dataset
     offsets: np.ndarray | None
     labels: np.ndarray
-    formats: np.ndarray
+    codecs: np.ndarray  # the `formats` column
     crcs: np.ndarray
     paths: Any  # the `paths` dataset through `.asstr()`: indexing decodes UTF-8
     raw_paths: dict[int, str]
@@ -61,7 +61,7 @@ def open_shard(path: str, num_samples: int) -> HDF5Shard:
             images=file["images"],
             offsets=file["offsets"][:] if layout == LAYOUT_FLAT else None,
             labels=file["labels"][:],
-            formats=file["formats"][:],
+            codecs=file["formats"][:],
             crcs=file["crc32"][:],
             paths=file["paths"].asstr(),
             raw_paths=read_raw_strings(file, "paths"),
@@ -74,7 +74,7 @@ def open_shard(path: str, num_samples: int) -> HDF5Shard:
     except DatasetError:
         file.close()
         raise
-    counts = {"labels": len(shard.labels), "formats": len(shard.formats), "crc32": len(shard.crcs),
+    counts = {"labels": len(shard.labels), "formats": len(shard.codecs), "crc32": len(shard.crcs),
               "paths": len(shard.paths)}
     if shard.offsets is not None:
         counts["offsets"] = len(shard.offsets) - 1
@@ -102,7 +102,7 @@ class HDF5Dataset(PackedDataset):
 
     def _read(self, shard: int, local: int) -> tuple[dict[str, Any], memoryview]:
         handle: HDF5Shard = self.handle(shard)
-        meta: dict[str, Any] = {"label": int(handle.labels[local]), "format": handle.formats[local].decode("ascii"),
+        meta: dict[str, Any] = {"label": int(handle.labels[local]), "format": handle.codecs[local].decode("ascii"),
                                 "crc32": int(handle.crcs[local])}
         if handle.offsets is None:  # fixed layout: one (H, W, C) row, read as one chunk
             payload = handle.images[local]
