@@ -1,17 +1,18 @@
 """OUT, the output folder: every name the packer uses in it, and the checks before writing there.
 
-    OUT/index.json, rejects.jsonl, shard-*   what readers see (names from readers.manifest)
-    OUT/.pack/plan.json, listing.jsonl       the plan every task shares
-    OUT/.pack/plan.lock                      held while one task scans SRC and writes the plan
-    OUT/.pack/tmp/                           shards being written, renamed into OUT when complete
-    OUT/.pack/done/<shard file>.json         a finished shard's marker, written last
-    OUT/.pack/logs/                          batch-job logs (pack slurm-script)
+    OUT/index.json, rejects.jsonl, shard-*        what readers see (names from readers.manifest)
+    OUT/.pack/plan.json, listing.jsonl            the plan every task shares
+    OUT/.pack/plan.lock                           held while one task scans SRC and writes the plan
+    OUT/.pack/tmp/<shard file>.tmp-<host>-<pid>   a shard being written, renamed into OUT when complete
+    OUT/.pack/done/<shard file>.json              a finished shard's marker, written last
+    OUT/.pack/logs/                               batch-job logs (pack slurm-script)
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import socket
 from pathlib import Path
 
 from readers.manifest import MANIFEST_NAME, REJECTS_NAME, SHARD_PREFIX
@@ -25,6 +26,7 @@ LOCK_NAME = "plan.lock"
 TMP_DIR = "tmp"
 DONE_DIR = "done"
 LOGS_DIR = "logs"
+TEMP_MARK = ".tmp-"
 
 
 def work_dir(out: Path) -> Path:
@@ -49,6 +51,15 @@ def tmp_dir(out: Path) -> Path:
 
 def marker_path(out: Path, shard_file: str) -> Path:
     return work_dir(out) / DONE_DIR / (shard_file + ".json")
+
+
+def temp_name(name: str) -> str:
+    """A file's name while one process on one host writes it; `final_name` gives `name` back."""
+    return f"{name}{TEMP_MARK}{socket.gethostname()}-{os.getpid()}"
+
+
+def final_name(temp: str) -> str:
+    return temp.split(TEMP_MARK)[0]
 
 
 def is_pack_output(name: str) -> bool:

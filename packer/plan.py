@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import socket
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -18,7 +17,7 @@ from typing import Any, Iterable
 from .encode import DEFAULT_QUALITY, ENCODE_OPTIONS, MODES, STORES
 from .errors import PackError
 from .fsutil import atomic_write_text
-from .outdir import listing_path, plan_path, work_dir
+from .outdir import listing_path, plan_path, temp_name, work_dir
 from .scan import Listing
 from .validate import DEFAULT_MAX_PIXELS, VALIDATE_MODES
 
@@ -143,7 +142,7 @@ def write_plan(out: Path, listing: Listing, options: PackOptions) -> Plan:
     offsets: list[int] = []
     position = 0
     listing_file = listing_path(out)
-    tmp = listing_file.with_name(f"{listing_file.name}.tmp-{socket.gethostname()}-{os.getpid()}")
+    tmp = listing_file.with_name(temp_name(listing_file.name))
     with open(tmp, "wb") as handle:
         for index, (path, label, size) in enumerate(zip(listing.paths, listing.labels, listing.sizes)):
             if index in starts:

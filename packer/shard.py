@@ -11,7 +11,6 @@ import errno
 import json
 import logging
 import os
-import socket
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -21,7 +20,7 @@ from readers.manifest import FileInfo, ShardInfo, shard_name
 from .errors import PackError, RejectedFile
 from .fsutil import atomic_write_text, free_bytes, publish, sha256_file, sync_and_hash
 from .load import READ_THREADS, load_samples
-from .outdir import marker_path, tmp_dir
+from .outdir import final_name, marker_path, temp_name, tmp_dir
 from .plan import Plan, read_shard_entries
 from .validate import ErrorPolicy
 from .writers import Sample, get_writer, sidecar_path
@@ -97,7 +96,7 @@ def clean_tmp(out: Path, plan: Plan, shards: list[int]) -> None:
         return
     names = {shard_file_name(plan, shard) for shard in shards}
     for leftover in os.listdir(folder):
-        if leftover.split(".tmp-")[0] in names:
+        if final_name(leftover) in names:
             (folder / leftover).unlink(missing_ok=True)
 
 
@@ -113,7 +112,7 @@ def run_shard(out: Path, plan: Plan, shard: int, *, threads: int = READ_THREADS,
     writer_cls = get_writer(plan.options.format)
     folder = tmp_dir(out)
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f"{name}.tmp-{socket.gethostname()}-{os.getpid()}"
+    tmp = folder / temp_name(name)
     tmp_sidecars = {extension: sidecar_path(tmp, extension) for extension in writer_cls.sidecars}
     rejects: list[dict[str, str]] = []
     label_counts: dict[str, int] = {}
