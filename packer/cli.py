@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import click
 from tqdm import tqdm
 
-from readers.manifest import DECODE_MODES, DatasetError, load_manifest
+from readers.manifest import DECODE_MODES, MANIFEST_NAME, REJECTS_NAME, DatasetError, load_manifest
 
 from . import __version__
 from .encode import DEFAULT_QUALITY, PIXEL_MODES, STORES
@@ -71,7 +71,7 @@ def print_summary(summary: Summary) -> None:
     click.echo(
         f"packed {summary.num_samples} samples ({human_bytes(summary.bytes)}{ratio}) into {shards}{resumed} "
         f"in {summary.elapsed:.1f}s ({summary.files_per_second:.0f} files/s); {summary.rejects} rejected "
-        f"(see {Path(summary.out) / 'rejects.jsonl'}), {summary.ignored} non-image entries ignored"
+        f"(see {Path(summary.out) / REJECTS_NAME}), {summary.ignored} non-image entries ignored"
         + ("" if summary.published else f"; run `pack merge {summary.out}` when every task is done")
     )
 
@@ -146,7 +146,7 @@ def make_pack_command(fmt: str) -> click.Command:
     @click.option("--task-index", type=click.IntRange(min=0), default=None,
                   help="Pack only the shards of this task (shard k belongs to task k mod N).")
     @click.option("--task-count", type=click.IntRange(min=1), default=None, help="N, the number of tasks.")
-    @click.option("--engine", type=click.Choice(ENGINES), default="local", show_default=True,
+    @click.option("--engine", type=click.Choice(tuple(ENGINES)), default="local", show_default=True,
                   help="Where shard tasks run.")
     @click.option("--scheduler", default=None, help="For --engine dask: 'local' or a scheduler address.")
     @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
@@ -214,7 +214,7 @@ def plan_command(src: Path, out: Path, fmt: str, **params: Any) -> None:
 def merge_command(out: Path, on_error: str, max_errors: int | None) -> None:
     """Publish index.json once every planned shard in OUT is finished; name what is missing if not."""
     manifest = merge(out, ErrorPolicy(on_error=on_error, max_errors=max_errors))
-    click.echo(f"merged {len(manifest.shards)} shards, {manifest.num_samples} samples: {out / 'index.json'}")
+    click.echo(f"merged {len(manifest.shards)} shards, {manifest.num_samples} samples: {out / MANIFEST_NAME}")
 
 
 @main.command("verify")

@@ -7,7 +7,7 @@ run in worker processes. Stores other than `original` decode the image (see `pac
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from readers.manifest import payload_crc32
 
@@ -17,7 +17,7 @@ PIXEL_MODES = ("RGB", "L")
 DEFAULT_QUALITY = 90
 ENCODE_OPTIONS = ("store", "mode", "resize", "max_side", "center_crop", "quality")
 
-# Leading bytes that identify each format we accept, and the extension it is stored under.
+# Leading bytes that identify each codec we accept.
 _SIGNATURES: tuple[tuple[bytes, str], ...] = (
     (b"\xff\xd8\xff", "jpeg"),
     (b"\x89PNG\r\n\x1a\n", "png"),
@@ -33,8 +33,8 @@ EXTENSIONS = {"jpeg": "jpg", "png": "png", "gif": "gif", "bmp": "bmp", "tiff": "
               "raw": "raw"}
 
 
-def sniff_format(data: bytes) -> str | None:
-    """The image format from the file's content, never from its name."""
+def sniff_codec(data: bytes) -> str | None:
+    """The image's codec from the file's content, never from its name."""
     if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
         return "webp"
     for signature, name in _SIGNATURES:
@@ -59,31 +59,18 @@ class Encoded:
         return EXTENSIONS[self.meta["format"]]
 
 
-def encode_kwargs(options: Mapping[str, Any]) -> dict[str, Any]:
-    """The keyword arguments of `encode` from a plan's options (unset ones left to defaults)."""
-    return {key: options[key] for key in ENCODE_OPTIONS if options.get(key) is not None}
-
-
-def fixed_shape(options: Mapping[str, Any]) -> tuple[int, int, int] | None:
-    """The (H, W, C) every sample has when the options guarantee one: raw pixels, center-cropped."""
-    side = options.get("center_crop")
-    if options.get("store") != "raw" or side is None:
-        return None
-    return (side, side, len(options["mode"]))
-
-
 def encode(
     data: bytes,
     store: str = "original",
     *,
-    kind: str,
+    codec: str,
     mode: str = "RGB",
     resize: int | None = None,
     max_side: int | None = None,
     center_crop: int | None = None,
     quality: int = DEFAULT_QUALITY,
 ) -> Encoded:
-    """What gets stored for a file `validate.check_image` accepted as format `kind`.
+    """What gets stored for a file `validate.check_image` accepted as codec `codec`.
 
     `original` passes the bytes through. `raw` stores uint8 HWC pixels (meta `shape`, `dtype`),
     `bmp` lossless BMP bytes, `jpeg` a re-encoding at `quality`; all three record `shape` and `mode`.
@@ -93,7 +80,7 @@ def encode(
     if store == "original":
         if resize is not None or max_side is not None or center_crop is not None or mode != "RGB":
             raise ValueError("resizing, cropping and --mode need a decoding store (raw, bmp or jpeg)")
-        return Encoded(payload=data, meta={"format": kind})
+        return Encoded(payload=data, meta={"format": codec})
     if mode not in PIXEL_MODES:
         raise ValueError(f"unknown mode {mode!r}")
     # Imported here: Pillow and numpy cost every spawned packing worker ~0.1 s, and passthrough needs neither.

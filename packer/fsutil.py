@@ -58,3 +58,9 @@ def sha256_file(path: Path) -> str:
         while chunk := handle.read(1 << 20):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def free_bytes(path: Path) -> int | None:
+    """Bytes an unprivileged process may still write on `path`'s filesystem; None where it reports no size."""
+    stats = os.statvfs(path)
+    return stats.f_bavail * stats.f_frsize if stats.f_blocks else None

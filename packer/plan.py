@@ -10,20 +10,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import socket
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from .encode import DEFAULT_QUALITY, PIXEL_MODES, STORES
+from .encode import DEFAULT_QUALITY, ENCODE_OPTIONS, PIXEL_MODES, STORES
 from .errors import PackError
 from .fsutil import atomic_write_text
+from .outdir import listing_path, plan_path, temp_name, work_dir
 from .scan import Listing
 from .validate import DEFAULT_MAX_PIXELS, VALIDATE_MODES
 
-WORK_DIR = ".pack"
-PLAN_NAME = "plan.json"
-LISTING_NAME = "listing.jsonl"
 DEFAULT_SHARD_SIZE = 10_000
 DEFAULT_SHARD_BYTES = 1 << 30
 
@@ -78,6 +75,18 @@ class PackOptions:
         if self.max_pixels < 1:
             raise PackError(f"--max-pixels must be at least 1, not {self.max_pixels}")
 
+    @property
+    def encoding(self) -> dict[str, Any]:
+        """The keyword arguments of `encode.encode` (unset ones left to its defaults)."""
+        return {key: getattr(self, key) for key in ENCODE_OPTIONS if getattr(self, key) is not None}
+
+    @property
+    def sample_shape(self) -> tuple[int, int, int] | None:
+        """The (H, W, C) every sample has when the options guarantee one: raw pixels, center-cropped."""
+        if self.store != "raw" or self.center_crop is None or self.mode is None:
+            return None
+        return (self.center_crop, self.center_crop, len(self.mode))
+
 
 @dataclass
 class Entry:
@@ -89,7 +98,7 @@ class Entry:
 @dataclass
 class Plan:
     source: str
-    options: dict[str, Any]
+    options: PackOptions
     classes: list[str]
     num_listed: int
     bounds: list[int]
@@ -105,7 +114,7 @@ class Plan:
     @property
     def fingerprint(self) -> str:
         """Identifies what this plan would produce: same fingerprint, same shards."""
-        key = json.dumps([self.options, self.listing_sha256], sort_keys=True)
+        key = json.dumps([asdict(self.options), self.listing_sha256], sort_keys=True)
         return hashlib.sha256(key.encode()).hexdigest()
 
 
@@ -124,20 +133,16 @@ def shard_bounds(sizes: Iterable[int], shard_size: int, shard_bytes: int) -> lis
     return bounds
 
 
-def work_dir(out: Path) -> Path:
-    return out / WORK_DIR
-
-
 def write_plan(out: Path, listing: Listing, options: PackOptions) -> Plan:
     """Write listing.jsonl and plan.json under OUT/.pack and return the plan."""
-    work = work_dir(out)
-    work.mkdir(parents=True, exist_ok=True)
+    work_dir(out).mkdir(parents=True, exist_ok=True)
     bounds = shard_bounds(listing.sizes, options.shard_size, options.shard_bytes)
     starts = set(bounds)
     digest = hashlib.sha256()
     offsets: list[int] = []
     position = 0
-    tmp = work / f"{LISTING_NAME}.tmp-{socket.gethostname()}-{os.getpid()}"
+    listing_file = listing_path(out)
+    tmp = listing_file.with_name(temp_name(listing_file.name))
     with open(tmp, "wb") as handle:
         for index, (path, label, size) in enumerate(zip(listing.paths, listing.labels, listing.sizes)):
             if index in starts:
@@ -149,10 +154,10 @@ def write_plan(out: Path, listing: Listing, options: PackOptions) -> Plan:
         offsets.append(position)
         handle.flush()
         os.fsync(handle.fileno())
-    os.replace(tmp, work / LISTING_NAME)
+    os.replace(tmp, listing_file)
     plan = Plan(
         source=os.path.abspath(listing.root),
-        options=asdict(options),
+        options=options,
         classes=listing.classes,
         num_listed=len(listing),
         bounds=bounds,
@@ -161,29 +166,29 @@ def write_plan(out: Path, listing: Listing, options: PackOptions) -> Plan:
         ignored=listing.ignored_hidden + listing.ignored_other,
         scan_rejects=[{"path": path, "reason": reason} for path, reason in listing.unreadable],
     )
-    atomic_write_text(work / PLAN_NAME, json.dumps(asdict(plan)) + "\n")
+    atomic_write_text(plan_path(out), json.dumps(asdict(plan)) + "\n")
     return plan
 
 
 def load_plan(out: Path) -> Plan | None:
-    path = work_dir(out) / PLAN_NAME
+    path = plan_path(out)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
+        return Plan(**{**data, "options": PackOptions(**data["options"])})
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, TypeError, KeyError, PackError) as exc:
         raise PackError(f"{path}: unreadable plan ({exc})") from None
-    return Plan(**data)
 
 
 def read_shard_entries(out: Path, plan: Plan, shard: int) -> list[Entry]:
     """The listing slice of one shard, read with one seek."""
     start, end = plan.line_offsets[shard], plan.line_offsets[shard + 1]
-    with open(work_dir(out) / LISTING_NAME, "rb") as handle:
+    with open(listing_path(out), "rb") as handle:
         handle.seek(start)
         chunk = handle.read(end - start)
     entries = [Entry(*json.loads(line)) for line in chunk.splitlines()]
     expected = plan.bounds[shard + 1] - plan.bounds[shard]
     if len(entries) != expected:
-        raise PackError(f"{work_dir(out) / LISTING_NAME}: shard {shard} lists {len(entries)} files, plan says {expected}")
+        raise PackError(f"{listing_path(out)}: shard {shard} lists {len(entries)} files, plan says {expected}")
     return entries

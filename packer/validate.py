@@ -1,8 +1,8 @@
 """Check a candidate file's bytes before it is stored, and the policy for files that fail.
 
-`check_image` is pure (bytes in, format name out, or RejectedFile): reader threads call it
+`check_image` is pure (bytes in, the image's codec out, or RejectedFile): reader threads call it
 before `encode`. The quick checks read only the file's ends and its header (JPEG, PNG and GIF
-sizes are read directly, other formats through Pillow's header parser), so passthrough packing
+sizes are read directly, other codecs through Pillow's header parser), so passthrough packing
 stays fast; `full` also opens every file with Pillow and decodes every pixel.
 """
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from .encode import sniff_format
+from .encode import sniff_codec
 from .errors import PackError, RejectedFile
 
 VALIDATE_MODES = ("quick", "full")
@@ -46,21 +46,21 @@ class ErrorPolicy:
 
 
 def check_image(data: bytes, *, validate: str = "quick", max_pixels: int = DEFAULT_MAX_PIXELS) -> str:
-    """The file's actual format if it may be stored; raises RejectedFile with a short reason."""
+    """The file's actual codec if it may be stored; raises RejectedFile with a short reason."""
     if not data:
         raise RejectedFile("empty file")
-    kind = sniff_format(data)
-    if kind is None:
+    codec = sniff_codec(data)
+    if codec is None:
         raise RejectedFile("not an image (unrecognised content)")
-    check_complete(data, kind)
-    size = None if validate == "full" else header_size(data, kind)
+    check_complete(data, codec)
+    size = None if validate == "full" else header_size(data, codec)
     if size is not None:
         check_pixels(*size, max_pixels)
-        return kind
+        return codec
     image_module = pillow()
     stage = "unreadable image header"
     try:
-        with open_header(data, kind) as image:
+        with open_header(data, codec) as image:
             check_pixels(*image.size, max_pixels)
             if validate == "full":
                 stage = "cannot decode"
@@ -68,10 +68,10 @@ def check_image(data: bytes, *, validate: str = "quick", max_pixels: int = DEFAU
     except image_module.DecompressionBombError as exc:
         raise RejectedFile(f"decompression bomb: {exc}") from None
     except image_module.UnidentifiedImageError:
-        raise RejectedFile(f"{stage} ({kind}): not understood by Pillow") from None
+        raise RejectedFile(f"{stage} ({codec}): not understood by Pillow") from None
     except (OSError, SyntaxError, ValueError, EOFError) as exc:
-        raise RejectedFile(f"{stage} ({kind}): {exc}") from None
-    return kind
+        raise RejectedFile(f"{stage} ({codec}): {exc}") from None
+    return codec
 
 
 def check_pixels(width: int, height: int, max_pixels: int) -> None:
@@ -83,17 +83,17 @@ def check_pixels(width: int, height: int, max_pixels: int) -> None:
 _SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 
 
-def header_size(data: bytes, kind: str) -> tuple[int, int] | None:
+def header_size(data: bytes, codec: str) -> tuple[int, int] | None:
     """(width, height) from the first bytes of a JPEG, PNG or GIF, several times cheaper than
     Pillow's header parsing; None for other formats or an unusual header (Pillow then decides).
     """
-    if kind == "png" and data[12:16] == b"IHDR" and len(data) >= 24:
+    if codec == "png" and data[12:16] == b"IHDR" and len(data) >= 24:
         width, height = struct.unpack(">II", data[16:24])
         return width, height
-    if kind == "gif" and len(data) >= 10:
+    if codec == "gif" and len(data) >= 10:
         width, height = struct.unpack("<HH", data[6:10])
         return width, height
-    if kind == "jpeg":
+    if codec == "jpeg":
         position = 2
         while position + 9 <= len(data) and data[position] == 0xFF:
             marker = data[position + 1]
@@ -120,23 +120,23 @@ def pillow() -> ModuleType:
     return Image
 
 
-def open_header(data: bytes, kind: str) -> Any:
+def open_header(data: bytes, codec: str) -> Any:
     """Parse only the header, through the format's own plugin: unlike `Image.open`, this skips
     Pillow's decompression-bomb check, so ours (--max-pixels, with the image's size) runs first.
     """
     Image = pillow()
-    plugin = Image.OPEN.get(kind.upper())
+    plugin = Image.OPEN.get(codec.upper())
     if plugin is None:
         return Image.open(io.BytesIO(data))
     factory, _ = plugin
     return factory(io.BytesIO(data), "")
 
 
-def check_complete(data: bytes, kind: str) -> None:
+def check_complete(data: bytes, codec: str) -> None:
     """Catch truncated downloads from the file's end alone: each format's end marker must be there."""
-    if kind == "jpeg" and not data.rstrip(_PADDING).endswith(b"\xff\xd9"):
+    if codec == "jpeg" and not data.rstrip(_PADDING).endswith(b"\xff\xd9"):
         raise RejectedFile("truncated JPEG (no end-of-image marker)")
-    if kind == "png" and data.rfind(_PNG_END) < 0:
+    if codec == "png" and data.rfind(_PNG_END) < 0:
         raise RejectedFile("truncated PNG (no IEND chunk)")
-    if kind == "gif" and not data.rstrip(_PADDING[:1]).endswith(b";"):
+    if codec == "gif" and not data.rstrip(_PADDING[:1]).endswith(b";"):
         raise RejectedFile("truncated GIF (no trailer)")

@@ -17,8 +17,8 @@ _LAZY = {
     "PackedDataset": "readers.base",
     "LMDBDataset": "readers.lmdb",
     "HDF5Dataset": "readers.hdf5",
-    "WebDatasetReader": "readers.webdataset",
-    "WebDatasetStream": "readers.webdataset",
+    "WdsDataset": "readers.wds",
+    "WdsStream": "readers.wds",
     "make_loader": "readers.loader",
     "PackedLoader": "readers.loader",
     "ShardWindowBatchSampler": "readers.loader",
@@ -28,7 +28,12 @@ _LAZY = {
 }
 
 
+# Old names README.md still uses; they go once it says WdsDataset.
+_RENAMED = {"WebDatasetReader": "WdsDataset"}
+
+
 def __getattr__(name: str) -> Any:
+    name = _RENAMED.get(name, name)
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'readers' has no attribute {name!r}")

@@ -6,12 +6,11 @@ import os
 from typing import Any, Callable, Sequence
 
 from .base import PackedDataset
-from .hdf5 import HDF5Dataset
-from .lmdb import LMDBDataset
+from .formats import ALIASES, FORMATS, Registry
 from .manifest import DatasetError, load_manifest
-from .webdataset import WebDatasetReader
 
-DATASETS: dict[str, type[PackedDataset]] = {cls.format: cls for cls in (LMDBDataset, HDF5Dataset, WebDatasetReader)}
+# Loaded on first use: opening an LMDB dataset never imports h5py.
+DATASETS: Registry[type[PackedDataset]] = Registry({name: spec.dataset for name, spec in FORMATS.items()}, ALIASES)
 
 
 def open_dataset(

@@ -8,7 +8,6 @@ other HDF5 tools.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +15,8 @@ import h5py
 import numpy as np
 
 from .base import PackedDataset
-from .manifest import HDF5_LAYOUT_FIXED, HDF5_LAYOUT_FLAT, DatasetError
+from .layouts.hdf5 import LAYOUT_FIXED, LAYOUT_FLAT, RAW_INDEX_SUFFIX, RAW_SUFFIX, parse_raw_name
+from .manifest import DatasetError
 
 
 @dataclass
@@ -31,7 +31,7 @@ class HDF5Shard:
     images: h5py.Dataset
     offsets: np.ndarray | None
     labels: np.ndarray
-    formats: np.ndarray
+    codecs: np.ndarray  # the `formats` column
     crcs: np.ndarray
     paths: Any  # the `paths` dataset through `.asstr()`: indexing decodes UTF-8
     raw_paths: dict[int, str]
@@ -41,9 +41,9 @@ class HDF5Shard:
 
 def read_raw_strings(file: h5py.File, name: str) -> dict[int, str]:
     """Position -> exact `os.fsdecode` string for the entries of `name` that are not UTF-8."""
-    positions = file[name + "_raw_index"][:]
-    raw = file[name + "_raw"][:]
-    return {int(i): os.fsdecode(value.tobytes()) for i, value in zip(positions, raw)}
+    positions = file[name + RAW_INDEX_SUFFIX][:]
+    raw = file[name + RAW_SUFFIX][:]
+    return {int(i): parse_raw_name(value.tobytes()) for i, value in zip(positions, raw)}
 
 
 def open_shard(path: str, num_samples: int) -> HDF5Shard:
@@ -53,15 +53,15 @@ def open_shard(path: str, num_samples: int) -> HDF5Shard:
         raise DatasetError(f"{path}: cannot open HDF5 shard ({exc})") from None
     try:
         layout = file.attrs.get("layout")
-        if layout not in (HDF5_LAYOUT_FLAT, HDF5_LAYOUT_FIXED):
+        if layout not in (LAYOUT_FLAT, LAYOUT_FIXED):
             raise DatasetError(f"{path}: unknown HDF5 payload layout {layout!r}")
         mode = file.attrs.get("mode")
         shard = HDF5Shard(
             file=file,
             images=file["images"],
-            offsets=file["offsets"][:] if layout == HDF5_LAYOUT_FLAT else None,
+            offsets=file["offsets"][:] if layout == LAYOUT_FLAT else None,
             labels=file["labels"][:],
-            formats=file["formats"][:],
+            codecs=file["formats"][:],
             crcs=file["crc32"][:],
             paths=file["paths"].asstr(),
             raw_paths=read_raw_strings(file, "paths"),
@@ -74,7 +74,7 @@ def open_shard(path: str, num_samples: int) -> HDF5Shard:
     except DatasetError:
         file.close()
         raise
-    counts = {"labels": len(shard.labels), "formats": len(shard.formats), "crc32": len(shard.crcs),
+    counts = {"labels": len(shard.labels), "formats": len(shard.codecs), "crc32": len(shard.crcs),
               "paths": len(shard.paths)}
     if shard.offsets is not None:
         counts["offsets"] = len(shard.offsets) - 1
@@ -102,7 +102,7 @@ class HDF5Dataset(PackedDataset):
 
     def _read(self, shard: int, local: int) -> tuple[dict[str, Any], memoryview]:
         handle: HDF5Shard = self.handle(shard)
-        meta: dict[str, Any] = {"label": int(handle.labels[local]), "format": handle.formats[local].decode("ascii"),
+        meta: dict[str, Any] = {"label": int(handle.labels[local]), "format": handle.codecs[local].decode("ascii"),
                                 "crc32": int(handle.crcs[local])}
         if handle.offsets is None:  # fixed layout: one (H, W, C) row, read as one chunk
             payload = handle.images[local]

@@ -8,7 +8,8 @@ from typing import Any
 import lmdb
 
 from .base import PackedDataset
-from .manifest import DatasetError, decode_record, lmdb_key
+from .layouts.lmdb import parse_record, sample_key
+from .manifest import DatasetError
 
 # A page fault in a mapping with readahead reads ~128 KiB around it. Records that big (JPEG
 # photos) then cost one or two reads instead of a fault per 4 KiB page: about 3x faster cold
@@ -68,11 +69,11 @@ class LMDBDataset(PackedDataset):
     def _read(self, shard: int, local: int) -> tuple[dict[str, Any], memoryview]:
         env = self.handle(shard)
         with env.begin() as txn:
-            value = txn.get(lmdb_key(local))
+            value = txn.get(sample_key(local))
         if value is None:
             raise DatasetError(f"{self.shard_path(shard)}: sample {local} is missing")
         try:
-            return decode_record(value)
+            return parse_record(value)
         except ValueError as exc:
             raise DatasetError(f"{self.shard_path(shard)}: sample {local} is damaged ({exc})") from None
 

@@ -23,8 +23,8 @@ import numpy as np
 import webdataset
 
 from packer.writers.base import Sample
-from packer.writers.webdataset import WebDatasetWriter
-from readers.manifest import tar_key
+from packer.writers.wds import WdsWriter
+from readers.layouts.wds import sample_key
 
 
 def make_samples(count: int, mean_kb: float, seed: int) -> list[Sample]:
@@ -39,16 +39,15 @@ def make_samples(count: int, mean_kb: float, seed: int) -> list[Sample]:
 
 
 def write_pack(path: Path, samples: list[Sample]) -> None:
-    writer = WebDatasetWriter(path, expected_bytes=sum(len(s.payload) for s in samples), classes=[])
-    for sample in samples:
-        writer.add(sample)
-    writer.close()
+    with WdsWriter(path, expected_bytes=sum(len(s.payload) for s in samples), classes=[]) as writer:
+        for sample in samples:
+            writer.add(sample)
 
 
 def write_tarfile(path: Path, samples: list[Sample]) -> None:
     with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
         for sample in samples:
-            key = tar_key(sample.local_index)
+            key = sample_key(sample.local_index)
             members = (
                 (f"{key}.{sample.extension}", sample.payload),
                 (f"{key}.cls", b"%d" % sample.label),
@@ -64,7 +63,7 @@ def write_webdataset(path: Path, samples: list[Sample]) -> None:
     with webdataset.TarWriter(str(path)) as sink:
         for sample in samples:
             sink.write({
-                "__key__": tar_key(sample.local_index),
+                "__key__": sample_key(sample.local_index),
                 sample.extension: sample.payload,
                 "cls": sample.label,
                 "json": sample.record_meta(),
@@ -83,7 +82,7 @@ def main() -> None:
     writers: list[tuple[str, Callable[[Path, list[Sample]], None]]] = [
         ("tarfile (baseline)", write_tarfile),
         ("webdataset.TarWriter", write_webdataset),
-        ("pack WebDatasetWriter", write_pack),
+        ("pack WdsWriter", write_pack),
     ]
     baseline = 0.0
     with tempfile.TemporaryDirectory() as tmp:

@@ -10,27 +10,31 @@ import pytest
 
 from packer.pipeline import pack
 from packer.plan import PackOptions
-from packer.writers import WRITERS
+from readers.formats import FORMATS
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "FORMAT.md"
 
 
-def snippets() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", DOC.read_text(encoding="utf-8"), re.S)
-
-
-def snippet_format(code: str) -> str:
-    return "lmdb" if "lmdb" in code else "hdf5" if "h5py" in code else "wds"
+def snippets() -> list[tuple[str, str]]:
+    """(format, code) of every Python snippet; the format is the one its section's heading names."""
+    found = []
+    for section in re.split(r"^## ", DOC.read_text(encoding="utf-8"), flags=re.M)[1:]:
+        heading = section.splitlines()[0]
+        named = re.findall(r'`format: "(\w+)"`', heading)
+        for code in re.findall(r"```python\n(.*?)```", section, re.S):
+            assert len(named) == 1, f"a snippet under '## {heading}', which names no single format"
+            found.append((named[0], code))
+    return found
 
 
 def test_every_format_has_a_snippet() -> None:
-    assert {snippet_format(code) for code in snippets()} == set(WRITERS)
+    assert {fmt for fmt, _ in snippets()} == set(FORMATS)
 
 
-@pytest.mark.parametrize("code", snippets(), ids=lambda code: code.splitlines()[0])
-def test_snippet_reads_sample_zero(code: str, image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
+@pytest.mark.parametrize("fmt, code", snippets(), ids=lambda value: value.splitlines()[0])
+def test_snippet_reads_sample_zero(fmt: str, code: str, image_folder: tuple[Path, dict[str, bytes]],
+                                   tmp_path: Path) -> None:
     root, files = image_folder
-    fmt = snippet_format(code)
     out = tmp_path / "OUT"
     pack(root, out, PackOptions(format=fmt, shard_size=6))
     namespace: dict = {}

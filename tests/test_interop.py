@@ -21,7 +21,7 @@ from imagefolders import image_bytes
 
 from packer.pipeline import pack
 from packer.plan import PackOptions
-from readers.manifest import decode_record
+from readers.layouts.lmdb import parse_record
 
 CLASSES = ["class_00", "class_01", "class_02"]
 
@@ -42,7 +42,7 @@ def test_plain_lmdb_reads_a_shard(image_folder: tuple[Path, dict[str, bytes]], t
     env = lmdb.open(str(out / "shard-000001.lmdb"), subdir=False, readonly=True, lock=False)
     try:
         with env.begin() as txn:
-            meta, payload = decode_record(txn.get(b"%010d" % 0))
+            meta, payload = parse_record(txn.get(b"%010d" % 0))
             assert txn.stat()["entries"] == 6
     finally:
         env.close()

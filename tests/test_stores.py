@@ -207,7 +207,7 @@ def test_resize_and_center_crop(fmt: str, odd_folder: Path, tmp_path: Path) -> N
 
 def test_center_crop_pads_small_images_with_black(tmp_path: Path) -> None:
     data = saved(Image.new("RGB", (10, 6), (200, 100, 50)), "PNG")
-    encoded = encode(data, "raw", kind="png", center_crop=8)
+    encoded = encode(data, "raw", codec="png", center_crop=8)
     assert encoded.meta["shape"] == [8, 8, 3]
     pixels = np.frombuffer(encoded.payload, np.uint8).reshape(8, 8, 3)
     assert (pixels[:1] == 0).all() and (pixels[7:] == 0).all()  # one black row above and below

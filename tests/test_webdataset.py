@@ -18,7 +18,7 @@ import readers
 from packer.errors import PackError
 from packer.pipeline import pack
 from packer.plan import PackOptions
-from packer.writers.webdataset import small_member, tar_header
+from readers.layouts.wds import Member, encode_header, encode_member, parse_header
 
 
 @pytest.fixture
@@ -38,14 +38,15 @@ def as_list(batch: list) -> list:
 def test_header_equals_tarfiles(name: str, size: int) -> None:
     info = tarfile.TarInfo(name)
     info.size, info.mtime, info.mode, info.uname, info.gname = size, 0, 0o644, "", ""
-    assert tar_header(name.encode(), size) == info.tobuf(tarfile.USTAR_FORMAT)
+    assert encode_header(name.encode(), size) == info.tobuf(tarfile.USTAR_FORMAT)
+    assert parse_header(encode_header(name.encode(), size)) == Member(name, size)
 
 
 def test_header_limits() -> None:
     with pytest.raises(ValueError, match="longer than 100"):
-        tar_header(b"x" * 101, 1)
+        encode_header(b"x" * 101, 1)
     with pytest.raises(ValueError, match="larger"):
-        tar_header(b"x.jpg", 8**11)
+        encode_header(b"x.jpg", 8**11)
 
 
 def test_alias_packs_wds(image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
@@ -53,7 +54,7 @@ def test_alias_packs_wds(image_folder: tuple[Path, dict[str, bytes]], tmp_path: 
     pack(image_folder[0], out, PackOptions(format="webdataset"))
     assert readers.load_manifest(out).format == "wds"
     assert readers.load_manifest(out).options["format"] == "wds"
-    assert isinstance(readers.open_dataset(out), readers.WebDatasetReader)
+    assert isinstance(readers.open_dataset(out), readers.WdsDataset)
     with pytest.raises(PackError, match="unknown format 'zip'"):
         pack(tmp_path, tmp_path / "zip", PackOptions(format="zip"))
 
@@ -63,7 +64,7 @@ def test_stream_gives_every_sample_once_across_workers(wds_copy: tuple[Path, dic
     out, files = wds_copy
     ds = readers.open_dataset(out, decode="bytes", fields=("image", "path", "index"))
     stream = ds.stream()
-    assert isinstance(stream, readers.WebDatasetStream) and len(stream) == len(files)
+    assert isinstance(stream, readers.WdsStream) and len(stream) == len(files)
     loader = DataLoader(stream, batch_size=3, num_workers=2, collate_fn=as_list,
                         multiprocessing_context=multiprocessing.get_context(start_method))
     seen = [sample for batch in loader for sample in batch]
@@ -83,18 +84,18 @@ def test_stream_splits_shards_by_worker(wds_copy: tuple[Path, dict[str, bytes]],
 
     def indexes(worker: int, workers: int) -> list[int]:
         info = SimpleNamespace(id=worker, num_workers=workers)
-        monkeypatch.setattr("readers.webdataset.get_worker_info", lambda: info)
+        monkeypatch.setattr("readers.wds.get_worker_info", lambda: info)
         return [index for (index,) in ds.stream()]
 
     assert indexes(1, 2) == list(range(4, 8)) + list(range(12, 16))
-    with caplog.at_level(logging.WARNING, logger="readers.webdataset"):
+    with caplog.at_level(logging.WARNING, logger="readers.wds"):
         assert indexes(0, shards + 2) == list(range(4))
     assert f"{shards + 2} DataLoader workers but only {shards} shards; 2 workers stay idle" in caplog.text
     assert indexes(shards + 1, shards + 2) == []
 
 
 def write_tar(path: Path, members: list[tuple[bytes, bytes]]) -> None:
-    path.write_bytes(b"".join(small_member(name, data) for name, data in members) + bytes(1024))
+    path.write_bytes(b"".join(encode_member(name, data) for name, data in members) + bytes(1024))
 
 
 @pytest.mark.parametrize("name", [b"../0000000000.jpg", b"/abs/0000000000.jpg", b"a/../../0000000000.jpg"])

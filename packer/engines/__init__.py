@@ -1,9 +1,14 @@
-"""Where shard tasks run. An engine takes the shards still to pack and runs `run_shard` on each."""
+"""Where shard tasks run. An engine takes the shards still to pack and runs `run_shard` on each.
+
+Registered like the writers: name -> "module:function", imported when chosen (Dask only then).
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Callable, Protocol
+
+from readers.formats import Registry
 
 from ..errors import PackError
 from ..plan import Plan
@@ -15,16 +20,14 @@ class Engine(Protocol):
                  progress: Callable[[int], None] | None, policy: ErrorPolicy) -> None: ...
 
 
+ENGINES: Registry[Engine] = Registry({
+    "local": "packer.engines.local:run_local",
+    "dask": "packer.engines.dask:run_dask",
+})
+
+
 def get_engine(name: str) -> Engine:
-    if name == "local":
-        from .local import run_local
-
-        return run_local
-    if name == "dask":
-        from .dask import run_dask
-
-        return run_dask
-    raise PackError(f"unknown engine {name!r}; choose one of: {', '.join(ENGINES)}")
-
-
-ENGINES = ("local", "dask")
+    try:
+        return ENGINES[name]
+    except KeyError:
+        raise PackError(f"unknown engine {name!r}; choose one of: {', '.join(ENGINES)}") from None

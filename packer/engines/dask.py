@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import PackError
-from ..pipeline import run_shard
+from ..shard import run_shard
 from ..plan import Plan
 from ..validate import ErrorPolicy
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from ..errors import PackError
-from ..pipeline import run_shard, shard_file_name
+from ..shard import run_shard, shard_file_name
 from ..plan import Plan
 from ..validate import ErrorPolicy
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
 from typing import Any, ClassVar, Sequence
 
 
@@ -33,9 +34,11 @@ class ShardWriter(ABC):
 
     `expected_bytes` is the sum of the source files' sizes; `classes` the dataset's class names,
     for formats whose shards describe themselves; `sample_shape` the (H, W, C) of every payload
-    when the options guarantee one (raw pixels with a center crop), for fixed-shape layouts. Subclasses set `format` and `extension`, and
-    implement `add` and `close`. `close` must leave the file complete and written to the OS (the
-    pipeline syncs it, while it hashes the file for writers that leave `sha256` unset). A
+    when the options guarantee one (raw pixels with a center crop), for fixed-shape layouts. Subclasses set
+    `format` and `extension`, and implement `add`, `close` and `abort`. `close` must leave the file
+    complete and written to the OS (the pipeline syncs it, while it hashes the file for writers
+    that leave `sha256` unset); `abort` only lets go of open handles, after an error. Used as a
+    context manager, a writer closes on success and aborts on error (or when closing fails). A
     format that needs more files per shard (a tar's offset index) names their extensions in
     `sidecars` and writes each to `sidecar_path(self.path, ext)`; the pipeline publishes them as
     `shard-NNNNNN<ext>` before the shard itself and lists them in index.json.
@@ -59,6 +62,24 @@ class ShardWriter(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
+
+    @abstractmethod
+    def abort(self) -> None:
+        """Release file handles without finishing the file (the caller deletes it); may follow a failed close."""
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        if exc_type is not None:
+            self.abort()
+            return
+        try:
+            self.close()
+        except BaseException:
+            self.abort()
+            raise
 
     # A writer that writes its file front to back may hash it on the way and set this in close(),
     # saving the pipeline a second read of the shard.

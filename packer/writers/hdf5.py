@@ -2,7 +2,7 @@
 
 Layout (docs/FORMAT.md): image bytes back to back in one chunked uint8 dataset `images`, sample
 i at `images[offsets[i]:offsets[i + 1]]` (scripts/bench_hdf5_layout.py measured this 2-5x faster
-for random reads than a vlen uint8 dataset); per-sample `labels`, `formats` and `paths` columns;
+for random reads than a vlen uint8 dataset); per-sample `labels`, `formats` (codecs) and `paths` columns;
 `classes`. The payload layout is named by the file's `layout` attribute: `FlatPayloads`, or
 `FixedPixels` (one (N, H, W, C) uint8 array) when every sample is raw pixels of one shape.
 Decoded stores add a `shapes` column (flat layout) and a `mode` attribute.
@@ -20,13 +20,10 @@ from typing import Any, Iterator, Sequence
 import h5py
 import numpy as np
 
-from readers.manifest import (
-    FORMAT_VERSION,
-    HDF5_FORMAT_WIDTH,
-    HDF5_LAYOUT_FIXED,
-    HDF5_LAYOUT_FLAT,
-)
+from readers.layouts.hdf5 import CODEC_WIDTH, LAYOUT_FIXED, LAYOUT_FLAT, RAW_INDEX_SUFFIX, RAW_SUFFIX, encode_name
+from readers.manifest import FORMAT_VERSION
 
+from ..fsutil import free_bytes
 from .base import Sample, ShardWriter
 
 IMAGE_CHUNK = 64 << 10  # one chunk per random read of a typical JPEG; see scripts/bench_hdf5_layout.py
@@ -43,9 +40,8 @@ def check_space(directory: Path, needed: int) -> None:
     is closed or collected, so a full disk has to be noticed here; this is best effort (another
     process may fill the disk in between). Filesystems that report no size are not checked.
     """
-    stats = os.statvfs(directory)
-    free = stats.f_bavail * stats.f_frsize
-    if stats.f_blocks and free < needed:
+    free = free_bytes(directory)
+    if free is not None and free < needed:
         raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} ({needed} bytes needed, {free} free)")
 
 
@@ -97,28 +93,20 @@ class Column:
 
 
 class StringColumn:
-    """UTF-8 strings, plus the exact bytes of any that are not valid UTF-8.
-
-    Names come in `os.fsdecode` form; one that is not valid UTF-8 is stored in `<name>` in a
-    readable, valid form (`os.fsencode(s).decode("utf-8", "backslashreplace")`) and its original
-    bytes go to `<name>_raw` (vlen uint8) with its position in `<name>_raw_index`.
-    """
+    """UTF-8 strings, plus the exact bytes of any that are not valid UTF-8 (`encode_name`)."""
 
     def __init__(self, file: h5py.File, name: str, chunk: int = COLUMN_CHUNK) -> None:
         self._text = Column(file, name, h5py.string_dtype("utf-8"), chunk)
-        self._raw_index = Column(file, name + "_raw_index", np.int64, chunk)
-        self._raw = Column(file, name + "_raw", h5py.vlen_dtype(np.uint8), chunk)
+        self._raw_index = Column(file, name + RAW_INDEX_SUFFIX, np.int64, chunk)
+        self._raw = Column(file, name + RAW_SUFFIX, h5py.vlen_dtype(np.uint8), chunk)
         self._count = 0
 
     def append(self, value: str) -> None:
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raw = os.fsencode(value)
+        text, raw = encode_name(value)
+        if raw is not None:
             self._raw_index.append(self._count)
             self._raw.append(np.frombuffer(raw, dtype=np.uint8))
-            value = raw.decode("utf-8", "backslashreplace")
-        self._text.append(value)
+        self._text.append(text)
         self._count += 1
 
     def flush(self) -> None:
@@ -133,7 +121,7 @@ class FlatPayloads:
     and trimmed at the end; bytes go to disk in whole chunks once FLUSH_BYTES are buffered.
     """
 
-    layout = HDF5_LAYOUT_FLAT
+    layout = LAYOUT_FLAT
 
     def __init__(self, file: h5py.File, expected_bytes: int, directory: Path) -> None:
         extent = max(expected_bytes, IMAGE_CHUNK)
@@ -177,7 +165,7 @@ class FixedPixels:
     touches exactly one chunk. Rows are buffered and written FLUSH_BYTES at a time; the extent
     doubles when full and is trimmed at the end."""
 
-    layout = HDF5_LAYOUT_FIXED
+    layout = LAYOUT_FIXED
 
     def __init__(self, file: h5py.File, shape: tuple[int, int, int], directory: Path) -> None:
         self._shape = shape
@@ -233,7 +221,7 @@ class HDF5Writer(ShardWriter):
             else:
                 self._payloads = FixedPixels(self._file, sample_shape, path.parent)
             self._labels = Column(self._file, "labels", np.int64)
-            self._formats = Column(self._file, "formats", h5py.string_dtype("ascii", HDF5_FORMAT_WIDTH))
+            self._codecs = Column(self._file, "formats", h5py.string_dtype("ascii", CODEC_WIDTH))
             self._crcs = Column(self._file, "crc32", np.uint32)
             self._paths = StringColumn(self._file, "paths")
         self._count = 0
@@ -243,13 +231,13 @@ class HDF5Writer(ShardWriter):
         if extra:
             raise ValueError(f"{self.path}: the HDF5 layout has no column for meta keys {extra}")
         self._check_pixels(sample.meta)
-        kind = sample.meta["format"].encode("ascii")
-        if len(kind) > HDF5_FORMAT_WIDTH:
-            raise ValueError(f"{self.path}: format name {kind!r} longer than {HDF5_FORMAT_WIDTH} bytes")
+        codec = sample.meta["format"].encode("ascii")
+        if len(codec) > CODEC_WIDTH:
+            raise ValueError(f"{self.path}: codec name {codec!r} longer than {CODEC_WIDTH} bytes")
         with h5py_errors_as_oserror():
             self._payloads.append(sample.payload)
             self._labels.append(sample.label)
-            self._formats.append(kind)
+            self._codecs.append(codec)
             self._crcs.append(sample.crc32)
             self._paths.append(sample.path)
             if self._shapes is not None:
@@ -278,9 +266,13 @@ class HDF5Writer(ShardWriter):
         with h5py_errors_as_oserror():
             self._finish()
 
+    def abort(self) -> None:
+        with h5py_errors_as_oserror():
+            self._file.close()
+
     def _finish(self) -> None:
         self._payloads.finish()
-        for column in (self._labels, self._formats, self._crcs, self._paths, self._shapes):
+        for column in (self._labels, self._codecs, self._crcs, self._paths, self._shapes):
             if column is not None:
                 column.flush()
         classes = StringColumn(self._file, "classes", chunk=max(1, len(self.classes)))

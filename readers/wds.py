@@ -1,11 +1,9 @@
-"""WebDataset tar shards: random access through each shard's offset index, or sequential streaming.
+"""wds (WebDataset tar) shards: random access through each shard's offset index, or streaming.
 
-A shard `shard-NNNNNN.tar` holds three ustar members per sample, in sample order:
-`<key>.<ext>` (the image), `<key>.cls` (the label as decimal text) and `<key>.json` (the
-record meta), where key is the sample's index inside the shard, ten zero-padded digits. Beside it,
-`shard-NNNNNN.idx` gives the byte offset and size of each sample's image and JSON data (layout
-below), so `WebDatasetReader[i]` costs one `pread`. `iter(reader)` and `reader.stream()` read
-the tars front to back instead and need no index.
+A shard `shard-NNNNNN.tar` holds three ustar members per sample (layout in readers/layouts/wds.py).
+Beside it, `shard-NNNNNN.idx` gives the byte offset and size of each sample's image and JSON data,
+so `WdsDataset[i]` costs one `pread`. `iter(dataset)` and `dataset.stream()` read the tars front
+to back instead and need no index.
 """
 
 from __future__ import annotations
@@ -20,90 +18,40 @@ import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .base import PackedDataset
-from .manifest import (
-    TAR_BLOCK,
-    TAR_INDEX_COLUMNS,
-    TAR_INDEX_EXTENSION,
-    TAR_INDEX_HEADER,
-    TAR_INDEX_MAGIC,
-    DatasetError,
-    tar_key,
-    tar_padding,
+from .layouts.wds import (
+    BLOCK,
+    INDEX_COLUMNS,
+    INDEX_EXTENSION,
+    INDEX_HEADER,
+    LABEL_EXTENSION,
+    META_EXTENSION,
+    TarError,
+    padding,
+    parse_header,
+    parse_index_header,
+    sample_key,
+    split_name,
 )
+from .manifest import DatasetError
 
 log = logging.getLogger(__name__)
-
-META_EXTENSIONS = ("cls", "json")
-_ZERO_BLOCK = bytes(TAR_BLOCK)
-
-
-class TarError(ValueError):
-    """A tar header that is damaged or not what pack writes; callers add the file name."""
-
-
-@dataclass(frozen=True)
-class Member:
-    name: str
-    size: int
-
-
-def parse_header(block: bytes | memoryview, *, checksum: bool = True) -> Member | None:
-    """One 512-byte ustar header -> its member, or None for the all-zero end-of-archive block.
-
-    Random access skips the checksum (summing 512 bytes costs more than the rest of a read):
-    there the caller compares the name and size with what the index says instead.
-    """
-    block = bytes(block)
-    if block == _ZERO_BLOCK:
-        return None
-    try:
-        size = int(block[124:136].rstrip(b"\0 ") or b"0", 8)
-        valid = not checksum or int(block[148:156].rstrip(b"\0 ") or b"-1", 8) == (
-            sum(block) - sum(block[148:156]) + 8 * ord(" ")
-        )
-    except ValueError:
-        valid = False
-    if not valid:
-        raise TarError("bad tar header")
-    if block[156:157] not in (b"0", b"\0"):
-        raise TarError(f"tar member of type {block[156:157]!r}; only regular files are expected")
-    name = block[:100].split(b"\0", 1)[0]
-    prefix = block[345:500].split(b"\0", 1)[0] if block[257:262] == b"ustar" else b""
-    if prefix:
-        name = prefix + b"/" + name
-    return Member(name=check_member_name(os.fsdecode(name)), size=size)
-
-
-def check_member_name(name: str) -> str:
-    """Refuse member names that could escape an extraction directory."""
-    if not name or name.startswith("/") or ".." in name.split("/"):
-        raise TarError(f"unsafe tar member name {name!r}")
-    return name
-
-
-def split_name(name: str) -> tuple[str, str]:
-    """WebDataset's rule: the key ends at the first dot of the last path component."""
-    directory, _, base = name.rpartition("/")
-    stem, dot, extension = base.partition(".")
-    return (directory + "/" if directory else "") + stem, extension if dot else ""
 
 
 def read_index(path: str, num_samples: int) -> np.ndarray:
     """The (num_samples, 4) int64 offset table of one shard, checked against the manifest."""
     try:
         with open(path, "rb") as handle:
-            header = handle.read(TAR_INDEX_HEADER.size)
+            header = handle.read(INDEX_HEADER.size)
             table = np.fromfile(handle, dtype="<i8")
     except OSError as exc:
         raise DatasetError(f"{path}: cannot read tar index ({exc.strerror or exc})") from None
-    if len(header) < TAR_INDEX_HEADER.size:
-        raise DatasetError(f"{path}: truncated tar index")
-    magic, columns, count = TAR_INDEX_HEADER.unpack(header)
-    if magic != TAR_INDEX_MAGIC or columns != TAR_INDEX_COLUMNS:
-        raise DatasetError(f"{path}: not a pack tar index")
-    if count != num_samples or table.size != count * columns:
-        raise DatasetError(f"{path}: indexes {table.size // columns} samples, index.json says {num_samples}")
-    return table.reshape(count, columns)
+    try:
+        count = parse_index_header(header)
+    except TarError as exc:
+        raise DatasetError(f"{path}: {exc}") from None
+    if count != num_samples or table.size != count * INDEX_COLUMNS:
+        raise DatasetError(f"{path}: indexes {table.size // INDEX_COLUMNS} samples, index.json says {num_samples}")
+    return table.reshape(count, INDEX_COLUMNS)
 
 
 @dataclass
@@ -112,7 +60,7 @@ class TarShard:
     index: np.ndarray
 
 
-class WebDatasetReader(PackedDataset):
+class WdsDataset(PackedDataset):
     """Tar shards read at random through their `.idx` files, or streamed front to back.
 
     `ds[i]` serves any sampler, like the LMDB and HDF5 readers. `iter(ds)` streams every shard in
@@ -126,9 +74,9 @@ class WebDatasetReader(PackedDataset):
         """The shard's offset index, as listed among its sidecars in index.json."""
         info = self.manifest.shards[shard]
         for sidecar in info.sidecars:
-            if sidecar.name.endswith(TAR_INDEX_EXTENSION):
+            if sidecar.name.endswith(INDEX_EXTENSION):
                 return str(self.root / sidecar.name)
-        raise DatasetError(f"{self.root / 'index.json'}: no {TAR_INDEX_EXTENSION} index listed for {info.name}")
+        raise DatasetError(f"{self.root / 'index.json'}: no {INDEX_EXTENSION} index listed for {info.name}")
 
     def _open(self, shard: int) -> TarShard:
         index = read_index(self.index_path(shard), self.manifest.shards[shard].num_samples)
@@ -152,21 +100,21 @@ class WebDatasetReader(PackedDataset):
     def _pread_sample(handle: TarShard, local: int) -> tuple[dict[str, Any], memoryview]:
         """One pread from the image's header to the end of the JSON; both headers are checked."""
         image_offset, image_size, json_offset, json_size = handle.index[local].tolist()
-        start = image_offset - TAR_BLOCK
-        if start < 0 or json_offset < image_offset + image_size + TAR_BLOCK:
+        start = image_offset - BLOCK
+        if start < 0 or json_offset < image_offset + image_size + BLOCK:
             raise TarError("damaged tar index")
         data = memoryview(os.pread(handle.file.fileno(), json_offset + json_size - start, start))
         if len(data) != json_offset + json_size - start:
             raise TarError("tar shard is truncated")
-        key = tar_key(local)
-        for offset, size, extension in ((image_offset, image_size, None), (json_offset, json_size, "json")):
-            member = parse_header(data[offset - TAR_BLOCK - start:offset - start], checksum=False)
+        key = sample_key(local)
+        for offset, size, extension in ((image_offset, image_size, None), (json_offset, json_size, META_EXTENSION)):
+            member = parse_header(data[offset - BLOCK - start:offset - start], checksum=False)
             if member is None or member.size != size or split_name(member.name)[0] != key or (
                 extension is not None and split_name(member.name)[1] != extension
             ):
                 raise TarError("tar index does not match the tar members")
         meta = json.loads(bytes(data[json_offset - start:]).decode("utf-8"))
-        return meta, data[TAR_BLOCK:TAR_BLOCK + image_size]
+        return meta, data[BLOCK:BLOCK + image_size]
 
     def iter_shard(self, shard: int) -> Iterator[tuple[Any, ...]]:
         """The samples of one shard, read sequentially; the `.idx` file is not used."""
@@ -204,8 +152,8 @@ class WebDatasetReader(PackedDataset):
         for shard in range(len(self.manifest.shards)):
             yield from self.iter_shard(shard)
 
-    def stream(self) -> WebDatasetStream:
-        return WebDatasetStream(self)
+    def stream(self) -> WdsStream:
+        return WdsStream(self)
 
 
 def read_tar_samples(handle: BinaryIO) -> Iterator[tuple[dict[str, Any], memoryview]]:
@@ -216,8 +164,8 @@ def read_tar_samples(handle: BinaryIO) -> Iterator[tuple[dict[str, Any], memoryv
     key: str | None = None
     parts: dict[str, bytes] = {}
     while True:
-        block = handle.read(TAR_BLOCK)
-        if len(block) < TAR_BLOCK:
+        block = handle.read(BLOCK)
+        if len(block) < BLOCK:
             raise TarError("tar shard is truncated (no end-of-archive block)")
         member = parse_header(block)
         member_key, extension = split_name(member.name) if member else (None, "")
@@ -228,27 +176,27 @@ def read_tar_samples(handle: BinaryIO) -> Iterator[tuple[dict[str, Any], memoryv
             return
         key = member_key
         data = handle.read(member.size)
-        handle.read(tar_padding(member.size))
+        handle.read(padding(member.size))
         if len(data) < member.size:
             raise TarError(f"tar shard is truncated in {member.name!r}")
         parts[extension] = data
 
 
 def assemble(key: str, parts: dict[str, bytes]) -> tuple[dict[str, Any], memoryview]:
-    images = [extension for extension in parts if extension not in META_EXTENSIONS]
-    if "json" not in parts or len(images) != 1:
+    images = [extension for extension in parts if extension not in (LABEL_EXTENSION, META_EXTENSION)]
+    if META_EXTENSION not in parts or len(images) != 1:
         raise TarError(f"sample {key!r} has members {sorted(parts)}; expected one image and .json")
-    return json.loads(parts["json"].decode("utf-8")), memoryview(parts[images[0]])
+    return json.loads(parts[META_EXTENSION].decode("utf-8")), memoryview(parts[images[0]])
 
 
-class WebDatasetStream(IterableDataset):
+class WdsStream(IterableDataset):
     """Sequential reading for DataLoader workers: worker w of n streams shards w, w+n, w+2n, ...
 
     Samples come out in shard order within each worker; shuffle through a buffer downstream if
     needed. With more workers than shards, the extra workers yield nothing.
     """
 
-    def __init__(self, reader: WebDatasetReader) -> None:
+    def __init__(self, reader: WdsDataset) -> None:
         self.reader = reader
 
     def __len__(self) -> int:

@@ -1,0 +1,94 @@
+"""OUT, the output folder: every name the packer uses in it, and the checks before writing there.
+
+    OUT/index.json, rejects.jsonl, shard-*        what readers see (names from readers.manifest)
+    OUT/.pack/plan.json, listing.jsonl            the plan every task shares
+    OUT/.pack/plan.lock                           held while one task scans SRC and writes the plan
+    OUT/.pack/tmp/<shard file>.tmp-<host>-<pid>   a shard being written, renamed into OUT when complete
+    OUT/.pack/done/<shard file>.json              a finished shard's marker, written last
+    OUT/.pack/logs/                               batch-job logs (pack slurm-script)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+from pathlib import Path
+
+from readers.manifest import MANIFEST_NAME, REJECTS_NAME, SHARD_PREFIX
+
+from .errors import PackError
+
+WORK_DIR = ".pack"
+PLAN_NAME = "plan.json"
+LISTING_NAME = "listing.jsonl"
+LOCK_NAME = "plan.lock"
+TMP_DIR = "tmp"
+DONE_DIR = "done"
+LOGS_DIR = "logs"
+TEMP_MARK = ".tmp-"
+
+
+def work_dir(out: Path) -> Path:
+    return out / WORK_DIR
+
+
+def plan_path(out: Path) -> Path:
+    return work_dir(out) / PLAN_NAME
+
+
+def listing_path(out: Path) -> Path:
+    return work_dir(out) / LISTING_NAME
+
+
+def lock_path(out: Path) -> Path:
+    return work_dir(out) / LOCK_NAME
+
+
+def tmp_dir(out: Path) -> Path:
+    return work_dir(out) / TMP_DIR
+
+
+def marker_path(out: Path, shard_file: str) -> Path:
+    return work_dir(out) / DONE_DIR / (shard_file + ".json")
+
+
+def temp_name(name: str) -> str:
+    """A file's name while one process on one host writes it; `final_name` gives `name` back."""
+    return f"{name}{TEMP_MARK}{socket.gethostname()}-{os.getpid()}"
+
+
+def final_name(temp: str) -> str:
+    return temp.split(TEMP_MARK)[0]
+
+
+def is_pack_output(name: str) -> bool:
+    return name in (MANIFEST_NAME, REJECTS_NAME, WORK_DIR) or name.startswith(SHARD_PREFIX)
+
+
+def check_paths(src: Path, out: Path) -> None:
+    if src.is_dir():
+        src_real, out_real = src.resolve(), out.resolve()
+        if out_real == src_real or src_real in out_real.parents:
+            raise PackError(f"{out}: OUT must not be inside SRC ({src}); the packer would scan its own output")
+    if out.exists() and not out.is_dir():
+        raise PackError(f"{out}: exists and is not a directory")
+
+
+def prepare_output(out: Path, *, overwrite: bool) -> None:
+    """Refuse to clobber a finished dataset or foreign files; with overwrite, remove our files only."""
+    if not out.exists():
+        out.mkdir(parents=True, exist_ok=True)
+        return
+    names = os.listdir(out)
+    foreign = sorted(name for name in names if not is_pack_output(name))
+    if overwrite:
+        for name in names:
+            if is_pack_output(name):
+                target = out / name
+                shutil.rmtree(target) if target.is_dir() else target.unlink()
+        return
+    if (out / MANIFEST_NAME).exists():
+        raise PackError(f"{out}: already holds a packed dataset; pass --overwrite to replace it")
+    if foreign:
+        raise PackError(f"{out}: not empty and not a pack output (found {foreign[0]!r}); choose another OUT")

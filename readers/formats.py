@@ -1,0 +1,63 @@
+"""The one table of formats: for each, its layout module, writer, dataset class and aliases.
+
+A fourth format is a layout (`readers/layouts/`), a writer (`packer/writers/`), a dataset
+(`readers/`) and one row here. Everything is named by import path and loaded on first use:
+this module imports no torch and never imports `packer` (only the packer resolves `writer`).
+The packer's CLI commands and the tests' parametrisation derive from this table.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Format:
+    name: str
+    layout: str  # module: the format's constants and paired encode/parse functions (torch-free)
+    writer: str  # "module:Class" of its packer.writers.ShardWriter
+    dataset: str  # "module:Class" of its readers.base.PackedDataset
+    aliases: tuple[str, ...] = ()
+
+
+FORMATS: dict[str, Format] = {
+    spec.name: spec
+    for spec in (
+        Format("lmdb", "readers.layouts.lmdb", "packer.writers.lmdb:LMDBWriter", "readers.lmdb:LMDBDataset"),
+        Format("hdf5", "readers.layouts.hdf5", "packer.writers.hdf5:HDF5Writer", "readers.hdf5:HDF5Dataset"),
+        Format("wds", "readers.layouts.wds", "packer.writers.wds:WdsWriter", "readers.wds:WdsDataset",
+               aliases=("webdataset",)),
+    )
+}
+ALIASES: dict[str, str] = {alias: spec.name for spec in FORMATS.values() for alias in spec.aliases}
+
+
+def resolve(reference: str) -> Any:
+    """Import "package.module:attribute" and return the attribute."""
+    module, _, attribute = reference.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+class Registry(Mapping[str, T], Generic[T]):
+    """Name (or alias) -> object, each named by "module:attribute" and imported when first asked.
+
+    Iterating gives the names only, never the aliases.
+    """
+
+    def __init__(self, references: dict[str, str], aliases: Mapping[str, str] | None = None) -> None:
+        self._references = references
+        self.aliases = dict(aliases or {})
+
+    def __getitem__(self, name: str) -> T:
+        return resolve(self._references[self.aliases.get(name, name)])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._references)
+
+    def __len__(self) -> int:
+        return len(self._references)
