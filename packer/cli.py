@@ -188,10 +188,13 @@ class PackGroup(click.Group):
 @click.group(cls=PackGroup)
 @click.version_option(__version__, prog_name="pack")
 @click.option("--verbose", "-v", is_flag=True, help="Log what the library does to stderr.")
-def main(verbose: bool) -> None:
+@click.pass_context
+def main(ctx: click.Context, verbose: bool) -> None:
     """Pack folders of images into LMDB, HDF5 or WebDataset shards for fast PyTorch training."""
-    # A scheduler's preemption (SIGTERM) stops like Ctrl-C: temp files removed, resumable.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # A scheduler's preemption (SIGTERM) stops like Ctrl-C: temp files removed, resumable. For this
+    # command only: an in-process caller (a test session, a notebook) gets its own handler back.
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    ctx.call_on_close(lambda: signal.signal(signal.SIGTERM, previous))
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     # Dask reads this when first imported (by --engine dask): keep its INFO chatter out of the output.
     os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "info" if verbose else "warning")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from imagefolders import make_image_folder
+from workers import kill, resume, stop, stop_workers_as_they_start
 
 from packer.errors import PackError
 from packer.pipeline import pack
@@ -41,16 +42,21 @@ def big_folder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return src, reference
 
 
-def signal_when(process: subprocess.Popen, out: Path, finished_shards: int, signum: int) -> None:
-    """Send `signum` once the run has reached a point: the plan written (0) or k shard markers."""
+def wait_for(out: Path, process: subprocess.Popen, finished_shards: int) -> None:
+    """Until the run has reached a point: the plan written (0) or k shard markers."""
     done = out / ".pack" / "done"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and process.poll() is None:
         if (out / ".pack" / "plan.json").exists() and (
             finished_shards == 0 or (done.is_dir() and len(os.listdir(done)) >= finished_shards)
         ):
-            break
+            return
         time.sleep(0.005)
+
+
+def signal_when(process: subprocess.Popen, out: Path, finished_shards: int, signum: int) -> None:
+    """Send `signum` once the run has reached a point (see wait_for)."""
+    wait_for(out, process, finished_shards)
     process.send_signal(signum)
 
 
@@ -77,9 +83,17 @@ def test_ctrl_c_stops_with_message_and_resumes(big_folder: tuple[Path, Path], tm
     out = tmp_path / "out"
     command = [*PACK, "lmdb", str(src), str(out), "--shard-size", "20", "-q", "--workers", "2"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    signal_when(process, out, 1, signal.SIGINT)
-    started = time.monotonic()
-    _, stderr = process.communicate(timeout=30)
+    workers = stop_workers_as_they_start(process, 2)
+    try:
+        resume(workers)
+        wait_for(out, process, 1)
+        stop(workers)  # so the run cannot finish before Ctrl-C reaches it, however slow this machine is
+        process.send_signal(signal.SIGINT)
+        started = time.monotonic()
+        _, stderr = process.communicate(timeout=30)
+    finally:
+        kill(workers)
+        resume(workers)
     assert time.monotonic() - started < 10
     assert process.returncode == 1
     assert stderr.strip().splitlines()[-1] == "Error: interrupted; nothing was published; rerun the same command to resume"

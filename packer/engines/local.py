@@ -1,35 +1,96 @@
-"""Run shard tasks on this machine: one process per shard in flight, reader threads inside each."""
+"""Run shard tasks on this machine: spawned worker processes, one shard each at a time.
+
+Not multiprocessing.Pool: its terminate() joins workers with no time limit and its workers share
+locks with the parent (task queue, result queue, a progress counter). A worker that was stopped,
+stuck in uninterruptible I/O, or that survived SIGTERM hung `pack` forever; so did one killed
+while holding one of those locks; and Pool never finishes the task of a worker that died. Here
+each worker has a pipe of its own, the parent waits on the pipes and on the workers' exit
+sentinels together (a death is seen at once), progress is a lock-free array in which each
+worker writes only its own slot, and stopping is SIGKILL with a bounded wait.
+"""
 
 from __future__ import annotations
 
 import ctypes
+import logging
 import multiprocessing
 import os
 import signal
+import time
+import traceback
+from collections import deque
 from contextlib import contextmanager
-from multiprocessing.sharedctypes import Synchronized
+from dataclasses import dataclass
+from multiprocessing import resource_tracker
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from ..errors import PackError
-from ..shard import run_shard, shard_file_name
 from ..plan import Plan
+from ..shard import run_shard, shard_file_name
 from ..validate import ErrorPolicy
 
-_counter: Synchronized | None = None
-_started_by: Any = None  # shard number -> pid of the worker that started it (a shared int64 array)
+log = logging.getLogger(__name__)
+
+POLL_SECONDS = 0.2
+"""How often progress is reported while waiting on the workers."""
+STOP_SECONDS = 10.0
+"""The longest `pack` waits for its workers to exit once it has told them, or killed them."""
+PR_SET_PDEATHSIG = 1
+START_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
-def _init_worker(counter: Synchronized, started_by: Any) -> None:
-    """Count progress in shared memory, and die with the parent (no orphans writing after kill -9)."""
-    global _counter, _started_by
-    _counter = counter
-    _started_by = started_by
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops the pool
+class RemoteTraceback(Exception):
+    """A worker's traceback, chained to the error re-raised in the parent."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def _serve(conn: Connection, progress: Any, slot: int, parent: int) -> None:
+    """A worker: run each shard the parent sends, answer (error, traceback) or (None, ""), until None."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent handles it
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, START_SIGNALS)  # blocked by the parent while it started us
     try:
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG, Linux
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # die with the parent: no orphans after kill -9
     except (OSError, AttributeError):
         pass
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        return
+
+    def count(samples: int) -> None:
+        progress[slot] += samples
+
+    while True:
+        try:
+            task = conn.recv()
+        except EOFError:  # the parent is gone
+            return
+        if task is None:
+            return
+        out, plan, shard, policy = task
+        try:
+            run_shard(out, plan, shard, progress=count, policy=policy)
+        except Exception as exc:  # noqa: BLE001 - every error goes back to the parent, which decides
+            _reply(conn, exc, traceback.format_exc())
+        else:
+            _reply(conn, None, "")
+
+
+def _reply(conn: Connection, error: BaseException | None, trace: str) -> None:
+    try:
+        conn.send((error, trace))
+    except Exception:  # noqa: BLE001 - an error that cannot be pickled still gets home as text
+        conn.send((PackError(f"{type(error).__name__}: {error}"), trace))
+
+
+@dataclass
+class Worker:
+    process: BaseProcess
+    conn: Connection
+    shard: int | None = None
 
 
 @contextmanager
@@ -50,42 +111,83 @@ def few_malloc_arenas() -> Iterator[None]:
             del os.environ["MALLOC_ARENA_MAX"]
 
 
-def _count(samples: int) -> None:
-    assert _counter is not None
-    with _counter.get_lock():
-        _counter.value += samples
-
-
-def _run(out: Path, plan: Plan, shard: int, policy: ErrorPolicy) -> None:
-    _started_by[shard] = os.getpid()
-    run_shard(out, plan, shard, progress=_count, policy=policy)
-
-
-def _is_dead(pid: int) -> bool:
-    """Whether process `pid` has exited (a zombie the pool has not reaped yet counts as exited)."""
+@contextmanager
+def signals_blocked() -> Iterator[None]:
+    """Block Ctrl-C and SIGTERM while workers start: they inherit the mask, so neither can kill a
+    worker half-way through start-up (a traceback on the terminal) or be swallowed by the parent's
+    handlers that a child keeps between fork and exec. Signals that arrive meanwhile wait, not vanish."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, START_SIGNALS)
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def start_workers(count: int, progress: Any) -> list[Worker]:
+    context = multiprocessing.get_context("spawn")
+    workers: list[Worker] = []
+    resource_tracker.ensure_running()  # started later, it would unblock the signals below for itself
+    with few_malloc_arenas(), signals_blocked():
+        for slot in range(count):
+            conn, child_conn = context.Pipe()
+            process = context.Process(target=_serve, args=(child_conn, progress, slot, os.getpid()),
+                                      name=f"pack-worker-{slot}", daemon=True)
+            process.start()
+            child_conn.close()
+            workers.append(Worker(process, conn))
+    return workers
+
+
+def died(out: Path, plan: Plan, worker: Worker) -> PackError:
+    """The error for a busy worker that exited (or closed its pipe) without answering."""
+    assert worker.shard is not None
+    worker.process.join(0)
+    code = worker.process.exitcode
+    how = (f"killed by {signal.Signals(-code).name}" if code is not None and code < 0
+           else f"exit code {code}" if code is not None else "pipe closed")
+    return PackError(
+        f"{out}: the worker packing {shard_file_name(plan, worker.shard)} (pid {worker.process.pid}) died "
+        f"before finishing it ({how}; out of memory?); finished shards are kept: rerun the same command to resume"
+    )
+
+
+def collect(out: Path, plan: Plan, worker: Worker) -> None:
+    """Take a busy worker's answer: the shard is done, or its error is raised here."""
     try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return False
+        error, trace = worker.conn.recv()
+    except (EOFError, OSError):
+        raise died(out, plan, worker) from None
+    worker.shard = None
+    if error is not None:
+        if isinstance(error, PackError):
+            raise error
+        raise error from RemoteTraceback(trace)
 
 
-def _check_alive(out: Path, plan: Plan, shards: list[int], started_by: Any) -> None:
-    """multiprocessing.Pool replaces a worker that dies (OOM killer, a crash in a C library) but
-    never finishes its task: without this check, pack would wait for that shard forever."""
-    for shard in shards:
-        pid = started_by[shard]
-        if pid and _is_dead(pid):
-            raise PackError(
-                f"{out}: the worker packing {shard_file_name(plan, shard)} (pid {pid}) died before finishing it "
-                "(killed, or out of memory?); finished shards are kept: rerun the same command to resume"
-            )
+def stop_workers(workers: list[Worker]) -> None:
+    """Idle workers are told to exit, busy ones killed (their shard is packed again on rerun).
+
+    SIGKILL, not SIGTERM: it also ends a stopped worker, and one whose SIGTERM is caught or blocked.
+    Nothing here waits longer than STOP_SECONDS, even for a process the kernel cannot kill yet.
+    """
+    for worker in workers:
+        if worker.shard is None:
+            try:
+                worker.conn.send(None)
+            except OSError:
+                worker.process.kill()
+        else:
+            worker.process.kill()
+    deadline = time.monotonic() + STOP_SECONDS
+    for worker in workers:
+        worker.process.join(max(0.0, deadline - time.monotonic()))
+        if worker.process.is_alive():
+            worker.process.kill()
+            worker.process.join(1.0)
+            if worker.process.is_alive():
+                log.warning("worker pid %d did not exit after SIGKILL (uninterruptible I/O?); not waiting for it",
+                            worker.process.pid)
+        worker.conn.close()
 
 
 def run_local(out: Path, plan: Plan, shards: list[int], *, workers: int, scheduler: str | None = None,
@@ -95,24 +197,33 @@ def run_local(out: Path, plan: Plan, shards: list[int], *, workers: int, schedul
         for shard in shards:
             run_shard(out, plan, shard, progress=progress, policy=policy)
         return
-    context = multiprocessing.get_context("spawn")
-    counter = context.Value("q", 0)
-    started_by = context.Array("q", plan.num_shards, lock=False)
+    count = min(workers, len(shards))
+    done_samples = multiprocessing.get_context("spawn").Array("q", count, lock=False)
+    pool = start_workers(count, done_samples)
+    pending = deque(shards)
     reported = 0
-    with few_malloc_arenas():
-        pool = context.Pool(min(workers, len(shards)), initializer=_init_worker, initargs=(counter, started_by))
     try:
-        tasks = {shard: pool.apply_async(_run, (out, plan, shard, policy)) for shard in shards}
-        pool.close()
-        while tasks:
-            next(iter(tasks.values())).wait(timeout=0.2)
-            for shard in [shard for shard, task in tasks.items() if task.ready()]:
-                tasks.pop(shard).get()  # re-raises a worker's error here
-            _check_alive(out, plan, list(tasks), started_by)
+        while True:
+            for worker in pool:
+                if worker.shard is None and pending:
+                    worker.shard = pending.popleft()
+                    try:
+                        worker.conn.send((out, plan, worker.shard, policy))
+                    except OSError:
+                        raise died(out, plan, worker) from None
+            busy = [worker for worker in pool if worker.shard is not None]
+            if not busy:
+                break
+            ready = wait([worker.conn for worker in busy] + [worker.process.sentinel for worker in busy],
+                         timeout=POLL_SECONDS)
+            for worker in busy:
+                if worker.conn in ready or worker.conn.poll():
+                    collect(out, plan, worker)
+                elif worker.process.sentinel in ready:
+                    raise died(out, plan, worker)
             if progress:
-                current = counter.value
+                current = sum(done_samples)
                 progress(current - reported)
                 reported = current
-        pool.join()
     finally:
-        pool.terminate()  # on error or Ctrl-C: stop the other shards now; their temp files are cleaned on rerun
+        stop_workers(pool)
