@@ -15,6 +15,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import IO
 
 from readers.cpus import available_cpus
 from readers.formats import ALIASES, FORMATS
@@ -32,6 +33,11 @@ from .shard import Progress, ShardResult, check_rejects, clean_tmp, finished_sha
 from .validate import ErrorPolicy
 
 log = logging.getLogger(__name__)
+
+PLAN_LOCK_SECONDS = 6 * 3600.0
+"""The longest a task waits for another to finish planning: past it, an error instead of a hang."""
+LOCK_POLL_SECONDS = 0.5
+
 
 
 @dataclass
@@ -119,6 +125,22 @@ def canonical_options(options: PackOptions) -> PackOptions:
     return replace(options, format=name)
 
 
+def wait_for_lock(lock: IO[str], path: Path, timeout: float = PLAN_LOCK_SECONDS) -> None:
+    """Take the plan lock, waiting while another task scans SRC (an hour for ten million files on a
+    cluster filesystem), but not forever: a holder that is alive and stuck becomes an error. A dead
+    holder's flock is released by the kernel, so a killed task never blocks the next one."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise PackError(f"{path}: another pack process has held this lock for over {timeout:g} s "
+                                "(still scanning SRC, or stuck?); rerun once it has finished or been stopped") from None
+            time.sleep(LOCK_POLL_SECONDS)
+
+
 def ensure_plan(src: Path, out: Path, options: PackOptions, *, overwrite: bool = False) -> Plan:
     """The plan in OUT, written once: the first process scans SRC, the others (and reruns) reuse it.
 
@@ -130,7 +152,7 @@ def ensure_plan(src: Path, out: Path, options: PackOptions, *, overwrite: bool =
     prepare_output(out, overwrite=overwrite)
     work_dir(out).mkdir(exist_ok=True)
     with open(lock_path(out), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        wait_for_lock(lock, lock_path(out))
         plan = load_plan(out)
         if plan is not None:
             if plan.options != options or plan.source != os.path.abspath(src):

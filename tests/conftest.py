@@ -12,6 +12,8 @@ from packer.pipeline import pack
 from packer.plan import PackOptions
 from packer.writers import WRITERS
 
+pytest_plugins = ["timeouts"]
+
 PackedAs = Callable[[str], tuple[Path, dict[str, bytes]]]
 
 
@@ -62,3 +64,4 @@ def packed_copy(request: pytest.FixtureRequest, packed_as: PackedAs, tmp_path: P
     copy = tmp_path / "out"
     shutil.copytree(out, copy)
     return copy, files
+

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
+from packer import pipeline
 from packer.errors import PackError
+from packer.outdir import lock_path
 from packer.partition import Partition, resolve_partition
 from packer.pipeline import merge, pack
 from packer.plan import PackOptions
@@ -210,3 +214,21 @@ def test_available_cpus_is_bounded_by_slurm_and_the_affinity_mask(monkeypatch: p
     assert available_cpus() == mask
     monkeypatch.delenv("SLURM_CPUS_PER_TASK")
     assert available_cpus() == mask
+
+
+def test_a_task_waits_for_the_plan_lock_but_not_forever(image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another task planning (holding the lock) makes this one wait; a holder that never lets go is
+    a one-line error naming the lock; once it is released the task goes on with the same plan."""
+    root, _ = image_folder
+    out = tmp_path / "out"
+    pipeline.ensure_plan(root, out, PackOptions(format="lmdb", shard_size=3))
+    monkeypatch.setattr(pipeline, "LOCK_POLL_SECONDS", 0.01)
+    with open(lock_path(out), "a") as holder:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        with open(lock_path(out), "a") as waiter, pytest.raises(
+                PackError, match=r"plan\.lock: another pack process has held this lock for over 0\.2 s"):
+            pipeline.wait_for_lock(waiter, lock_path(out), timeout=0.2)
+        threading.Timer(0.2, fcntl.flock, (holder, fcntl.LOCK_UN)).start()
+        plan = pipeline.ensure_plan(root, out, PackOptions(format="lmdb", shard_size=3))
+    assert plan.num_shards == 7
