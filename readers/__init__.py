@@ -28,12 +28,8 @@ _LAZY = {
 }
 
 
-# Old names README.md still uses; they go once it says WdsDataset.
-_RENAMED = {"WebDatasetReader": "WdsDataset"}
-
 
 def __getattr__(name: str) -> Any:
-    name = _RENAMED.get(name, name)
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'readers' has no attribute {name!r}")
