@@ -14,7 +14,7 @@ from pathlib import Path
 
 from clirun import run
 from imagefolders import image_bytes
-from workers import kill, resume, stop_workers_as_they_start
+from workers import signal_all, stop_workers_as_they_start
 
 PACK = [sys.executable, "-m", "packer.cli"]
 
@@ -41,11 +41,10 @@ def test_on_error_fail_with_the_other_worker_stopped_names_the_bad_file(tmp_path
                                 "--workers", "2", "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     stopped = stop_workers_as_they_start(process, 2)
     try:
-        resume(stopped[:1])
+        signal_all(stopped[:1], signal.SIGCONT)
         _, stderr = process.communicate(timeout=30)
     finally:
-        kill(stopped)
-        resume(stopped)
+        signal_all(stopped, signal.SIGKILL)
     assert process.returncode == 1
     lines = stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"Error: {src}/class_0"), stderr

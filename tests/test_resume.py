@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from imagefolders import make_image_folder
-from workers import kill, resume, stop, stop_workers_as_they_start
+from workers import signal_all, stop_workers_as_they_start
 
 from packer.errors import PackError
 from packer.pipeline import pack
@@ -85,15 +85,14 @@ def test_ctrl_c_stops_with_message_and_resumes(big_folder: tuple[Path, Path], tm
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     workers = stop_workers_as_they_start(process, 2)
     try:
-        resume(workers)
+        signal_all(workers, signal.SIGCONT)
         wait_for(out, process, 1)
-        stop(workers)  # so the run cannot finish before Ctrl-C reaches it, however slow this machine is
+        signal_all(workers, signal.SIGSTOP)  # the run cannot finish before Ctrl-C, however slow the machine
         process.send_signal(signal.SIGINT)
         started = time.monotonic()
         _, stderr = process.communicate(timeout=30)
     finally:
-        kill(workers)
-        resume(workers)
+        signal_all(workers, signal.SIGKILL)
     assert time.monotonic() - started < 10
     assert process.returncode == 1
     assert stderr.strip().splitlines()[-1] == "Error: interrupted; nothing was published; rerun the same command to resume"

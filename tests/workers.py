@@ -46,22 +46,10 @@ def stop_workers_as_they_start(process: subprocess.Popen, count: int, timeout: f
     return stopped
 
 
-def stop(pids: list[int]) -> None:
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
-
-
-def resume(pids: list[int]) -> None:
+def signal_all(pids: list[int], signum: int) -> None:
+    """Send `signum` to each process still there (SIGSTOP / SIGCONT to hold and release, SIGKILL)."""
     for pid in pids:
         try:
-            os.kill(pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
-
-
-def kill(pids: list[int]) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, signum)
         except ProcessLookupError:
             pass
