@@ -267,10 +267,21 @@ def info_command(out: Path, as_json: bool) -> None:
         click.echo("image size   " + " / ".join(f"{sizes['width'][k]:.0f}x{sizes['height'][k]:.0f}"
                                                  for k in ("min", "median", "max"))
                    + f" (min/median/max width x height, {sizes['sampled']} sampled)")
+    if info["fields"]:
+        click.echo("fields       " + ", ".join(describe_field(spec) for spec in info["fields"]))
     click.echo("options      " + ", ".join(f"{key}={value}" for key, value in info["options"].items()))
     click.echo("classes")
     for entry in info["classes"]:
         click.echo(f"  {entry['index']:5d}  {entry['samples']:9d}  {entry['name']}")
+
+
+def describe_field(spec: dict[str, Any]) -> str:
+    """`bbox (array float64 [4])`, `json (json, optional)`: a field as `pack info` lists it."""
+    kind = spec["type"]
+    if kind == "array":
+        kind += f" {spec['dtype']} " + ("[" + ", ".join(map(str, spec["shape"])) + "]" if spec["shape"] is not None
+                                         else "(shapes vary)")
+    return f"{spec['name']} ({kind}{', optional' if spec['optional'] else ''})"
 
 
 @main.command("slurm-script")

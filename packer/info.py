@@ -36,6 +36,7 @@ def describe(out: Path) -> dict[str, Any]:
                         "max": max(shard_bytes, default=0)},
         "bytes_per_sample": total / manifest.num_samples if manifest.num_samples else 0,
         "image_sizes": sizes,
+        "fields": [spec.to_dict() for spec in manifest.fields],
         "options": manifest.options,
         "tool_version": manifest.tool_version,
     }

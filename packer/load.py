@@ -1,4 +1,5 @@
-"""Source files in, encoded samples out: reader threads with a bounded read-ahead, in listing order."""
+"""Source files in, encoded samples and their fields' stored bytes out: reader threads with a
+bounded read-ahead, in listing order."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import os
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
+
+from readers.fields import FieldSpec, encode_value
 
 from .encode import Encoded, encode
 from .errors import RejectedFile
@@ -40,34 +43,52 @@ def read_file(path: str, size: int) -> bytes:
         os.close(fd)
 
 
-def load_sample(root: str, entry: Entry, validate: str, max_pixels: int,
-                encoding: dict[str, Any]) -> Encoded | RejectedFile:
-    """Read, check and encode one file; runs in a reader thread (Pillow's codecs release the GIL)."""
+Loaded = tuple[Encoded, dict[str, bytes]]  # the encoded image, and its fields' stored bytes
+
+
+def listed_fields(entry: Entry, specs: Sequence[FieldSpec]) -> dict[str, bytes]:
+    """The stored bytes of the field values that came with the listing; absent values stay absent."""
+    values = entry.fields or {}
+    stored = {}
+    for spec in specs:
+        value = values.get(spec.name)
+        if value is not None:
+            try:
+                stored[spec.name] = encode_value(spec, value)
+            except ValueError as exc:
+                raise RejectedFile(str(exc)) from None
+    return stored
+
+
+def load_sample(root: str, entry: Entry, validate: str, max_pixels: int, encoding: dict[str, Any],
+                fields: Sequence[FieldSpec]) -> Loaded | RejectedFile:
+    """Read, check and encode one file and its fields; runs in a reader thread (Pillow's codecs
+    release the GIL)."""
     try:
         data = read_file(os.path.join(root, entry.path), entry.size)
         codec = check_image(data, validate=validate, max_pixels=max_pixels)
-        return encode(data, codec=codec, **encoding)
+        return encode(data, codec=codec, **encoding), listed_fields(entry, fields)
     except RejectedFile as exc:
         return exc
     except OSError as exc:
         return RejectedFile(f"cannot read: {exc.strerror or exc}")
 
 
-def load_samples(root: Path, entries: list[Entry], options: PackOptions,
-                 threads: int) -> Iterator[tuple[Entry, Encoded | RejectedFile]]:
+def load_samples(root: Path, entries: list[Entry], options: PackOptions, threads: int,
+                 fields: Sequence[FieldSpec] = ()) -> Iterator[tuple[Entry, Loaded | RejectedFile]]:
     """Samples in listing order, loaded by a thread pool with a read-ahead bounded in bytes and files.
 
     Each task loads a run of consecutive files (up to READ_RUN_FILES or READ_RUN_BYTES), so the
     pool's queue and futures cost once per run instead of once per file.
     """
     load = functools.partial(load_sample, str(root), validate=options.validate, max_pixels=options.max_pixels,
-                             encoding=options.encoding)
+                             encoding=options.encoding, fields=fields)
 
-    def load_run(run: list[Entry]) -> list[Encoded | RejectedFile]:
+    def load_run(run: list[Entry]) -> list[Loaded | RejectedFile]:
         return [load(entry) for entry in run]
 
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="pack-read") as pool:
-        pending: deque[tuple[list[Entry], int, Future[list[Encoded | RejectedFile]]]] = deque()
+        pending: deque[tuple[list[Entry], int, Future[list[Loaded | RejectedFile]]]] = deque()
         position = in_flight = 0
         try:
             while position < len(entries) or pending:

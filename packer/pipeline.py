@@ -205,6 +205,7 @@ def merge(out: Path, policy: ErrorPolicy = ErrorPolicy()) -> Manifest:
         options=asdict(plan.options),
         tool_version=f"pack {__version__}",
         source_bytes=sum(result.source_bytes for result in results),
+        fields=plan.fields,
     )
     atomic_write_text(out / MANIFEST_NAME, manifest.to_json())
     shutil.rmtree(tmp_dir(out), ignore_errors=True)

@@ -1,7 +1,8 @@
 """Split a listing into shards, and keep that split on disk so any process can run one shard.
 
-The plan lives in OUT/.pack/: `plan.json` (options, classes, shard boundaries) and
-`listing.jsonl` (one `[path, label, size]` per line). Shard boundaries depend only on the sorted
+The plan lives in OUT/.pack/: `plan.json` (options, classes, fields, shard boundaries) and
+`listing.jsonl` (one `[path, label, size]` per line, `[path, label, size, {field: value}]` when
+values come with the listing, from a metadata file). Shard boundaries depend only on the sorted
 listing and the shard options, so every run and every task computes the same shards.
 """
 
@@ -13,6 +14,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
+
+from readers.fields import FieldSpec
 
 from .encode import DEFAULT_QUALITY, ENCODE_OPTIONS, PIXEL_MODES, STORES
 from .errors import PackError
@@ -90,9 +93,12 @@ class PackOptions:
 
 @dataclass
 class Entry:
+    """One file to pack; `path` (relative to SRC) is its key: unique, and the listing's sort order."""
+
     path: str
     label: int
     size: int
+    fields: dict[str, Any] | None = None  # values from the listing (a metadata file's columns)
 
 
 @dataclass
@@ -106,6 +112,7 @@ class Plan:
     listing_sha256: str
     ignored: int = 0
     scan_rejects: list[dict[str, str]] = field(default_factory=list)
+    fields: list[FieldSpec] = field(default_factory=list)
 
     @property
     def num_shards(self) -> int:
@@ -147,7 +154,8 @@ def write_plan(out: Path, listing: Listing, options: PackOptions) -> Plan:
         for index, (path, label, size) in enumerate(zip(listing.paths, listing.labels, listing.sizes)):
             if index in starts:
                 offsets.append(position)
-            line = (json.dumps([path, label, size]) + "\n").encode("ascii")
+            row = [path, label, size] if listing.values is None else [path, label, size, listing.values[index]]
+            line = (json.dumps(row) + "\n").encode("ascii")
             handle.write(line)
             digest.update(line)
             position += len(line)
@@ -165,6 +173,7 @@ def write_plan(out: Path, listing: Listing, options: PackOptions) -> Plan:
         listing_sha256=digest.hexdigest(),
         ignored=listing.ignored_hidden + listing.ignored_other,
         scan_rejects=[{"path": path, "reason": reason} for path, reason in listing.unreadable],
+        fields=listing.fields,
     )
     atomic_write_text(plan_path(out), json.dumps(asdict(plan)) + "\n")
     return plan
@@ -174,7 +183,8 @@ def load_plan(out: Path) -> Plan | None:
     path = plan_path(out)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        return Plan(**{**data, "options": PackOptions(**data["options"])})
+        return Plan(**{**data, "options": PackOptions(**data["options"]),
+                       "fields": [FieldSpec.from_dict(spec) for spec in data.get("fields", ())]})
     except FileNotFoundError:
         return None
     except (OSError, ValueError, TypeError, KeyError, PackError) as exc:

@@ -14,6 +14,9 @@ import stat
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from readers.fields import FieldSpec
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +42,9 @@ class Listing:
     ignored_hidden: int = 0
     ignored_other: int = 0
     unreadable: list[tuple[str, str]] = field(default_factory=list)
+    fields: list[FieldSpec] = field(default_factory=list)
+    # Per file, the values of the fields that come with the listing (None: no such fields).
+    values: list[dict[str, Any]] | None = None
 
     def __len__(self) -> int:
         return len(self.paths)

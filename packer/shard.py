@@ -121,15 +121,16 @@ def run_shard(out: Path, plan: Plan, shard: int, *, threads: int = READ_THREADS,
     final = out / name
     try:
         with writer_cls(tmp, expected_bytes=sum(entry.size for entry in entries), classes=plan.classes,
-                        sample_shape=plan.options.sample_shape) as writer:
-            for entry, encoded in load_samples(Path(plan.source), entries, plan.options, threads):
-                if isinstance(encoded, RejectedFile):
-                    rejects.append({"path": entry.path, "reason": str(encoded)})
+                        sample_shape=plan.options.sample_shape, fields=plan.fields) as writer:
+            for entry, loaded in load_samples(Path(plan.source), entries, plan.options, threads, plan.fields):
+                if isinstance(loaded, RejectedFile):
+                    rejects.append({"path": entry.path, "reason": str(loaded)})
                     check_rejects(out, plan, rejects, policy)
                 else:
+                    encoded, fields = loaded
                     writer.add(Sample(local_index=count, label=entry.label, path=entry.path,
                                       payload=encoded.payload, meta=encoded.meta, extension=encoded.extension,
-                                      crc32=encoded.crc32))
+                                      crc32=encoded.crc32, fields=fields))
                     count += 1
                     label_counts[str(entry.label)] = label_counts.get(str(entry.label), 0) + 1
                     source_bytes += entry.size

@@ -17,10 +17,12 @@ def verify(out: Path, *, full: bool = False, progress: Callable[[int], None] | N
 
     Checks every shard's presence, size, sha256 and sample count. A shard whose hash is wrong is
     read sample by sample to name the damaged ones (each record carries a CRC-32). `full` also
-    decodes every sample of every shard.
+    decodes every sample of every shard and parses each of its fields against index.json's types.
     """
     manifest = load_manifest(out)
-    dataset = open_dataset(out, decode="pil" if full else "bytes", fields=("image",))
+    # Every stored field too: reading one parses it, so a damaged or missing value is named.
+    dataset = open_dataset(out, decode="pil" if full else "bytes",
+                           fields=("image", *(spec.name for spec in manifest.fields)))
     problems: list[str] = []
     start = 0
     try:

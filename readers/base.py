@@ -11,9 +11,10 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from .decode import get_decoder
+from .fields import BUILTIN_FIELDS, FieldSpec
 from .manifest import DatasetError, Manifest, load_manifest, payload_crc32
 
-FIELDS = ("image", "label", "path", "index")
+Fields = dict[str, Any]  # a sample's stored fields, by name: the values of `PackedDataset.wanted`
 ON_ERROR_MODES = ("skip", "fail")
 """What a damaged sample does: "fail" raises DatasetError, "skip" reads the next sample instead;
 the words of the packer's `--on-error`."""
@@ -22,7 +23,8 @@ the words of the packer's `--on-error`."""
 class PackedDataset(Dataset):
     """Map-style dataset over the shards of one manifest.
 
-    Subclasses implement `_read(shard, local_index) -> (meta, payload)`. Handles to shard files
+    Subclasses implement `_read(shard, local_index) -> (meta, payload, fields)`, `fields` holding
+    the values of the stored fields in `wanted` (None for an absent one). Handles to shard files
     are opened lazily, per process, so a dataset can be pickled to spawn workers or inherited
     through fork; `__getstate__` drops whatever the parent opened.
     """
@@ -46,10 +48,16 @@ class PackedDataset(Dataset):
         self.decode = decode
         self.decode_size = decode_size
         self._decoder = get_decoder(decode, decode_size)
-        unknown = [name for name in fields if name not in FIELDS]
-        if unknown or not fields:
-            raise ValueError(f"fields must be a non-empty selection of {FIELDS}, got {tuple(fields)}")
+        if not fields:
+            raise ValueError("fields must name at least one field")
+        specs = {spec.name: spec for spec in self.manifest.fields}
+        unknown = [name for name in fields if name not in BUILTIN_FIELDS and name not in specs]
+        if unknown:
+            raise DatasetError(f"{self.root}: no field {unknown[0]!r}; available: "
+                               + ", ".join((*BUILTIN_FIELDS, *specs)))
         self.fields = tuple(fields)
+        # The stored fields asked for: the format hooks read only these.
+        self.wanted = [specs[name] for name in dict.fromkeys(fields) if name in specs]
         self.transform = transform
         self.target_transform = target_transform
         if on_error == "raise":  # the readers' word for "fail" before both sides used the packer's
@@ -67,6 +75,10 @@ class PackedDataset(Dataset):
     @property
     def classes(self) -> list[str]:
         return self.manifest.classes
+
+    def field_spec(self, name: str) -> FieldSpec | None:
+        """The stored field `name` as index.json describes it; None for a built-in field."""
+        return next((spec for spec in self.manifest.fields if spec.name == name), None)
 
     def __len__(self) -> int:
         return int(self._offsets[-1])
@@ -116,15 +128,19 @@ class PackedDataset(Dataset):
 
     def record(self, index: int) -> tuple[dict[str, Any], memoryview]:
         """The stored meta and payload of one sample, checked against its CRC-32."""
+        meta, payload, _ = self._checked_read(index)
+        return meta, payload
+
+    def _checked_read(self, index: int) -> tuple[dict[str, Any], memoryview, Fields]:
         shard, local = self.locate(index)
         try:
-            meta, payload = self._read(shard, local)
+            meta, payload, fields = self._read(shard, local)
         except DatasetError:
             raise
         except Exception as exc:  # noqa: BLE001 - format libraries raise many types on damaged files
             raise DatasetError(f"{self.shard_path(shard)}: sample {local}: unreadable ({exc})") from None
         self.check(shard, local, meta, payload)
-        return meta, payload
+        return meta, payload, fields
 
     def check(self, shard: int, local: int, meta: dict[str, Any], payload: memoryview) -> None:
         """Compare the payload with the CRC-32 the packer recorded; damage names shard and sample."""
@@ -134,14 +150,14 @@ class PackedDataset(Dataset):
 
     def load(self, index: int) -> tuple[Any, ...]:
         """Read, check and decode one sample; any damage is a DatasetError naming shard and sample."""
-        meta, payload = self.record(index)
+        meta, payload, fields = self._checked_read(index)
         try:
-            return self._sample(index, meta, payload)
+            return self._sample(index, meta, payload, fields)
         except (OSError, ValueError, SyntaxError) as exc:  # what Pillow and numpy raise on bad bytes
             shard, local = self.locate(index)
             raise DatasetError(f"{self.shard_path(shard)}: sample {local}: cannot decode ({exc})") from None
 
-    def _sample(self, index: int, meta: dict[str, Any], payload: memoryview) -> tuple[Any, ...]:
+    def _sample(self, index: int, meta: dict[str, Any], payload: memoryview, fields: Fields) -> tuple[Any, ...]:
         out: list[Any] = []
         for name in self.fields:
             if name == "image":
@@ -152,8 +168,10 @@ class PackedDataset(Dataset):
                 out.append(self.target_transform(label) if self.target_transform else label)
             elif name == "path":
                 out.append(meta["path"])
-            else:
+            elif name == "index":
                 out.append(index)
+            else:
+                out.append(fields[name])
         return tuple(out)
 
     def close(self) -> None:
@@ -180,7 +198,7 @@ class PackedDataset(Dataset):
     def _close(self, handle: Any) -> None:
         raise NotImplementedError
 
-    def _read(self, shard: int, local: int) -> tuple[dict[str, Any], memoryview]:
+    def _read(self, shard: int, local: int) -> tuple[dict[str, Any], memoryview, Fields]:
         raise NotImplementedError
 
     def stored_samples(self, shard: int) -> int:

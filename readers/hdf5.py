@@ -8,15 +8,51 @@ other HDF5 tools.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import h5py
 import numpy as np
 
-from .base import PackedDataset
-from .layouts.hdf5 import LAYOUT_FIXED, LAYOUT_FLAT, RAW_INDEX_SUFFIX, RAW_SUFFIX, parse_raw_name
+from .base import Fields, PackedDataset
+from .fields import FieldSpec, from_json
+from .layouts.hdf5 import (
+    LAYOUT_FIXED,
+    LAYOUT_FLAT,
+    RAW_INDEX_SUFFIX,
+    RAW_SUFFIX,
+    STORAGE_NUMERIC,
+    STORAGE_TEXT,
+    field_dataset,
+    field_storage,
+    parse_raw_name,
+)
 from .manifest import DatasetError
+
+
+class FieldReader:
+    """One field's dataset in an open shard: row i -> the value the reader hands out."""
+
+    def __init__(self, file: h5py.File, spec: FieldSpec) -> None:
+        self.spec = spec
+        self.storage = field_storage(spec)
+        dataset = file[field_dataset(spec.name)]
+        self.rows = dataset if self.storage == STORAGE_NUMERIC else dataset.asstr()
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, local: int) -> Any:
+        value = self.rows[local]
+        if self.storage == STORAGE_NUMERIC:
+            return value if self.spec.type == "array" else value.item()
+        if self.storage == STORAGE_TEXT:
+            return value
+        try:
+            return from_json(self.spec, json.loads(value))
+        except ValueError as exc:
+            raise ValueError(f"field {self.spec.name!r}: {exc}") from None
 
 
 @dataclass
@@ -37,6 +73,7 @@ class HDF5Shard:
     raw_paths: dict[int, str]
     shapes: np.ndarray | None
     mode: str | None
+    fields: dict[str, FieldReader]
 
 
 def read_raw_strings(file: h5py.File, name: str) -> dict[int, str]:
@@ -46,7 +83,8 @@ def read_raw_strings(file: h5py.File, name: str) -> dict[int, str]:
     return {int(i): parse_raw_name(value.tobytes()) for i, value in zip(positions, raw)}
 
 
-def open_shard(path: str, num_samples: int) -> HDF5Shard:
+def open_shard(path: str, num_samples: int, fields: Sequence[FieldSpec] = ()) -> HDF5Shard:
+    """Open one shard file, its small per-sample columns read into memory; `fields` stay on disk, read per row."""
     try:
         file = h5py.File(path, "r", locking=False)
     except (OSError, ValueError) as exc:
@@ -67,6 +105,7 @@ def open_shard(path: str, num_samples: int) -> HDF5Shard:
             raw_paths=read_raw_strings(file, "paths"),
             shapes=file["shapes"][:] if "shapes" in file else None,
             mode=None if mode is None else str(mode),
+            fields={spec.name: FieldReader(file, spec) for spec in fields},
         )
     except KeyError as exc:
         file.close()
@@ -82,6 +121,8 @@ def open_shard(path: str, num_samples: int) -> HDF5Shard:
         counts["images"] = len(shard.images)
     if shard.shapes is not None:
         counts["shapes"] = len(shard.shapes)
+    for name, reader in shard.fields.items():
+        counts[field_dataset(name)] = len(reader)
     for name, count in counts.items():
         if count != num_samples:
             file.close()
@@ -95,12 +136,12 @@ class HDF5Dataset(PackedDataset):
     format = "hdf5"
 
     def _open(self, shard: int) -> HDF5Shard:
-        return open_shard(str(self.shard_path(shard)), self.manifest.shards[shard].num_samples)
+        return open_shard(str(self.shard_path(shard)), self.manifest.shards[shard].num_samples, self.wanted)
 
     def _close(self, handle: Any) -> None:
         handle.file.close()
 
-    def _read(self, shard: int, local: int) -> tuple[dict[str, Any], memoryview]:
+    def _read(self, shard: int, local: int) -> tuple[dict[str, Any], memoryview, Fields]:
         handle: HDF5Shard = self.handle(shard)
         meta: dict[str, Any] = {"label": int(handle.labels[local]), "format": handle.codecs[local].decode("ascii"),
                                 "crc32": int(handle.crcs[local])}
@@ -121,7 +162,8 @@ class HDF5Dataset(PackedDataset):
         if "path" in self.fields:
             raw = handle.raw_paths.get(local)
             meta["path"] = raw if raw is not None else handle.paths[local]
-        return meta, memoryview(payload).cast("B")
+        fields = {name: reader[local] for name, reader in handle.fields.items()}
+        return meta, memoryview(payload).cast("B"), fields
 
     def stored_samples(self, shard: int) -> int:
         return int(self.handle(shard).file.attrs["num_samples"])

@@ -7,8 +7,9 @@ from typing import Any
 
 import lmdb
 
-from .base import PackedDataset
-from .layouts.lmdb import parse_record, sample_key
+from .base import Fields, PackedDataset
+from .fields import parse_value
+from .layouts.lmdb import field_key, is_record_key, parse_record, sample_key
 from .manifest import DatasetError
 
 # A page fault in a mapping with readahead reads ~128 KiB around it. Records that big (JPEG
@@ -66,17 +67,26 @@ class LMDBDataset(PackedDataset):
             del _ENVIRONMENTS[path]
         handle.close()
 
-    def _read(self, shard: int, local: int) -> tuple[dict[str, Any], memoryview]:
+    def _read(self, shard: int, local: int) -> tuple[dict[str, Any], memoryview, Fields]:
         env = self.handle(shard)
         with env.begin() as txn:
             value = txn.get(sample_key(local))
+            stored = [txn.get(field_key(local, spec.name)) for spec in self.wanted]
         if value is None:
             raise DatasetError(f"{self.shard_path(shard)}: sample {local} is missing")
         try:
-            return parse_record(value)
+            meta, payload = parse_record(value)
         except ValueError as exc:
             raise DatasetError(f"{self.shard_path(shard)}: sample {local} is damaged ({exc})") from None
+        fields: Fields = {}
+        for spec, data in zip(self.wanted, stored):
+            if data is None and not spec.optional:
+                raise DatasetError(f"{self.shard_path(shard)}: sample {local} is damaged (no {spec.name!r} field)")
+            fields[spec.name] = None if data is None else parse_value(spec, data)
+        return meta, payload, fields
 
     def stored_samples(self, shard: int) -> int:
         with self.handle(shard).begin() as txn:
-            return int(txn.stat()["entries"])
+            if not self.manifest.fields:
+                return int(txn.stat()["entries"])
+            return sum(1 for key in txn.cursor().iternext(keys=True, values=False) if is_record_key(key))

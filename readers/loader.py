@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader, Sampler, default_collate
 
 from .base import PackedDataset
 from .cpus import THREAD_VARIABLES, default_num_workers
@@ -105,6 +105,21 @@ class _WorkerInit:
             os.environ[name] = "1"
         if self.user_fn is not None:
             self.user_fn(worker_id)
+
+
+class SampleCollate:
+    """Batches a dataset's samples field by field: images, labels, indexes and numeric fields that
+    every sample has in one shape are stacked (torch's default_collate); text, paths, JSON values
+    and fields a sample may lack stay lists (default_collate would fail on None, merge dicts and
+    transpose lists)."""
+
+    def __init__(self, dataset: PackedDataset) -> None:
+        self.stack = [name in ("image", "label", "index") or (spec is not None and spec.stackable)
+                      for name, spec in ((name, dataset.field_spec(name)) for name in dataset.fields)]
+
+    def __call__(self, batch: list[tuple[Any, ...]]) -> list[Any]:
+        return [default_collate(list(column)) if stack else list(column)
+                for stack, column in zip(self.stack, zip(*batch))]
 
 
 def _worker_seed(seed: int, rank: int, epoch: int) -> int:
@@ -257,6 +272,8 @@ def make_loader(
     - rank/world_size default to torch.distributed's when initialised, else 0 and 1.
     - Defaults: `default_num_workers()`, pin_memory when CUDA is present, persistent workers and
       torch's prefetch_factor when there are workers, one thread per worker.
+    - Batches are lists with one entry per field: tensors for images, labels, indexes and numeric
+      fields of one shape, lists for paths, text, JSON values and optional fields (`SampleCollate`).
     """
     if not isinstance(dataset, PackedDataset):
         raise TypeError(f"make_loader needs a dataset from readers.open_dataset, not {type(dataset).__name__}")
@@ -285,7 +302,7 @@ def make_loader(
         )
     args: dict[str, Any] = {
         "num_workers": workers,
-        "collate_fn": collate_fn,
+        "collate_fn": collate_fn or SampleCollate(dataset),
         "pin_memory": torch.cuda.is_available() if pin_memory is None else pin_memory,
         "worker_init_fn": _WorkerInit(worker_init_fn),
         "timeout": timeout,

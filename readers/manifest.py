@@ -16,7 +16,9 @@ from typing import Any
 
 from zlib_ng import zlib_ng
 
-FORMAT_VERSION = 1
+from .fields import FieldSpec
+
+FORMAT_VERSION = 2  # 2: per-sample fields (`fields`); the wds record meta moved to `<key>.pack.json`
 MANIFEST_NAME = "index.json"
 REJECTS_NAME = "rejects.jsonl"
 SHARD_PREFIX = "shard-"
@@ -62,9 +64,12 @@ class Manifest:
     version: int = FORMAT_VERSION
     # Total size of the source files that were packed (None in manifests that predate it).
     source_bytes: int | None = None
+    # Per-sample fields beyond image, label and path (version 2; none in version 1).
+    fields: list[FieldSpec] = field(default_factory=list)
 
     def to_json(self) -> str:
         data = asdict(self)
+        data["fields"] = [spec.to_dict() for spec in self.fields]
         ordered = {key: data[key] for key in ("format", "version", "store", "num_samples")}
         ordered.update(data)
         return json.dumps(ordered, indent=2, sort_keys=False) + "\n"
@@ -92,6 +97,7 @@ class Manifest:
             tool_version=str(data.get("tool_version", "")),
             version=int(data["version"]),
             source_bytes=None if data.get("source_bytes") is None else int(data["source_bytes"]),
+            fields=[FieldSpec.from_dict(spec) for spec in data.get("fields", ())],
         )
 
 

@@ -1,8 +1,8 @@
 """wds (WebDataset tar) shards: random access through each shard's offset index, or streaming.
 
-A shard `shard-NNNNNN.tar` holds three ustar members per sample (layout in readers/layouts/wds.py).
-Beside it, `shard-NNNNNN.idx` gives the byte offset and size of each sample's image and JSON data,
-so `WdsDataset[i]` costs one `pread`. `iter(dataset)` and `dataset.stream()` read the tars front
+A shard `shard-NNNNNN.tar` holds three ustar members per sample, and one more per field (layout in
+readers/layouts/wds.py). Beside it, `shard-NNNNNN.idx` gives the byte offset and size of each
+sample's members, so `WdsDataset[i]` costs one `pread`. `iter(dataset)` and `dataset.stream()` read the tars front
 to back instead and need no index.
 """
 
@@ -17,15 +17,19 @@ from typing import Any, BinaryIO, Iterator
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
-from .base import PackedDataset
+from .base import Fields, PackedDataset
+from .fields import FieldSpec, parse_value
 from .layouts.wds import (
+    ABSENT,
     BLOCK,
     INDEX_COLUMNS,
     INDEX_EXTENSION,
     INDEX_HEADER,
     LABEL_EXTENSION,
-    META_EXTENSION,
     TarError,
+    field_extension,
+    field_extensions,
+    meta_extension,
     padding,
     parse_header,
     parse_index_header,
@@ -37,8 +41,8 @@ from .manifest import DatasetError
 log = logging.getLogger(__name__)
 
 
-def read_index(path: str, num_samples: int) -> np.ndarray:
-    """The (num_samples, 4) int64 offset table of one shard, checked against the manifest."""
+def read_index(path: str, num_samples: int, num_fields: int) -> np.ndarray:
+    """The (num_samples, 4 + 2 * num_fields) int64 offset table of one shard, checked against the manifest."""
     try:
         with open(path, "rb") as handle:
             header = handle.read(INDEX_HEADER.size)
@@ -46,12 +50,13 @@ def read_index(path: str, num_samples: int) -> np.ndarray:
     except OSError as exc:
         raise DatasetError(f"{path}: cannot read tar index ({exc.strerror or exc})") from None
     try:
-        count = parse_index_header(header)
+        count = parse_index_header(header, num_fields)
     except TarError as exc:
         raise DatasetError(f"{path}: {exc}") from None
-    if count != num_samples or table.size != count * INDEX_COLUMNS:
-        raise DatasetError(f"{path}: indexes {table.size // INDEX_COLUMNS} samples, index.json says {num_samples}")
-    return table.reshape(count, INDEX_COLUMNS)
+    columns = INDEX_COLUMNS + 2 * num_fields
+    if count != num_samples or table.size != count * columns:
+        raise DatasetError(f"{path}: indexes {table.size // columns} samples, index.json says {num_samples}")
+    return table.reshape(count, columns)
 
 
 @dataclass
@@ -70,6 +75,13 @@ class WdsDataset(PackedDataset):
 
     format = "wds"
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._meta_extension = meta_extension(self.manifest.version)
+        # Per wanted field: its index columns (offset, size) and its member extension.
+        columns = {spec.name: INDEX_COLUMNS + 2 * k for k, spec in enumerate(self.manifest.fields)}
+        self._wanted_columns = [(spec, columns[spec.name], field_extension(spec)) for spec in self.wanted]
+
     def index_path(self, shard: int) -> str:
         """The shard's offset index, as listed among its sidecars in index.json."""
         info = self.manifest.shards[shard]
@@ -79,7 +91,7 @@ class WdsDataset(PackedDataset):
         raise DatasetError(f"{self.root / 'index.json'}: no {INDEX_EXTENSION} index listed for {info.name}")
 
     def _open(self, shard: int) -> TarShard:
-        index = read_index(self.index_path(shard), self.manifest.shards[shard].num_samples)
+        index = read_index(self.index_path(shard), self.manifest.shards[shard].num_samples, len(self.manifest.fields))
         path = self.shard_path(shard)
         try:
             file = open(path, "rb", buffering=0)
@@ -90,16 +102,17 @@ class WdsDataset(PackedDataset):
     def _close(self, handle: Any) -> None:
         handle.file.close()
 
-    def _read(self, shard: int, local: int) -> tuple[dict[str, Any], memoryview]:
+    def _read(self, shard: int, local: int) -> tuple[dict[str, Any], memoryview, Fields]:
         try:
             return self._pread_sample(self.handle(shard), local)
         except TarError as exc:
             raise DatasetError(f"{self.shard_path(shard)}: sample {local}: {exc}") from None
 
-    @staticmethod
-    def _pread_sample(handle: TarShard, local: int) -> tuple[dict[str, Any], memoryview]:
-        """One pread from the image's header to the end of the JSON; both headers are checked."""
-        image_offset, image_size, json_offset, json_size = handle.index[local].tolist()
+    def _pread_sample(self, handle: TarShard, local: int) -> tuple[dict[str, Any], memoryview, Fields]:
+        """One pread from the image's header to the end of the meta (the fields lie between); the
+        headers of the members used are checked against the index."""
+        row = handle.index[local].tolist()
+        image_offset, image_size, json_offset, json_size = row[:INDEX_COLUMNS]
         start = image_offset - BLOCK
         if start < 0 or json_offset < image_offset + image_size + BLOCK:
             raise TarError("damaged tar index")
@@ -107,14 +120,29 @@ class WdsDataset(PackedDataset):
         if len(data) != json_offset + json_size - start:
             raise TarError("tar shard is truncated")
         key = sample_key(local)
-        for offset, size, extension in ((image_offset, image_size, None), (json_offset, json_size, META_EXTENSION)):
-            member = parse_header(data[offset - BLOCK - start:offset - start], checksum=False)
-            if member is None or member.size != size or split_name(member.name)[0] != key or (
-                extension is not None and split_name(member.name)[1] != extension
+
+        def member(offset: int, size: int, extension: str | None) -> memoryview:
+            if offset - BLOCK < start or offset + size > json_offset + json_size:
+                raise TarError("damaged tar index")
+            header = parse_header(data[offset - BLOCK - start:offset - start], checksum=False)
+            if header is None or header.size != size or split_name(header.name)[0] != key or (
+                extension is not None and split_name(header.name)[1] != extension
             ):
                 raise TarError("tar index does not match the tar members")
-        meta = json.loads(bytes(data[json_offset - start:]).decode("utf-8"))
-        return meta, data[BLOCK:BLOCK + image_size]
+            return data[offset - start:offset - start + size]
+
+        payload = member(image_offset, image_size, None)
+        meta = json.loads(bytes(member(json_offset, json_size, self._meta_extension)).decode("utf-8"))
+        fields: Fields = {}
+        for spec, column, extension in self._wanted_columns:
+            offset, size = row[column], row[column + 1]
+            if size == ABSENT:
+                if not spec.optional:
+                    raise TarError(f"no {spec.name!r} field")
+                fields[spec.name] = None
+            else:
+                fields[spec.name] = parse_value(spec, member(offset, size, extension))
+        return meta, payload, fields
 
     def iter_shard(self, shard: int) -> Iterator[tuple[Any, ...]]:
         """The samples of one shard, read sequentially; the `.idx` file is not used."""
@@ -128,11 +156,12 @@ class WdsDataset(PackedDataset):
             raise DatasetError(f"{path}: cannot open tar shard ({exc.strerror or exc})") from None
         with handle:
             try:
-                for meta, payload in read_tar_samples(handle):
+                for meta, payload, fields in read_tar_samples(handle, self._meta_extension, self.manifest.fields,
+                                                               self.wanted):
                     if count == expected:
                         raise TarError(f"holds more samples than index.json says ({expected})")
                     self.check(shard, count, meta, payload)
-                    yield self._sample(first + count, meta, payload)
+                    yield self._sample(first + count, meta, payload, fields)
                     count += 1
             except TarError as exc:
                 raise DatasetError(f"{path}: {exc}") from None
@@ -144,7 +173,7 @@ class WdsDataset(PackedDataset):
         path = self.shard_path(shard)
         try:
             with open(path, "rb", buffering=1 << 20) as handle:
-                return sum(1 for _ in read_tar_samples(handle))
+                return sum(1 for _ in read_tar_samples(handle, self._meta_extension, self.manifest.fields, ()))
         except TarError as exc:
             raise DatasetError(f"{path}: {exc}") from None
 
@@ -156,11 +185,15 @@ class WdsDataset(PackedDataset):
         return WdsStream(self)
 
 
-def read_tar_samples(handle: BinaryIO) -> Iterator[tuple[dict[str, Any], memoryview]]:
-    """Group a tar's members by key, front to back, and yield (meta, image bytes) per sample.
+def read_tar_samples(handle: BinaryIO, meta_extension: str, fields: Sequence[FieldSpec],
+                     wanted: Sequence[FieldSpec]) -> Iterator[tuple[dict[str, Any], memoryview, Fields]]:
+    """Group a tar's members by key, front to back, and yield (meta, image bytes, fields) per sample.
 
-    Holds one sample in memory at a time; raises TarError on anything pack would not write.
+    `fields` are all the dataset's fields (their members are not the image); only the `wanted`
+    ones are parsed. Holds one sample in memory at a time; raises TarError on anything pack would
+    not write.
     """
+    known = {LABEL_EXTENSION, meta_extension, *field_extensions(fields)}
     key: str | None = None
     parts: dict[str, bytes] = {}
     while True:
@@ -170,7 +203,7 @@ def read_tar_samples(handle: BinaryIO) -> Iterator[tuple[dict[str, Any], memoryv
         member = parse_header(block)
         member_key, extension = split_name(member.name) if member else (None, "")
         if key is not None and member_key != key:
-            yield assemble(key, parts)
+            yield assemble(key, parts, known, meta_extension, wanted)
             parts = {}
         if member is None:
             return
@@ -182,11 +215,18 @@ def read_tar_samples(handle: BinaryIO) -> Iterator[tuple[dict[str, Any], memoryv
         parts[extension] = data
 
 
-def assemble(key: str, parts: dict[str, bytes]) -> tuple[dict[str, Any], memoryview]:
-    images = [extension for extension in parts if extension not in (LABEL_EXTENSION, META_EXTENSION)]
-    if META_EXTENSION not in parts or len(images) != 1:
-        raise TarError(f"sample {key!r} has members {sorted(parts)}; expected one image and .json")
-    return json.loads(parts[META_EXTENSION].decode("utf-8")), memoryview(parts[images[0]])
+def assemble(key: str, parts: dict[str, bytes], known: set[str], meta_extension: str,
+             wanted: Sequence[FieldSpec]) -> tuple[dict[str, Any], memoryview, Fields]:
+    images = [extension for extension in parts if extension not in known]
+    if meta_extension not in parts or len(images) != 1:
+        raise TarError(f"sample {key!r} has members {sorted(parts)}; expected one image and .{meta_extension}")
+    values: Fields = {}
+    for spec in wanted:
+        data = parts.get(field_extension(spec))
+        if data is None and not spec.optional:
+            raise TarError(f"sample {key!r} has no {spec.name!r} field")
+        values[spec.name] = None if data is None else parse_value(spec, data)
+    return json.loads(parts[meta_extension].decode("utf-8")), memoryview(parts[images[0]]), values
 
 
 class WdsStream(IterableDataset):

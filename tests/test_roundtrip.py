@@ -36,7 +36,7 @@ def test_manifest_contract(packed: tuple[Path, dict[str, bytes]]) -> None:
     out, files = packed
     index = json.loads((out / "index.json").read_text())
     writer = WRITERS[index["format"]]
-    assert index["version"] == 1 and index["store"] == "original"
+    assert index["version"] == 2 and index["store"] == "original" and index["fields"] == []
     assert index["num_samples"] == len(files)
     assert index["classes"] == ["class_00", "class_01", "class_02"]
     assert sum(shard["num_samples"] for shard in index["shards"]) == len(files)
@@ -100,8 +100,10 @@ def test_bad_arguments(packed: tuple[Path, dict[str, bytes]], tmp_path: Path) ->
     out, _ = packed
     with pytest.raises(ValueError, match="decode"):
         readers.open_dataset(out, decode="jpeg")
-    with pytest.raises(ValueError, match="fields"):
+    with pytest.raises(readers.DatasetError, match="no field 'pixels'; available: image, label, path, index$"):
         readers.open_dataset(out, fields=("pixels",))
+    with pytest.raises(ValueError, match="fields"):
+        readers.open_dataset(out, fields=())
     with pytest.raises(readers.DatasetError, match="no manifest"):
         readers.open_dataset(tmp_path)
 

@@ -146,7 +146,7 @@ def test_raw_record_layout(odd_folder: Path, tmp_path: Path) -> None:
     for payload, path in ds:
         expected = SOURCES[path.split("/")[-1]][1]
         assert len(payload) == expected.size  # nothing but the HWC pixels
-    meta, _ = ds._read(0, 0)
+    meta, _ = ds.record(0)
     assert meta["format"] == "raw" and meta["dtype"] == "uint8" and meta["mode"] == "RGB"
     assert meta["shape"] == list(SOURCES[meta["path"].split("/")[-1]][1].shape)
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
+
+from readers.fields import FieldSpec
 
 
 @dataclass(frozen=True)
@@ -14,7 +16,9 @@ class Sample:
     """One accepted sample, numbered from 0 inside its shard.
 
     `crc32` is the payload's, computed by the reader thread that loaded it (off the writer's
-    serial path); it lets readers and `pack verify` name a damaged sample.
+    serial path); it lets readers and `pack verify` name a damaged sample. `fields` maps a field's
+    name to its stored bytes (`readers.fields.encode_value`, also made in the reader thread); an
+    absent optional field has no entry.
     """
 
     local_index: int
@@ -24,6 +28,7 @@ class Sample:
     meta: dict[str, Any]
     extension: str
     crc32: int
+    fields: Mapping[str, bytes] = field(default_factory=dict)
 
     def record_meta(self) -> dict[str, Any]:
         return {"label": self.label, "path": self.path, **self.meta, "crc32": self.crc32}
@@ -34,7 +39,8 @@ class ShardWriter(ABC):
 
     `expected_bytes` is the sum of the source files' sizes; `classes` the dataset's class names,
     for formats whose shards describe themselves; `sample_shape` the (H, W, C) of every payload
-    when the options guarantee one (raw pixels with a center crop), for fixed-shape layouts. Subclasses set
+    when the options guarantee one (raw pixels with a center crop), for fixed-shape layouts; `fields`
+    the per-sample fields, in index.json's order. Subclasses set
     `format` and `extension`, and implement `add`, `close` and `abort`. `close` must leave the file
     complete and written to the OS (the pipeline syncs it, while it hashes the file for writers
     that leave `sha256` unset); `abort` only lets go of open handles, after an error. Used as a
@@ -51,11 +57,12 @@ class ShardWriter(ABC):
     sidecars: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, path: Path, expected_bytes: int, classes: Sequence[str],
-                 sample_shape: tuple[int, int, int] | None = None) -> None:
+                 sample_shape: tuple[int, int, int] | None = None, fields: Sequence[FieldSpec] = ()) -> None:
         self.path = path
         self.expected_bytes = expected_bytes
         self.classes = list(classes)
         self.sample_shape = sample_shape
+        self.fields = list(fields)
 
     @abstractmethod
     def add(self, sample: Sample) -> None: ...

@@ -5,12 +5,14 @@ i at `images[offsets[i]:offsets[i + 1]]` (scripts/bench_hdf5_layout.py measured 
 for random reads than a vlen uint8 dataset); per-sample `labels`, `formats` (codecs) and `paths` columns;
 `classes`. The payload layout is named by the file's `layout` attribute: `FlatPayloads`, or
 `FixedPixels` (one (N, H, W, C) uint8 array) when every sample is raw pixels of one shape.
-Decoded stores add a `shapes` column (flat layout) and a `mode` attribute.
+Decoded stores add a `shapes` column (flat layout) and a `mode` attribute. Fields are datasets
+`fields/<name>` (readers/layouts/hdf5.py says which are numeric, text or JSON strings).
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 from contextlib import contextmanager
@@ -20,7 +22,20 @@ from typing import Any, Iterator, Sequence
 import h5py
 import numpy as np
 
-from readers.layouts.hdf5 import CODEC_WIDTH, LAYOUT_FIXED, LAYOUT_FLAT, RAW_INDEX_SUFFIX, RAW_SUFFIX, encode_name
+from readers.fields import FieldSpec
+from readers.layouts.hdf5 import (
+    CODEC_WIDTH,
+    LAYOUT_FIXED,
+    LAYOUT_FLAT,
+    RAW_INDEX_SUFFIX,
+    RAW_SUFFIX,
+    STORAGE_NUMERIC,
+    STORAGE_TEXT,
+    encode_name,
+    field_dataset,
+    field_storage,
+    numeric_layout,
+)
 from readers.manifest import FORMAT_VERSION
 
 from ..fsutil import free_bytes
@@ -112,6 +127,35 @@ class StringColumn:
     def flush(self) -> None:
         for column in (self._text, self._raw_index, self._raw):
             column.flush()
+
+
+class FieldColumn:
+    """One field's dataset, made with `create_dataset`: stored bytes in, the layout's value out."""
+
+    def __init__(self, file: h5py.File, spec: FieldSpec) -> None:
+        self.spec = spec
+        self.storage = field_storage(spec)
+        if self.storage == STORAGE_NUMERIC:
+            dtype, row = numeric_layout(spec)
+            self._column = Column(file, field_dataset(spec.name), np.dtype(dtype), row=row)
+        else:
+            self._column = Column(file, field_dataset(spec.name), h5py.string_dtype("utf-8"))
+
+    def append(self, data: bytes | None) -> None:
+        if self.storage == STORAGE_NUMERIC:
+            value: Any = json.loads(data)  # type: ignore[arg-type]  # numeric fields are never absent
+        elif self.storage == STORAGE_TEXT:
+            value = data  # UTF-8 bytes go in as they are
+        elif data is None:
+            value = b"null"
+        elif self.spec.type == "str":  # an optional text field: its text as a JSON string
+            value = json.dumps(data.decode("utf-8"), ensure_ascii=False).encode("utf-8")
+        else:
+            value = data
+        self._column.append(value)
+
+    def flush(self) -> None:
+        self._column.flush()
 
 
 class FlatPayloads:
@@ -208,8 +252,8 @@ class HDF5Writer(ShardWriter):
     extension = ".h5"
 
     def __init__(self, path: Path, expected_bytes: int, classes: Sequence[str],
-                 sample_shape: tuple[int, int, int] | None = None) -> None:
-        super().__init__(path, expected_bytes, classes, sample_shape)
+                 sample_shape: tuple[int, int, int] | None = None, fields: Sequence[FieldSpec] = ()) -> None:
+        super().__init__(path, expected_bytes, classes, sample_shape, fields)
         check_space(path.parent, expected_bytes + METADATA_MARGIN)
         self._payloads: FlatPayloads | FixedPixels
         self._shapes: Column | None = None  # decoded stores in the flat layout: (H, W, C) per sample
@@ -224,6 +268,7 @@ class HDF5Writer(ShardWriter):
             self._codecs = Column(self._file, "formats", h5py.string_dtype("ascii", CODEC_WIDTH))
             self._crcs = Column(self._file, "crc32", np.uint32)
             self._paths = StringColumn(self._file, "paths")
+            self._fields = [FieldColumn(self._file, spec) for spec in self.fields]
         self._count = 0
 
     def add(self, sample: Sample) -> None:
@@ -242,6 +287,8 @@ class HDF5Writer(ShardWriter):
             self._paths.append(sample.path)
             if self._shapes is not None:
                 self._shapes.append(sample.meta["shape"])
+            for column in self._fields:
+                column.append(sample.fields.get(column.spec.name))
         self._count += 1
 
     def _check_pixels(self, meta: dict[str, Any]) -> None:
@@ -272,7 +319,7 @@ class HDF5Writer(ShardWriter):
 
     def _finish(self) -> None:
         self._payloads.finish()
-        for column in (self._labels, self._codecs, self._crcs, self._paths, self._shapes):
+        for column in (self._labels, self._codecs, self._crcs, self._paths, self._shapes, *self._fields):
             if column is not None:
                 column.flush()
         classes = StringColumn(self._file, "classes", chunk=max(1, len(self.classes)))

@@ -8,7 +8,8 @@ from typing import Sequence
 
 import lmdb
 
-from readers.layouts.lmdb import encode_record, sample_key
+from readers.fields import FieldSpec
+from readers.layouts.lmdb import encode_record, field_key, sample_key
 
 from .base import Sample, ShardWriter
 
@@ -25,8 +26,9 @@ class LMDBWriter(ShardWriter):
     write_errors = (lmdb.Error,)
 
     def __init__(self, path: Path, expected_bytes: int, classes: Sequence[str],
-                 sample_shape: tuple[int, int, int] | None = None) -> None:
-        super().__init__(path, expected_bytes, classes, sample_shape)
+                 sample_shape: tuple[int, int, int] | None = None, fields: Sequence[FieldSpec] = ()) -> None:
+        super().__init__(path, expected_bytes, classes, sample_shape, fields)
+        self._field_names = sorted(spec.name for spec in self.fields)  # key order, for append
         self._map_size = max(MIN_MAP_SIZE, int(expected_bytes * 1.5))
         self._env = lmdb.open(
             str(path), subdir=False, map_size=self._map_size, lock=False, sync=False,
@@ -39,6 +41,11 @@ class LMDBWriter(ShardWriter):
         value = encode_record(sample.record_meta(), sample.payload)
         self._pending.append((sample_key(sample.local_index), value))
         self._pending_bytes += len(value)
+        for name in self._field_names:
+            data = sample.fields.get(name)
+            if data is not None:
+                self._pending.append((field_key(sample.local_index, name), data))
+                self._pending_bytes += len(data)
         if self._pending_bytes >= COMMIT_BYTES:
             self._commit()
 

@@ -13,16 +13,19 @@ import json
 from pathlib import Path
 from typing import BinaryIO, Sequence
 
+from readers.fields import FieldSpec
 from readers.layouts.wds import (
+    ABSENT,
     BLOCK,
     INDEX_EXTENSION,
-    INDEX_ROW,
     LABEL_EXTENSION,
     META_EXTENSION,
     ZERO_BLOCK,
     encode_header,
     encode_index_header,
     encode_member,
+    field_extension,
+    index_row,
     padding,
     sample_key,
 )
@@ -35,18 +38,21 @@ _META_SUFFIX = b"." + META_EXTENSION.encode("ascii")
 
 
 class WdsWriter(ShardWriter):
-    """Per sample `<key>.<ext>`, `<key>.cls` and `<key>.json`, key = local index, 10 digits."""
+    """Per sample `<key>.<ext>`, `<key>.cls`, a member per present field and `<key>.pack.json`,
+    key = local index, 10 digits."""
 
     format = "wds"
     extension = ".tar"
     sidecars = (INDEX_EXTENSION,)
 
     def __init__(self, path: Path, expected_bytes: int, classes: Sequence[str],
-                 sample_shape: tuple[int, int, int] | None = None) -> None:
-        super().__init__(path, expected_bytes, classes, sample_shape)
+                 sample_shape: tuple[int, int, int] | None = None, fields: Sequence[FieldSpec] = ()) -> None:
+        super().__init__(path, expected_bytes, classes, sample_shape, fields)
+        self._field_suffixes = [(spec.name, b"." + field_extension(spec).encode("ascii")) for spec in self.fields]
+        self._index_row = index_row(len(self.fields))
         self._tar: BinaryIO = open(path, "wb", buffering=WRITE_BUFFER)
         self._index: BinaryIO = open(sidecar_path(path, INDEX_EXTENSION), "wb", buffering=WRITE_BUFFER)
-        self._index.write(encode_index_header(0))  # the count is set by close()
+        self._index.write(encode_index_header(0, len(self.fields)))  # the count is set by close()
         self._position = 0
         self._count = 0
         self._hash = hashlib.sha256()  # the tar is written front to back: hash it on the way
@@ -58,15 +64,22 @@ class WdsWriter(ShardWriter):
         payload = sample.payload
         meta = json.dumps(sample.record_meta(), separators=(",", ":")).encode("ascii")
         image_offset = self._position + BLOCK
-        labels = encode_member(key + _LABEL_SUFFIX, b"%d" % sample.label)
-        after_image = ZERO_BLOCK[: padding(len(payload))] + labels
+        after_image = ZERO_BLOCK[: padding(len(payload))] + encode_member(key + _LABEL_SUFFIX, b"%d" % sample.label)
+        field_columns: list[int] = []
+        for name, suffix in self._field_suffixes:
+            data = sample.fields.get(name)
+            if data is None:
+                field_columns += (0, ABSENT)
+                continue
+            field_columns += (image_offset + len(payload) + len(after_image) + BLOCK, len(data))
+            after_image += encode_member(key + suffix, data)
         json_offset = image_offset + len(payload) + len(after_image) + BLOCK
         after_image += encode_member(key + _META_SUFFIX, meta)
         for part in (encode_header(key + b"." + sample.extension.encode("ascii"), len(payload)), payload, after_image):
             self._tar.write(part)  # the image bytes are not copied
             self._hash.update(part)
         self._position = image_offset + len(payload) + len(after_image)
-        self._index.write(INDEX_ROW.pack(image_offset, len(payload), json_offset, len(meta)))
+        self._index.write(self._index_row.pack(image_offset, len(payload), json_offset, len(meta), *field_columns))
         self._count += 1
 
     def close(self) -> None:
@@ -74,7 +87,7 @@ class WdsWriter(ShardWriter):
         self._hash.update(ZERO_BLOCK * 2)
         self.sha256 = self._hash.hexdigest()
         self._index.seek(0)
-        self._index.write(encode_index_header(self._count))
+        self._index.write(encode_index_header(self._count, len(self.fields)))
         self._tar.close()
         self._index.close()
 

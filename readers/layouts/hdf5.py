@@ -2,17 +2,49 @@
 
 A string column `<name>` holds UTF-8 text; a name that is not valid UTF-8 is stored there in a
 readable stand-in form, with its exact bytes in `<name>_raw` and its position in `<name>_raw_index`.
+
+Fields (version 2) are datasets `fields/<name>`, one row per sample, stored as `field_storage`
+says: a numeric column for numbers and arrays of one shape, UTF-8 strings for text, and UTF-8
+JSON strings (`null` for an absent value) for everything else.
 """
 
 from __future__ import annotations
 
 import os
 
+from ..fields import FieldSpec
+
 LAYOUT_FLAT = "flat"  # payloads back to back in `images` (uint8), bounds in `offsets`
 LAYOUT_FIXED = "fixed"  # raw pixels of one shape: `images` is (N, H, W, C) uint8
 CODEC_WIDTH = 8  # bytes of the fixed-length ASCII `formats` column (a sample's codec)
 RAW_SUFFIX = "_raw"
 RAW_INDEX_SUFFIX = "_raw_index"
+FIELDS_GROUP = "fields"
+STORAGE_NUMERIC = "numeric"  # an (N, *shape) int64 / float64 / bool dataset
+STORAGE_TEXT = "text"  # UTF-8 strings (`h5py.string_dtype("utf-8")`)
+STORAGE_JSON = "json"  # UTF-8 strings, each a JSON document
+NUMERIC_DTYPES = {"int": "int64", "float": "float64", "bool": "bool"}
+
+
+def field_dataset(name: str) -> str:
+    return f"{FIELDS_GROUP}/{name}"
+
+
+def field_storage(spec: FieldSpec) -> str:
+    """How a field's dataset stores it: numbers and same-shape arrays natively, when always present."""
+    if spec.optional:
+        return STORAGE_JSON
+    if spec.type in NUMERIC_DTYPES or (spec.type == "array" and spec.shape is not None):
+        return STORAGE_NUMERIC
+    return STORAGE_TEXT if spec.type == "str" else STORAGE_JSON
+
+
+def numeric_layout(spec: FieldSpec) -> tuple[str, tuple[int, ...]]:
+    """(dtype, row shape) of a field stored as STORAGE_NUMERIC."""
+    if spec.type == "array":
+        assert spec.dtype is not None and spec.shape is not None
+        return spec.dtype, spec.shape
+    return NUMERIC_DTYPES[spec.type], ()
 
 
 def encode_name(name: str) -> tuple[str, bytes | None]:

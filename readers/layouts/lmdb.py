@@ -1,4 +1,10 @@
-"""LMDB shards: zero-padded ASCII keys, and records of a small header, JSON meta and the payload."""
+"""LMDB shards: zero-padded ASCII keys, and records of a small header, JSON meta and the payload.
+
+A sample's fields (version 2) sit under their own keys beside its record, `<key>.<field name>`,
+holding `readers.fields.encode_value` bytes; an absent optional field has no key. Record keys
+have no dot, so they are told apart from field keys, and `<key>` < `<key>.<name>` < the next
+sample's key: writes in sample order, fields by name, can still append.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +20,14 @@ RECORD_HEADER = struct.Struct("<4sI")
 def sample_key(local_index: int) -> bytes:
     """Key order is sample order, so writes can append."""
     return b"%0*d" % (KEY_WIDTH, local_index)
+
+
+def field_key(local_index: int, name: str) -> bytes:
+    return sample_key(local_index) + b"." + name.encode("ascii")
+
+
+def is_record_key(key: bytes) -> bool:
+    return b"." not in key
 
 
 def encode_record(meta: dict[str, Any], payload: bytes) -> bytes:

@@ -1,12 +1,14 @@
 """WebDataset tar shards: fixed ustar headers, member keys, and the `.idx` offset index.
 
-Per sample, three regular-file members share a key (the index inside the shard, zero-padded, no
-dots: WebDataset splits key and extension at the first dot): `<key>.<ext>` (the image),
-`<key>.cls` (the label) and `<key>.json` (the record meta). Headers are fixed (mtime 0, uid/gid 0,
-no user or group names, mode 0644), so the same samples in the same order give a byte-identical
-tar. The `.idx` sidecar is a header (magic, uint32 LE column count, int64 LE sample count), then
-per sample four int64 LE: image data offset, image size, JSON data offset, JSON size, offsets
-counted from the start of the tar.
+Per sample, regular-file members share a key (the index inside the shard, zero-padded, no dots:
+WebDataset splits key and extension at the first dot), in this order: `<key>.<ext>` (the image),
+`<key>.cls` (the label), one member per present field (`field_extension`: `<key>.txt`,
+`<key>.json`, `<key>.caption.txt`, ...) in index.json's field order, and the record meta last:
+`<key>.pack.json` (version 2; `<key>.json` in version 1, before fields). Headers are fixed
+(mtime 0, uid/gid 0, no user or group names, mode 0644), so the same samples in the same order
+give a byte-identical tar. The `.idx` sidecar is a header (magic, uint32 LE column count, int64
+LE sample count), then per sample int64 LE: image data offset, image size, meta data offset, meta
+size, then (offset, size) per field, size -1 when absent; offsets count from the start of the tar.
 """
 
 from __future__ import annotations
@@ -14,16 +16,20 @@ from __future__ import annotations
 import os
 import struct
 from dataclasses import dataclass
+from typing import Sequence
+
+from ..fields import FieldSpec
 
 BLOCK = 512
 KEY_WIDTH = 10
 LABEL_EXTENSION = "cls"
-META_EXTENSION = "json"
+META_EXTENSION = "pack.json"
+META_EXTENSION_V1 = "json"
 INDEX_EXTENSION = ".idx"
 INDEX_MAGIC = b"PKX1"
 INDEX_HEADER = struct.Struct("<4sIq")
-INDEX_COLUMNS = 4
-INDEX_ROW = struct.Struct("<%dq" % INDEX_COLUMNS)
+INDEX_COLUMNS = 4  # before the fields' (offset, size) pairs
+ABSENT = -1  # the size column of a field a sample does not have
 MAX_MEMBER_SIZE = 8**11 - 1  # what the 11 octal digits of a ustar size field hold (8 GiB)
 ZERO_BLOCK = bytes(BLOCK)
 
@@ -36,6 +42,22 @@ class TarError(ValueError):
 class Member:
     name: str
     size: int
+
+
+def meta_extension(version: int) -> str:
+    """Where a dataset of this format version keeps the record meta: `json` moved aside for fields."""
+    return META_EXTENSION_V1 if version < 2 else META_EXTENSION
+
+
+def field_extension(spec: FieldSpec) -> str:
+    """A field's member extension, typed as WebDataset decoders read it: text ends in `txt`, the
+    rest (JSON) in `json`; a field named `txt` or `json` is that extension itself (img2dataset's)."""
+    suffix = "txt" if spec.type == "str" else "json"
+    return suffix if spec.name == suffix else f"{spec.name}.{suffix}"
+
+
+def index_row(num_fields: int) -> struct.Struct:
+    return struct.Struct("<%dq" % (INDEX_COLUMNS + 2 * num_fields))
 
 
 def sample_key(local_index: int) -> str:
@@ -121,15 +143,22 @@ def split_name(name: str) -> tuple[str, str]:
     return (directory + "/" if directory else "") + stem, extension if dot else ""
 
 
-def encode_index_header(num_samples: int) -> bytes:
-    return INDEX_HEADER.pack(INDEX_MAGIC, INDEX_COLUMNS, num_samples)
+def encode_index_header(num_samples: int, num_fields: int) -> bytes:
+    return INDEX_HEADER.pack(INDEX_MAGIC, INDEX_COLUMNS + 2 * num_fields, num_samples)
 
 
-def parse_index_header(header: bytes) -> int:
-    """The sample count an index header states; TarError if it is not a pack index header."""
+def parse_index_header(header: bytes, num_fields: int) -> int:
+    """The sample count an index header states; TarError if it is not a pack index header for
+    `num_fields` fields."""
     if len(header) < INDEX_HEADER.size:
         raise TarError("truncated tar index")
     magic, columns, count = INDEX_HEADER.unpack(header)
-    if magic != INDEX_MAGIC or columns != INDEX_COLUMNS:
-        raise TarError("not a pack tar index")
+    if magic != INDEX_MAGIC or columns != INDEX_COLUMNS + 2 * num_fields:
+        raise TarError("not a pack tar index" if magic != INDEX_MAGIC
+                       else f"tar index has {columns} columns, {INDEX_COLUMNS + 2 * num_fields} expected")
     return int(count)
+
+
+def field_extensions(specs: Sequence[FieldSpec]) -> dict[str, FieldSpec]:
+    """Member extension -> field, for grouping a sample's members."""
+    return {field_extension(spec): spec for spec in specs}
