@@ -54,6 +54,17 @@ class ByteSize(click.ParamType):
         return size
 
 
+class ExtensionList(click.ParamType):
+    """`txt,json` -> ("txt", "json")."""
+
+    name = "extensions"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[str, ...]:
+        if isinstance(value, tuple):
+            return value
+        return tuple(part.strip().lstrip(".") for part in str(value).split(",") if part.strip())
+
+
 def human_bytes(size: float) -> str:
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if size < 1000 or unit == "TB":
@@ -101,6 +112,12 @@ def packing_options(command: Callable[..., Any]) -> Callable[..., Any]:
                      help="quick: check content type, end markers and header size; full: also decode every image."),
         click.option("--max-pixels", type=click.IntRange(min=1), default=DEFAULT_MAX_PIXELS, show_default=True,
                      help="Reject images whose header claims more pixels (decompression bombs)."),
+        click.option("--sidecars", type=ExtensionList(), default="", metavar="EXT,...",
+                     help="Pack the file beside each image with the same name up to its extension as "
+                          "field EXT (a/x.jpg + a/x.txt -> field txt); json sidecars are parsed as JSON, "
+                          "others read as UTF-8 text. A missing one rejects the image."),
+        click.option("--sidecars-optional", is_flag=True,
+                     help="A missing sidecar leaves the field absent (read back as None) instead."),
     ]
     for decorator in reversed(decorators):
         command = decorator(command)
@@ -121,8 +138,13 @@ def option_args(options: PackOptions) -> list[str]:
     args: list[str] = []
     for field in fields(PackOptions):
         value = getattr(options, field.name)
-        if field.name != "format" and value is not None:
-            args += [f"--{field.name.replace('_', '-')}", str(value)]
+        flag = f"--{field.name.replace('_', '-')}"
+        if field.name == "format" or value is None or value is False or value == ():
+            continue
+        if value is True:
+            args.append(flag)
+        else:
+            args += [flag, ",".join(value) if isinstance(value, tuple) else str(value)]
     return args
 
 

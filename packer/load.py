@@ -15,6 +15,7 @@ from readers.fields import FieldSpec, encode_value
 from .encode import Encoded, encode
 from .errors import RejectedFile
 from .plan import Entry, PackOptions
+from .sources.sidecars import read_sidecars
 from .validate import check_image
 
 READ_THREADS = 8
@@ -61,13 +62,14 @@ def listed_fields(entry: Entry, specs: Sequence[FieldSpec]) -> dict[str, bytes]:
 
 
 def load_sample(root: str, entry: Entry, validate: str, max_pixels: int, encoding: dict[str, Any],
-                fields: Sequence[FieldSpec]) -> Loaded | RejectedFile:
-    """Read, check and encode one file and its fields; runs in a reader thread (Pillow's codecs
-    release the GIL)."""
+                listed: Sequence[FieldSpec], sidecars: Sequence[str], sidecars_optional: bool) -> Loaded | RejectedFile:
+    """Read, check and encode one file, and its fields: the `listed` ones from its entry, the
+    others from its sidecars. Runs in a reader thread (Pillow's codecs release the GIL)."""
     try:
         data = read_file(os.path.join(root, entry.path), entry.size)
         codec = check_image(data, validate=validate, max_pixels=max_pixels)
-        return encode(data, codec=codec, **encoding), listed_fields(entry, fields)
+        encoded = encode(data, codec=codec, **encoding)
+        return encoded, {**listed_fields(entry, listed), **read_sidecars(root, entry.path, sidecars, sidecars_optional)}
     except RejectedFile as exc:
         return exc
     except OSError as exc:
@@ -82,7 +84,9 @@ def load_samples(root: Path, entries: list[Entry], options: PackOptions, threads
     pool's queue and futures cost once per run instead of once per file.
     """
     load = functools.partial(load_sample, str(root), validate=options.validate, max_pixels=options.max_pixels,
-                             encoding=options.encoding, fields=fields)
+                             encoding=options.encoding,
+                             listed=[spec for spec in fields if spec.name not in options.sidecars],
+                             sidecars=options.sidecars, sidecars_optional=options.sidecars_optional)
 
     def load_run(run: list[Entry]) -> list[Loaded | RejectedFile]:
         return [load(entry) for entry in run]

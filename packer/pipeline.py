@@ -162,7 +162,7 @@ def ensure_plan(src: Path, out: Path, options: PackOptions, *, overwrite: bool =
                 )
             log.info("%s: reusing the plan (%d shards)", out, plan.num_shards)
             return plan
-        listing = scan(src)
+        listing = scan(src, options)
         if not len(listing):
             raise PackError(f"{src}: no image files found")
         return write_plan(out, listing, options)

@@ -21,7 +21,8 @@ from .encode import DEFAULT_QUALITY, ENCODE_OPTIONS, PIXEL_MODES, STORES
 from .errors import PackError
 from .fsutil import atomic_write_text
 from .outdir import listing_path, plan_path, temp_name, work_dir
-from .scan import Listing
+from .sources.listing import Listing
+from .sources.sidecars import extension_problem
 from .validate import DEFAULT_MAX_PIXELS, VALIDATE_MODES
 
 DEFAULT_SHARD_SIZE = 10_000
@@ -43,9 +44,14 @@ class PackOptions:
     quality: int | None = None
     validate: str = "quick"
     max_pixels: int = DEFAULT_MAX_PIXELS
+    # Where samples, labels and fields come from (packer.sources).
+    sidecars: tuple[str, ...] = ()
+    sidecars_optional: bool = False
 
     def __post_init__(self) -> None:
         """Reject contradictory options; fill in the defaults of decoding stores (RGB, quality 90)."""
+        object.__setattr__(self, "sidecars", tuple(self.sidecars))  # a list, when read back from plan.json
+        self._check_sources()
         if self.shard_size < 1:
             raise PackError(f"--shard-size must be at least 1, not {self.shard_size}")
         if self.shard_bytes < 1:
@@ -77,6 +83,16 @@ class PackOptions:
             raise PackError(f"--validate must be one of {', '.join(VALIDATE_MODES)}, not {self.validate!r}")
         if self.max_pixels < 1:
             raise PackError(f"--max-pixels must be at least 1, not {self.max_pixels}")
+
+    def _check_sources(self) -> None:
+        for extension in self.sidecars:
+            problem = extension_problem(extension)
+            if problem:
+                raise PackError(f"--sidecars {extension}: {problem}")
+        if len(set(self.sidecars)) != len(self.sidecars):
+            raise PackError(f"--sidecars names an extension twice: {','.join(self.sidecars)}")
+        if self.sidecars_optional and not self.sidecars:
+            raise PackError("--sidecars-optional needs --sidecars")
 
     @property
     def encoding(self) -> dict[str, Any]:
@@ -172,7 +188,7 @@ def write_plan(out: Path, listing: Listing, options: PackOptions) -> Plan:
         line_offsets=offsets if len(listing) else [0],
         listing_sha256=digest.hexdigest(),
         ignored=listing.ignored_hidden + listing.ignored_other,
-        scan_rejects=[{"path": path, "reason": reason} for path, reason in listing.unreadable],
+        scan_rejects=[{"path": path, "reason": reason} for path, reason in listing.rejects],
         fields=listing.fields,
     )
     atomic_write_text(plan_path(out), json.dumps(asdict(plan)) + "\n")

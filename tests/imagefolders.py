@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import random
 from pathlib import Path
@@ -53,3 +54,23 @@ def add_non_utf8_file(root: Path, data: bytes) -> str:
     with open(raw, "wb") as handle:
         handle.write(data)
     return "class_02/" + os.fsdecode(b"bad-\xff\xfe.jpg")
+
+
+def make_caption_folder(root: Path, *, folders: int = 2, per_folder: int = 3, seed: int = 0) -> dict[str, tuple[bytes, str, dict]]:
+    """img2dataset's `files` layout: `00000/000000000.jpg` + `.txt` (caption) + `.json` (metadata);
+    returns {image path: (image bytes, caption, metadata)}."""
+    rng = random.Random(seed)
+    samples: dict[str, tuple[bytes, str, dict]] = {}
+    for folder in range(folders):
+        for row in range(per_folder):
+            key = f"{folder:05d}/{folder:05d}{row:04d}"
+            caption = f"a photo of thing {folder}-{row}, ünïcode 名前"
+            meta = {"url": f"https://example.com/{key}.jpg", "caption": caption, "status": "success",
+                    "width": 64, "height": 48, "extra": {"tags": ["a", row], "score": row / 7}}
+            data = image_bytes(rng)
+            (root / key).parent.mkdir(parents=True, exist_ok=True)
+            (root / f"{key}.jpg").write_bytes(data)
+            (root / f"{key}.txt").write_text(caption, encoding="utf-8")
+            (root / f"{key}.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
+            samples[f"{key}.jpg"] = (data, caption, meta)
+    return samples

@@ -63,7 +63,7 @@ def test_symlinked_files_are_followed(tmp_path: Path) -> None:
     (tmp_path / "class_00" / "broken.jpg").symlink_to(tmp_path / "missing.jpg")
     listing = scan(tmp_path)
     assert "class_00/link.jpg" in listing.paths
-    assert [path for path, _ in listing.unreadable] == ["class_00/broken.jpg"]
+    assert [path for path, _ in listing.rejects] == ["class_00/broken.jpg"]
 
 
 def test_missing_and_non_directory_sources(tmp_path: Path) -> None:
@@ -82,4 +82,4 @@ def test_special_files_are_rejects_not_a_hang(tmp_path: Path) -> None:
     os.mkfifo(src / "cats" / "pipe.jpg")
     listing = scan(src)
     assert listing.paths == ["cats/a.jpg"]
-    assert listing.unreadable == [("cats/pipe.jpg", "not a regular file")]
+    assert listing.rejects == [("cats/pipe.jpg", "not a regular file")]
