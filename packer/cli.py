@@ -112,6 +112,20 @@ def packing_options(command: Callable[..., Any]) -> Callable[..., Any]:
                      help="quick: check content type, end markers and header size; full: also decode every image."),
         click.option("--max-pixels", type=click.IntRange(min=1), default=DEFAULT_MAX_PIXELS, show_default=True,
                      help="Reject images whose header claims more pixels (decompression bombs)."),
+        click.option("--files-from", type=click.Path(dir_okay=False, allow_dash=True), default=None, metavar="FILE",
+                     help="Pack the files this list names (paths relative to SRC, one per line; - reads "
+                          "stdin) instead of walking SRC: the same shards as a walk finding those files."),
+        click.option("--null", is_flag=True, help="--files-from names are NUL-separated (find -print0)."),
+        click.option("--metadata", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+                     help="Labels and fields from FILE (.csv, .tsv, .jsonl, or a .txt of 'name label' lines): "
+                          "a file_name (or path) column relative to SRC, a label column, and other columns "
+                          "as fields. Folders are then not classes."),
+        click.option("--label-column", default="label", show_default=True,
+                     help="The --metadata column holding a class name or index."),
+        click.option("--classes", type=click.Path(), default=None, metavar="FILE",
+                     help="The class list: one name per line, or a packed dataset's index.json, so "
+                          "datasets packed apart (train, val) share label indexes."),
+        click.option("--no-classes", is_flag=True, help="Subfolders are not classes: pack every image unlabelled (-1)."),
         click.option("--sidecars", type=ExtensionList(), default="", metavar="EXT,...",
                      help="Pack the file beside each image with the same name up to its extension as "
                           "field EXT (a/x.jpg + a/x.txt -> field txt); json sidecars are parsed as JSON, "
@@ -322,6 +336,8 @@ def slurm_script_command(fmt: str, src: Path, out: Path, tasks: int, cpus_per_ta
                          **params: Any) -> None:
     """Print a Slurm script: an sbatch array packing FORMAT shards, then a merge job (afterok)."""
     options = pack_options_from(fmt, params)
+    if options.files_from == "-":
+        raise click.UsageError("--files-from - reads standard input, which batch jobs do not have; save the list to a file")
     policy_args = ["--on-error", on_error] + (["--max-errors", str(max_errors)] if max_errors is not None else [])
     pack_args = [fmt, str(src.resolve()), str(out.resolve()), *option_args(options), *policy_args]
     click.echo(slurm_script([sys.executable, "-m", "packer.cli"], pack_args, out, merge_args=policy_args,

@@ -44,7 +44,13 @@ class PackOptions:
     quality: int | None = None
     validate: str = "quick"
     max_pixels: int = DEFAULT_MAX_PIXELS
-    # Where samples, labels and fields come from (packer.sources).
+    # Where samples, labels and fields come from (packer.sources); files by absolute path.
+    files_from: str | None = None  # "-": standard input
+    null: bool = False
+    metadata: str | None = None
+    label_column: str = "label"
+    classes: str | None = None
+    no_classes: bool = False
     sidecars: tuple[str, ...] = ()
     sidecars_optional: bool = False
 
@@ -85,6 +91,19 @@ class PackOptions:
             raise PackError(f"--max-pixels must be at least 1, not {self.max_pixels}")
 
     def _check_sources(self) -> None:
+        for name in ("files_from", "metadata", "classes"):
+            value = getattr(self, name)
+            if value is not None and value != "-":
+                object.__setattr__(self, name, os.path.abspath(value))  # the plan outlives the working directory
+        if self.metadata == "-" or self.classes == "-":
+            raise PackError("only --files-from reads standard input (-)")
+        if self.null and self.files_from is None:
+            raise PackError("--null needs --files-from")
+        if self.label_column != "label" and self.metadata is None:
+            raise PackError("--label-column needs --metadata")
+        if self.no_classes and (self.metadata is not None or self.classes is not None):
+            raise PackError("--no-classes contradicts " + ("--metadata (its labels come from the label column)"
+                                                           if self.metadata is not None else "--classes"))
         for extension in self.sidecars:
             problem = extension_problem(extension)
             if problem:

@@ -1,7 +1,9 @@
 """SRC -> the listing to pack: the input kinds of `packer.sources`, composed as the options say.
 
-The folder walk lists the images (labelled by top-level folder, an ImageFolder); `--sidecars`
-adds fields read beside each image when it is packed.
+The images come from the folder walk, or from a file list (`--files-from`); their labels from
+their top-level folders (an ImageFolder), from a metadata file (`--metadata`, which adds its other
+columns as fields) or nowhere (`--no-classes`), through a fixed class list when `--classes` names
+one; `--sidecars` adds fields read beside each image when it is packed.
 """
 
 from __future__ import annotations
@@ -9,7 +11,10 @@ from __future__ import annotations
 import os
 
 from .plan import PackOptions
+from .sources.classes import ClassMap, read_classes, relabel_folders
+from .sources.filelist import list_files
 from .sources.listing import UNLABELLED, Listing, ScanError
+from .sources.metadata import apply_metadata, read_metadata
 from .sources.sidecars import sidecar_specs
 from .sources.walk import walk
 
@@ -21,6 +26,20 @@ def scan(src: str | os.PathLike[str], options: PackOptions | None = None) -> Lis
     if options is None:
         return walk(src)
     companions = frozenset("." + extension for extension in options.sidecars)
-    listing = walk(src, companions=companions)
-    listing.fields += sidecar_specs(options.sidecars, options.sidecars_optional)
+    folders_are_classes = options.metadata is None and not options.no_classes
+    if options.files_from is not None:
+        listing = list_files(src, options.files_from, null=options.null, folders_are_classes=folders_are_classes,
+                             companions=companions)
+    else:
+        listing = walk(src, folders_are_classes=folders_are_classes, companions=companions)
+    classes = ClassMap(read_classes(options.classes), options.classes) if options.classes is not None else None
+    if options.metadata is not None:
+        apply_metadata(listing, read_metadata(options.metadata, options.label_column), options.label_column, classes)
+    elif classes is not None:
+        relabel_folders(listing, classes)
+    sidecars = sidecar_specs(options.sidecars, options.sidecars_optional)
+    clash = {spec.name for spec in listing.fields} & {spec.name for spec in sidecars}
+    if clash:
+        raise ScanError(f"{options.metadata}: column {sorted(clash)[0]!r} is also a --sidecars field; rename one")
+    listing.fields += sidecars
     return listing

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 import webdataset
+from click.testing import CliRunner
 from clirun import run
 from imagefolders import make_caption_folder
 
 import readers
+from packer.cli import main
 from packer.writers import WRITERS
 
 
@@ -76,3 +79,137 @@ def test_bad_sidecar_options_are_usage_errors(args: list[str], message: str, tmp
     make_caption_folder(tmp_path / "src", folders=1, per_folder=1)
     code, output = run("lmdb", tmp_path / "src", tmp_path / "out", *args)
     assert code == 2 and message in output
+
+
+def shards_of(out: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted(out.glob("shard-*"))}
+
+
+def copy_images(src: Path, dst: Path, names: dict[str, str]) -> None:
+    """dst/new name <- src/old name, for {new: old}."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for new, old in names.items():
+        (dst / new).write_bytes((src / old).read_bytes())
+
+
+def test_train_and_val_share_the_class_list(image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
+    root, files = image_folder
+    code, output = run("hdf5", root, tmp_path / "train", "-q")
+    assert code == 0, output
+    # Val has no image of class_01; its labels come in a val.txt of names and indexes.
+    copy_images(root, tmp_path / "val", {"v1.jpg": "class_02/img 000.jpg", "v2.jpg": "class_00/img 001.jpg"})
+    (tmp_path / "val.txt").write_text("v1.jpg class_02\nv2.jpg 0\n")
+    code, output = run("hdf5", tmp_path / "val", tmp_path / "val-out", "--metadata", tmp_path / "val.txt",
+                       "--classes", tmp_path / "train" / "index.json", "-q")
+    assert code == 0, output
+    ds = readers.open_dataset(tmp_path / "val-out", decode="bytes", fields=("image", "label", "path"))
+    assert ds.classes == ["class_00", "class_01", "class_02"]
+    assert list(ds) == [(files["class_02/img 000.jpg"], 2, "v1.jpg"), (files["class_00/img 001.jpg"], 0, "v2.jpg")]
+    # A folder packed with the class list of another: the folder names map through it.
+    (tmp_path / "classes.txt").write_text("class_02\nclass_00\n")
+    code, output = run("lmdb", root, tmp_path / "mapped", "--classes", tmp_path / "classes.txt", "-q")
+    assert code == 0 and f"{len([p for p in files if p.startswith('class_01')])} rejected" in output
+    ds = readers.open_dataset(tmp_path / "mapped", fields=("label", "path"))
+    assert ds.classes == ["class_02", "class_00"]
+    assert {path.split("/")[0]: label for label, path in ds} == {"class_02": 0, "class_00": 1}
+    assert {reject["reason"] for reject in rejects(tmp_path / "mapped")} == {
+        f"class folder 'class_01' is not in {tmp_path / 'classes.txt'}"}
+
+
+@pytest.mark.parametrize("fmt", sorted(WRITERS))
+def test_hugging_face_metadata_jsonl(fmt: str, image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
+    root, files = image_folder
+    src = tmp_path / "hf"
+    copy_images(root, src / "train", {"a.jpg": "class_00/img 000.jpg", "b.jpg": "class_01/img 000.jpg",
+                                      "c.png": "class_00/pic.PNG", "stray.jpg": "class_02/img 000.jpg"})
+    rows = [
+        {"file_name": "train/a.jpg", "label": "dog", "caption": "a dog", "bbox": [1, 2, 3, 4],
+         "extra": {"k": [1, "x"]}, "score": 1, "ok": True, "split": "train"},
+        {"file_name": "train/b.jpg", "label": "cat", "caption": "ünï", "bbox": [0.5, 2, 3, 4],
+         "extra": None, "score": 0.25, "ok": False, "split": "train"},
+        {"file_name": "./train/c.png", "label": "dog", "caption": "", "bbox": [9, 9, 9, 9],
+         "extra": [1, 2], "score": 2, "ok": True, "split": "val"},
+        {"file_name": "train/gone.jpg", "label": "cat", "caption": "no image", "bbox": [0, 0, 0, 0],
+         "score": 1, "ok": True, "split": "x"},
+    ]
+    (src / "metadata.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    code, output = run(fmt, src, tmp_path / "out", "--metadata", src / "metadata.jsonl", "-q")
+    assert code == 0 and "2 rejected" in output, output
+    assert sorted((r["path"], r["reason"]) for r in rejects(tmp_path / "out")) == [
+        ("train/gone.jpg", f"{src / 'metadata.jsonl'} line 4: no such image under SRC"),
+        ("train/stray.jpg", "no row in metadata.jsonl")]
+    names = ("caption", "bbox", "extra", "score", "ok", "split")
+    ds = readers.open_dataset(tmp_path / "out", decode="bytes", fields=("image", "label", "path", *names))
+    assert ds.classes == ["cat", "dog"]
+    assert [(spec.name, spec.type, spec.optional, spec.dtype, spec.shape) for spec in ds.manifest.fields] == [
+        ("caption", "str", False, None, None), ("bbox", "array", False, "float64", (4,)),
+        ("extra", "json", True, None, None), ("score", "float", False, None, None),
+        ("ok", "bool", False, None, None), ("split", "str", False, None, None)]
+    got = [(image, label, path, caption, bbox.tolist(), extra, score, ok, split)
+           for image, label, path, caption, bbox, extra, score, ok, split in ds]
+    assert got == [
+        (files["class_00/img 000.jpg"], 1, "train/a.jpg", "a dog", [1, 2, 3, 4], {"k": [1, "x"]}, 1.0, True, "train"),
+        (files["class_01/img 000.jpg"], 0, "train/b.jpg", "ünï", [0.5, 2, 3, 4], None, 0.25, False, "train"),
+        (files["class_00/pic.PNG"], 1, "train/c.png", "", [9, 9, 9, 9], [1, 2], 2.0, True, "val")]
+
+
+def test_img2dataset_files_folder(tmp_path: Path) -> None:
+    """Folders 00000/, 00001/ are not classes: --no-classes packs every image unlabelled."""
+    samples = make_caption_folder(tmp_path / "src")
+    code, output = run("wds", tmp_path / "src", tmp_path / "out", "--sidecars", "txt,json", "--no-classes", "-q")
+    assert code == 0, output
+    ds = readers.open_dataset(tmp_path / "out", decode="bytes", fields=("label", "path", "txt", "json"))
+    assert ds.classes == []
+    assert list(ds) == [(-1, path, samples[path][1], samples[path][2]) for path in sorted(samples)]
+
+
+def test_csv_and_tsv_metadata_types_and_integer_labels(image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
+    root, files = image_folder
+    copy_images(root, tmp_path / "src", {"x.jpg": "class_00/img 000.jpg", "y.jpg": "class_00/img 001.jpg"})
+    (tmp_path / "meta.csv").write_text('path,cls,count,ratio,flag,note,code\n'
+                                       'x.jpg,7,3,0.5,true,"a, quoted\nnote",007\n'
+                                       'y.jpg,2,-1,1,FALSE,,x7\n')
+    (tmp_path / "meta.tsv").write_text((tmp_path / "meta.csv").read_text().replace(",", "\t")
+                                       .replace('"a\t quoted\nnote"', '"a, quoted\nnote"'))
+    for meta in ("meta.csv", "meta.tsv"):
+        out = tmp_path / f"out-{meta}"
+        code, output = run("lmdb", tmp_path / "src", out, "--metadata", tmp_path / meta, "--label-column", "cls", "-q")
+        assert code == 0, output
+        ds = readers.open_dataset(out, fields=("label", "count", "ratio", "flag", "note", "code"))
+        assert ds.classes == []  # integer labels stay as they are
+        assert [spec.type for spec in ds.manifest.fields] == ["int", "float", "bool", "str", "str"]
+        assert list(ds) == [(7, 3, 0.5, True, "a, quoted\nnote", "007"), (2, -1, 1.0, False, None, "x7")]
+
+
+@pytest.mark.parametrize("fmt", sorted(WRITERS))
+def test_files_from_is_byte_identical_to_the_walk(fmt: str, image_folder: tuple[Path, dict[str, bytes]],
+                                                  tmp_path: Path) -> None:
+    root, files = image_folder
+    code, output = run(fmt, root, tmp_path / "walk", "--shard-size", "5", "-q")
+    assert code == 0, output
+    # find's order, ./ prefixes, a duplicate, and entries the walk skips: hidden, not images.
+    listed = ["./" + path for path in reversed(sorted(files))] + ["class_00/img 000.jpg", "class_02/.hidden.jpg",
+                                                                  "class_00/notes.txt", ""]
+    data = b"\n".join(os.fsencode(path) for path in listed)
+    (tmp_path / "list.txt").write_bytes(data)
+    code, output = run(fmt, root, tmp_path / "list", "--files-from", tmp_path / "list.txt", "--shard-size", "5", "-q")
+    assert code == 0 and "0 rejected" in output, output
+    assert shards_of(tmp_path / "list") == shards_of(tmp_path / "walk")
+    walked, listed_index = (json.loads((tmp_path / out / "index.json").read_text()) for out in ("walk", "list"))
+    assert {**listed_index, "options": None} == {**walked, "options": None}
+    (tmp_path / "list0").write_bytes(data.replace(b"\n", b"\0"))
+    code, output = run(fmt, root, tmp_path / "null", "--files-from", tmp_path / "list0", "--null", "--shard-size", "5", "-q")
+    assert code == 0 and shards_of(tmp_path / "null") == shards_of(tmp_path / "walk")
+
+
+def test_files_from_stdin_and_missing_files(image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
+    root, files = image_folder
+    listed = sorted(files)[:3] + ["class_00/missing.jpg", "../outside.jpg", "/etc/passwd.jpg"]
+    result = CliRunner().invoke(main, ["lmdb", str(root), str(tmp_path / "out"), "--files-from", "-", "-q"],
+                                input="\n".join(listed) + "\n")
+    assert result.exit_code == 0 and "3 rejected" in result.output, result.output
+    assert sorted((r["path"], r["reason"]) for r in rejects(tmp_path / "out")) == [
+        ("../outside.jpg", "stdin line 5: leaves SRC (paths are relative to SRC)"),
+        ("/etc/passwd.jpg", "stdin line 6: leaves SRC (paths are relative to SRC)"),
+        ("class_00/missing.jpg", "missing (listed in stdin line 4)")]
+    assert [path for (path,) in readers.open_dataset(tmp_path / "out", fields=("path",))] == sorted(files)[:3]

@@ -357,7 +357,10 @@ def test_option_flags_round_trip_for_job_scripts() -> None:
 
     for options in (PackOptions(format="lmdb"), PackOptions(format="lmdb", store="raw", mode="L", resize=64, center_crop=56),
                     PackOptions(format="lmdb", store="jpeg", max_side=300),
-                    PackOptions(format="lmdb", sidecars=("txt", "json"), sidecars_optional=True)):
+                    PackOptions(format="lmdb", sidecars=("txt", "json"), sidecars_optional=True),
+                    PackOptions(format="lmdb", files_from="list.txt", null=True, metadata="val.csv",
+                                label_column="class", classes="train/index.json"),
+                    PackOptions(format="lmdb", no_classes=True)):
         command = main.get_command(click.Context(main), "lmdb")  # type: ignore[attr-defined]
         assert command is not None
         ctx = command.make_context("lmdb", ["src", "out", *option_args(options)])

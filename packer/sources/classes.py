@@ -1,0 +1,86 @@
+"""Class lists: `--classes FILE` fixes the name -> index map, so train and val agree.
+
+FILE is one class name per line (line order is index order, as timm's class map), or the
+`index.json` of a packed dataset (or that dataset's folder), whose `classes` are taken. Labels
+from folders and from metadata files are resolved through the same `ClassMap`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from readers.manifest import MANIFEST_NAME
+
+from .listing import UNLABELLED, Listing, ScanError
+
+
+def read_classes(path: str) -> list[str]:
+    """The class names a `--classes` file (or packed dataset) gives, in index order."""
+    if os.path.isdir(path):
+        path = os.path.join(path, MANIFEST_NAME)
+    try:
+        with open(path, encoding="utf-8-sig") as handle:
+            text = handle.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ScanError(f"{path}: cannot read the class list ({getattr(exc, 'strerror', None) or exc})") from None
+    if path.endswith(".json"):
+        try:
+            classes = json.loads(text)["classes"]
+        except (ValueError, KeyError, TypeError):
+            raise ScanError(f"{path}: not the index.json of a packed dataset (no classes list)") from None
+        if not all(isinstance(name, str) for name in classes):
+            raise ScanError(f"{path}: classes must be names")
+        return list(classes)
+    classes, lines = [], {}
+    for line, name in enumerate(text.splitlines(), 1):
+        name = name.strip()
+        if not name:
+            continue
+        if name in lines:
+            raise ScanError(f"{path}: lines {lines[name]} and {line} both name class {name!r}")
+        lines[name] = line
+        classes.append(name)
+    return classes
+
+
+@dataclass
+class ClassMap:
+    """Label -> index through `classes`: a fixed list (`--classes`, named by `source`), or, with no
+    source, the names a metadata file uses (then integer labels are taken as they are)."""
+
+    classes: list[str]
+    source: str | None = None
+
+    def __post_init__(self) -> None:
+        self._index = {name: index for index, name in enumerate(self.classes)}
+
+    def index(self, label: Any) -> int | str:
+        """The label's index, or why it has none: a name not in the list, an index out of range."""
+        if isinstance(label, str):
+            found = self._index.get(label)
+            return found if found is not None else f"label {label!r} is not a class of {self.source}"
+        if not isinstance(label, int) or isinstance(label, bool):
+            return f"label must be a class name or an integer index, not {label!r}"
+        if label == UNLABELLED or (label >= 0 and (self.source is None or label < len(self.classes))):
+            return label
+        if self.source is None:
+            return f"label {label} is not a class index"
+        return f"label {label} is out of range for the {len(self.classes)} classes of {self.source}"
+
+
+def relabel_folders(listing: Listing, classes: ClassMap) -> None:
+    """Folder labels through a fixed class list; an image in a folder the list lacks is a reject."""
+    folders = listing.classes
+    keep = []
+    for position, (path, label) in enumerate(zip(listing.paths, listing.labels)):
+        index = classes.index(folders[label]) if label != UNLABELLED else UNLABELLED
+        if isinstance(index, str):
+            listing.rejects.append((path, f"class folder {folders[label]!r} is not in {classes.source}"))
+        else:
+            listing.labels[position] = index
+            keep.append(position)
+    listing.keep(keep)
+    listing.classes = classes.classes

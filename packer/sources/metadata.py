@@ -1,0 +1,288 @@
+"""A metadata file (`--metadata FILE`): one row per image, with its label and any other columns.
+
+By extension: `.csv`, `.tsv` (a header row, then rows), `.jsonl` (one JSON object per line), or
+`.txt`, the classic `val.txt` of `name label` lines. The image is named by the `file_name` column
+(Hugging Face ImageFolder's) or `path`, relative to SRC; the label column (`label` by default)
+holds a class name or an integer index; every other column becomes a field, typed from all its
+values (`infer_spec`). Line problems (a malformed line, a path that leaves SRC) become rejects
+naming the file and line; a row given twice is an error naming both lines.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import posixpath
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from readers.fields import FieldSpec, check_field_name
+
+from .classes import ClassMap
+from .listing import Listing, ScanError
+
+FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".txt": "names"}
+PATH_COLUMNS = ("file_name", "path")
+INT64 = (-(2**63), 2**63 - 1)
+_INTEGER = re.compile(r"[+-]?\d+")
+_FLOAT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?|[+-]?(nan|inf|infinity)", re.IGNORECASE)
+
+
+@dataclass
+class Row:
+    line: int
+    label: str | int | None  # a class name, an index, or None when the file has no label column
+    values: dict[str, Any]
+
+
+@dataclass
+class Metadata:
+    """The rows of a metadata file by normalised path, its field columns, and its line rejects."""
+
+    path: str
+    rows: dict[str, Row] = field(default_factory=dict)
+    columns: list[str] = field(default_factory=list)
+    has_labels: bool = False
+    text_cells: bool = False  # CSV/TSV: every value is text until its column's type is inferred
+    rejects: list[tuple[str, str]] = field(default_factory=list)
+
+    def reject(self, line: int, problem: str) -> None:
+        self.rejects.append((self.path, f"line {line}: {problem}"))
+
+
+def read_metadata(path: str, label_column: str) -> Metadata:
+    """Parse a metadata file; ScanError for a file that cannot be used at all."""
+    kind = FORMATS.get(os.path.splitext(path)[1].lower())
+    if kind is None:
+        raise ScanError(f"{path}: unknown metadata format; use .csv, .tsv, .jsonl or a .txt of 'name label' lines")
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except OSError as exc:
+        raise ScanError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise ScanError(f"{path}: line {line}: not UTF-8 text (byte 0x{data[exc.start]:02x})") from None
+    metadata = Metadata(path=os.path.abspath(path))
+    rows = {"csv": _table_rows, "tsv": _table_rows, "jsonl": _jsonl_rows, "names": _name_rows}[kind]
+    for line, name, record in rows(text, kind, metadata, label_column):
+        _add_row(metadata, line, name, record, label_column)
+    metadata.has_labels = label_column in metadata.columns
+    return metadata
+
+
+Rows = Iterator[tuple[int, Any, dict[str, Any]]]  # (line, image name, the row's other columns)
+
+
+def _table_rows(text: str, kind: str, metadata: Metadata, label_column: str) -> Rows:
+    reader = csv.reader(text.splitlines(keepends=True), delimiter="\t" if kind == "tsv" else ",", strict=True)
+    try:
+        header = next(reader)
+    except StopIteration:
+        raise ScanError(f"{metadata.path}: empty") from None
+    except csv.Error as exc:
+        raise ScanError(f"{metadata.path}: line 1: malformed header ({exc})") from None
+    metadata.text_cells = True
+    path_column = _path_column(metadata, header)
+    metadata.columns = [name for name in header if name != path_column]
+    while True:
+        line = reader.line_num + 1
+        try:
+            cells = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            metadata.reject(line, f"malformed {kind.upper()} line ({exc})")
+            continue
+        if not cells:
+            continue
+        if len(cells) != len(header):
+            metadata.reject(line, f"{len(cells)} fields, the header has {len(header)}")
+            continue
+        record = {name: cell if cell != "" else None for name, cell in zip(header, cells)}
+        yield line, record.pop(path_column), record
+
+
+def _jsonl_rows(text: str, kind: str, metadata: Metadata, label_column: str) -> Rows:
+    columns: dict[str, None] = {}  # every key of every row, in order of first appearance
+    for line, content in enumerate(text.splitlines(), 1):
+        if not content.strip():
+            continue
+        try:
+            record = json.loads(content)
+        except ValueError as exc:
+            metadata.reject(line, f"invalid JSON ({exc})")
+            continue
+        if not isinstance(record, dict):
+            metadata.reject(line, f"not a JSON object but {type(record).__name__}")
+            continue
+        column = next((column for column in PATH_COLUMNS if column in record), None)
+        if column is None:
+            metadata.reject(line, f"no {' or '.join(PATH_COLUMNS)} naming the image")
+            continue
+        name = record.pop(column)
+        columns.update(dict.fromkeys(record))
+        metadata.columns = list(columns)
+        yield line, name, record
+
+
+def _name_rows(text: str, kind: str, metadata: Metadata, label_column: str) -> Rows:
+    """`name label` lines (ImageNet's val.txt): the name may hold spaces, the label is the last word."""
+    metadata.columns = [label_column]
+    for line, content in enumerate(text.splitlines(), 1):
+        if not content.strip():
+            continue
+        parts = content.rsplit(None, 1)
+        if len(parts) != 2:
+            metadata.reject(line, "expected 'name label'")
+            continue
+        name, label = parts
+        yield line, name.strip(), {label_column: int(label) if _INTEGER.fullmatch(label) else label}
+
+
+def _path_column(metadata: Metadata, header: list[str]) -> str:
+    for column in PATH_COLUMNS:
+        if column in header:
+            return column
+    raise ScanError(f"{metadata.path}: no {' or '.join(PATH_COLUMNS)} column naming each image "
+                    f"(columns: {', '.join(header)})")
+
+
+def _add_row(metadata: Metadata, line: int, name: Any, record: dict[str, Any], label_column: str) -> None:
+    if not isinstance(name, str) or not name:
+        metadata.reject(line, f"the image name must be a non-empty string, not {name!r}")
+        return
+    path = posixpath.normpath(name)
+    if name.startswith("/") or path == ".." or path.startswith("../"):
+        metadata.rejects.append((name, f"{metadata.path} line {line}: leaves SRC (paths are relative to SRC)"))
+        return
+    label = record.pop(label_column, None)
+    earlier = metadata.rows.get(path)
+    if earlier is not None:
+        raise ScanError(f"{metadata.path}: lines {earlier.line} and {line} both describe {path!r}")
+    metadata.rows[path] = Row(line=line, label=label, values=record)
+
+
+def field_columns(metadata: Metadata, label_column: str) -> list[str]:
+    """The columns that become fields, checked as field names."""
+    columns = [name for name in metadata.columns if name != label_column]
+    for name in columns:
+        problem = check_field_name(name)
+        if problem:
+            raise ScanError(f"{metadata.path}: column {name!r} cannot be a field: {problem}")
+    return columns
+
+
+def typed_column(values: list[Any], text_cells: bool) -> list[Any]:
+    """A CSV/TSV column's cells as numbers or booleans when every one of them reads as such."""
+    if not text_cells:
+        return values
+    present = [value for value in values if value is not None]
+    if not present:
+        return values
+    if all(_INTEGER.fullmatch(value) for value in present):
+        return [None if value is None else int(value) for value in values]
+    if all(_FLOAT.fullmatch(value) for value in present):
+        return [None if value is None else float(value) for value in values]
+    if all(value.lower() in ("true", "false") for value in present):
+        return [None if value is None else value.lower() == "true" for value in values]
+    return values
+
+
+def infer_spec(name: str, values: list[Any]) -> tuple[FieldSpec, list[Any]]:
+    """A column's type from all its values (None: absent), and the values in that type (ints of a
+    float column as floats, so every format gives back the same)."""
+    present = [value for value in values if value is not None]
+    optional = len(present) < len(values)
+    if not present:
+        return FieldSpec(name, "json", optional=True), values
+    if all(isinstance(value, bool) for value in present):
+        return FieldSpec(name, "bool", optional), values
+    if all(_is_int(value) for value in present):
+        return FieldSpec(name, "int", optional), values
+    if all(_is_number(value) for value in present):
+        return FieldSpec(name, "float", optional), [None if value is None else float(value) for value in values]
+    if all(isinstance(value, str) for value in present):
+        return FieldSpec(name, "str", optional), values
+    arrays = [_array_kind(value) for value in present] if all(isinstance(value, list) for value in present) else [None]
+    if all(kind is not None for kind in arrays):
+        kinds = {kind for _, kinds_of in arrays for kind in kinds_of}  # type: ignore[misc]
+        shapes = {shape for shape, _ in arrays}  # type: ignore[misc]
+        dtype = "bool" if kinds == {"bool"} else "int64" if kinds <= {"int"} else "float64" if "bool" not in kinds else None
+        if dtype is not None:
+            return FieldSpec(name, "array", optional, dtype, shapes.pop() if len(shapes) == 1 else None), values
+    return FieldSpec(name, "json", optional), values
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and INT64[0] <= value <= INT64[1]
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _array_kind(value: Any) -> tuple[tuple[int, ...], frozenset[str]] | None:
+    """(shape, element kinds) of nested lists of numbers of a regular shape; None otherwise."""
+    if isinstance(value, list):
+        inner = [_array_kind(item) for item in value]
+        if any(kind is None for kind in inner) or len({kind[0] for kind in inner}) > 1:  # type: ignore[index]
+            return None
+        shape = inner[0][0] if inner else ()  # type: ignore[index]
+        return (len(value), *shape), frozenset().union(*(kind[1] for kind in inner))  # type: ignore[index]
+    if isinstance(value, bool):
+        return (), frozenset({"bool"})
+    if _is_int(value):
+        return (), frozenset({"int"})
+    if isinstance(value, float):
+        return (), frozenset({"float"})
+    return None
+
+
+def apply_metadata(listing: Listing, metadata: Metadata, label_column: str, classes: ClassMap | None) -> None:
+    """Join the listed images with their rows: labels and field values from the file.
+
+    An image with no row, and a row whose image is not listed, are rejects; so is a label that
+    `classes` cannot index. Without `classes`, the classes are the sorted names the file uses.
+    """
+    name = os.path.basename(metadata.path)
+    rows: list[Row] = []
+    keep: list[int] = []
+    for position, path in enumerate(listing.paths):
+        row = metadata.rows.pop(path, None)
+        if row is None:
+            listing.rejects.append((path, f"no row in {name}"))
+        else:
+            rows.append(row)
+            keep.append(position)
+    listing.rejects += [(path, f"{metadata.path} line {row.line}: no such image under SRC")
+                        for path, row in metadata.rows.items()]
+    listing.rejects += metadata.rejects
+    listing.keep(keep)
+    if metadata.has_labels:
+        labels = typed_column([row.label for row in rows], metadata.text_cells)
+        if classes is None:
+            classes = ClassMap(sorted({label for label in labels if isinstance(label, str)}))
+        keep = []
+        for position, (path, row, label) in enumerate(zip(listing.paths, rows, labels)):
+            index = f"no {label_column}" if label is None else classes.index(label)
+            if isinstance(index, str):
+                listing.rejects.append((path, f"{metadata.path} line {row.line}: {index}"))
+            else:
+                listing.labels[position] = index
+                keep.append(position)
+        rows = [rows[position] for position in keep]
+        listing.keep(keep)
+    listing.classes = classes.classes if classes is not None else []
+    columns = field_columns(metadata, label_column)
+    listing.values = [{} for _ in rows]
+    for column in columns:
+        spec, values = infer_spec(column, typed_column([row.values.get(column) for row in rows], metadata.text_cells))
+        listing.fields.append(spec)
+        for record, value in zip(listing.values, values):
+            if value is not None:
+                record[column] = value
