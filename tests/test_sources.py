@@ -165,7 +165,7 @@ def test_img2dataset_files_folder(tmp_path: Path) -> None:
 
 def test_csv_and_tsv_metadata_types_and_integer_labels(image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
     root, files = image_folder
-    copy_images(root, tmp_path / "src", {"x.jpg": "class_00/img 000.jpg", "y.jpg": "class_00/img 001.jpg"})
+    copy_images(root, tmp_path / "flat", {"x.jpg": "class_00/img 000.jpg", "y.jpg": "class_00/img 001.jpg"})
     (tmp_path / "meta.csv").write_text('path,cls,count,ratio,flag,note,code\n'
                                        'x.jpg,7,3,0.5,true,"a, quoted\nnote",007\n'
                                        'y.jpg,2,-1,1,FALSE,,x7\n')
@@ -173,8 +173,8 @@ def test_csv_and_tsv_metadata_types_and_integer_labels(image_folder: tuple[Path,
                                        .replace('"a\t quoted\nnote"', '"a, quoted\nnote"'))
     for meta in ("meta.csv", "meta.tsv"):
         out = tmp_path / f"out-{meta}"
-        code, output = run("lmdb", tmp_path / "src", out, "--metadata", tmp_path / meta, "--label-column", "cls", "-q")
-        assert code == 0, output
+        code, output = run("lmdb", tmp_path / "flat", out, "--metadata", tmp_path / meta, "--label-column", "cls", "-q")
+        assert code == 0 and "0 rejected" in output, output
         ds = readers.open_dataset(out, fields=("label", "count", "ratio", "flag", "note", "code"))
         assert ds.classes == []  # integer labels stay as they are
         assert [spec.type for spec in ds.manifest.fields] == ["int", "float", "bool", "str", "str"]
@@ -213,3 +213,68 @@ def test_files_from_stdin_and_missing_files(image_folder: tuple[Path, dict[str, 
         ("/etc/passwd.jpg", "stdin line 6: leaves SRC (paths are relative to SRC)"),
         ("class_00/missing.jpg", "missing (listed in stdin line 4)")]
     assert [path for (path,) in readers.open_dataset(tmp_path / "out", fields=("path",))] == sorted(files)[:3]
+
+
+BAD_INPUT = {
+    # name: (files to write beside x.jpg and y.jpg, pack arguments, the rejects, first the one that
+    # --on-error fail reports; "{d}" stands for the test's folder)
+    "csv fields": ({"m.csv": "file_name,label\nx.jpg,a\ny.jpg,b,extra\n"}, ["--metadata", "{d}/m.csv"],
+                   [("{d}/m.csv", "line 3: 3 fields, the header has 2")]),
+    "csv quote": ({"m.csv": 'file_name,label\nx.jpg,a\ny.jpg,"b"c\n'}, ["--metadata", "{d}/m.csv"],
+                  [("{d}/m.csv", "line 3: malformed CSV line (',' expected after '\"')"),
+                   ("y.jpg", "no row in m.csv")]),  # which image a line names is lost with the line
+    "jsonl": ({"m.jsonl": '{"file_name": "x.jpg"}\n{"file_name": "y.jpg",\n'}, ["--metadata", "{d}/m.jsonl"],
+              [("{d}/m.jsonl", "line 2: invalid JSON (Expecting property name enclosed in double quotes: "
+                               "line 1 column 23 (char 22))"), ("y.jpg", "no row in m.jsonl")]),
+    "leaves src": ({"m.txt": "x.jpg 0\ny.jpg 1\n../y.jpg 1\n"}, ["--metadata", "{d}/m.txt"],
+                   [("../y.jpg", "{d}/m.txt line 3: leaves SRC (paths are relative to SRC)")]),
+    "absolute": ({"m.txt": "x.jpg 0\ny.jpg 1\n/y.jpg 1\n"}, ["--metadata", "{d}/m.txt"],
+                 [("/y.jpg", "{d}/m.txt line 3: leaves SRC (paths are relative to SRC)")]),
+    "unknown class": ({"m.txt": "x.jpg a\ny.jpg c\n", "c.txt": "a\nb\n"},
+                      ["--metadata", "{d}/m.txt", "--classes", "{d}/c.txt"],
+                      [("y.jpg", "{d}/m.txt line 2: label 'c' is not a class of {d}/c.txt")]),
+    "index range": ({"m.txt": "x.jpg 1\ny.jpg 2\n", "c.txt": "a\nb\n"},
+                    ["--metadata", "{d}/m.txt", "--classes", "{d}/c.txt"],
+                    [("y.jpg", "{d}/m.txt line 2: label 2 is out of range for the 2 classes of {d}/c.txt")]),
+    "negative index": ({"m.txt": "x.jpg 1\ny.jpg -3\n"}, ["--metadata", "{d}/m.txt"],
+                       [("y.jpg", "{d}/m.txt line 2: label -3 is not a class index")]),
+    "txt not utf-8": ({"flat/x.txt": "fine", "flat/y.txt": b"caf\xe9"}, ["--sidecars", "txt"],
+                      [("y.jpg", "y.txt: not UTF-8 text (byte 0xe9 at offset 3)")]),
+    "invalid json": ({"flat/x.json": "{}", "flat/y.json": '{"a": }'}, ["--sidecars", "json"],
+                     [("y.jpg", "y.json: invalid JSON (Expecting value: line 1 column 7 (char 6))")]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUT))
+def test_bad_input_is_one_line_naming_file_and_line(case: str, image_folder: tuple[Path, dict[str, bytes]],
+                                                    tmp_path: Path) -> None:
+    root, _ = image_folder
+    written, args, expected = BAD_INPUT[case]
+    copy_images(root, tmp_path / "flat", {"x.jpg": "class_00/img 000.jpg", "y.jpg": "class_00/img 001.jpg"})
+    for name, content in written.items():
+        (tmp_path / name).write_bytes(content if isinstance(content, bytes) else content.encode())
+    args = [arg.format(d=tmp_path) for arg in args]
+    expected = [(path.format(d=tmp_path), reason.format(d=tmp_path)) for path, reason in expected]
+    code, output = run("lmdb", tmp_path / "flat", tmp_path / "skip", *args, "-q")
+    assert code == 0 and f"{len(expected)} rejected" in output, output
+    assert sorted((r["path"], r["reason"]) for r in rejects(tmp_path / "skip")) == sorted(expected)
+    packed = [path for (path,) in readers.open_dataset(tmp_path / "skip", fields=("path",))]
+    assert packed == (["x.jpg", "y.jpg"] if case in ("leaves src", "absolute") else ["x.jpg"])
+    code, output = run("lmdb", tmp_path / "flat", tmp_path / "fail", *args, "--on-error", "fail", "-q")
+    path, reason = expected[0]
+    where = path if path.startswith("/") else str(tmp_path / "flat" / path)
+    assert code == 1 and output == f"Error: {where}: {reason} (--on-error fail)\n"
+
+
+def test_repeated_row_and_bad_encoding_are_errors(image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
+    root, _ = image_folder
+    copy_images(root, tmp_path / "flat", {"x.jpg": "class_00/img 000.jpg"})
+    (tmp_path / "m.csv").write_text("file_name,label\nx.jpg,a\n./x.jpg,b\n")
+    code, output = run("lmdb", tmp_path / "flat", tmp_path / "out", "--metadata", tmp_path / "m.csv", "-q")
+    assert code == 1 and output == f"Error: {tmp_path / 'm.csv'}: lines 2 and 3 both describe 'x.jpg'\n"
+    (tmp_path / "m.csv").write_bytes(b"file_name,label\nx.jpg,caf\xe9\n")
+    code, output = run("lmdb", tmp_path / "flat", tmp_path / "out2", "--metadata", tmp_path / "m.csv", "-q")
+    assert code == 1 and output == f"Error: {tmp_path / 'm.csv'}: line 2: not UTF-8 text (byte 0xe9)\n"
+    (tmp_path / "m.csv").write_text("name,label\nx.jpg,a\n")
+    code, output = run("lmdb", tmp_path / "flat", tmp_path / "out3", "--metadata", tmp_path / "m.csv")
+    assert code == 1 and "no file_name or path column naming each image (columns: name, label)" in output

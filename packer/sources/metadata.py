@@ -47,6 +47,7 @@ class Metadata:
     has_labels: bool = False
     text_cells: bool = False  # CSV/TSV: every value is text until its column's type is inferred
     rejects: list[tuple[str, str]] = field(default_factory=list)
+    malformed: set[str] = field(default_factory=set)  # images whose row was rejected: no second reject
 
     def reject(self, line: int, problem: str) -> None:
         self.rejects.append((self.path, f"line {line}: {problem}"))
@@ -102,6 +103,8 @@ def _table_rows(text: str, kind: str, metadata: Metadata, label_column: str) -> 
             continue
         if len(cells) != len(header):
             metadata.reject(line, f"{len(cells)} fields, the header has {len(header)}")
+            if header.index(path_column) < len(cells):
+                metadata.malformed.add(posixpath.normpath(cells[header.index(path_column)]))
             continue
         record = {name: cell if cell != "" else None for name, cell in zip(header, cells)}
         yield line, record.pop(path_column), record
@@ -250,18 +253,18 @@ def apply_metadata(listing: Listing, metadata: Metadata, label_column: str, clas
     `classes` cannot index. Without `classes`, the classes are the sorted names the file uses.
     """
     name = os.path.basename(metadata.path)
+    listing.rejects += metadata.rejects  # first: the line to fix, when --on-error fail names one
     rows: list[Row] = []
     keep: list[int] = []
     for position, path in enumerate(listing.paths):
         row = metadata.rows.pop(path, None)
-        if row is None:
-            listing.rejects.append((path, f"no row in {name}"))
-        else:
+        if row is not None:
             rows.append(row)
             keep.append(position)
+        elif path not in metadata.malformed:
+            listing.rejects.append((path, f"no row in {name}"))
     listing.rejects += [(path, f"{metadata.path} line {row.line}: no such image under SRC")
                         for path, row in metadata.rows.items()]
-    listing.rejects += metadata.rejects
     listing.keep(keep)
     if metadata.has_labels:
         labels = typed_column([row.label for row in rows], metadata.text_cells)
