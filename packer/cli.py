@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import click
 from tqdm import tqdm
 
-from readers.manifest import DECODE_MODES, MANIFEST_NAME, REJECTS_NAME, DatasetError, load_manifest
+from readers.manifest import DECODE_MODES, MANIFEST_NAME, ON_ERROR_MODES, REJECTS_NAME, DatasetError, load_manifest
 
 from . import __version__
 from .encode import DEFAULT_QUALITY, PIXEL_MODES, STORES
@@ -26,7 +26,7 @@ from .pipeline import Summary, ensure_plan, merge, pack
 from .plan import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SIZE, PackOptions
 from .scan import ScanError
 from .slurm import slurm_script
-from .validate import DEFAULT_MAX_PIXELS, ON_ERROR_MODES, VALIDATE_MODES, ErrorPolicy
+from .validate import DEFAULT_MAX_PIXELS, VALIDATE_MODES, ErrorPolicy
 from .writers import WRITERS
 
 if TYPE_CHECKING:

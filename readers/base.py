@@ -11,12 +11,9 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from .decode import get_decoder
-from .manifest import DatasetError, Manifest, load_manifest, payload_crc32
+from .manifest import ON_ERROR_MODES, DatasetError, Manifest, load_manifest, payload_crc32
 
 FIELDS = ("image", "label", "path", "index")
-ON_ERROR_MODES = ("skip", "fail")
-"""What a damaged sample does: "fail" raises DatasetError, "skip" reads the next sample instead;
-the words of the packer's `--on-error`."""
 
 
 class PackedDataset(Dataset):

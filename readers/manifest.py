@@ -25,6 +25,10 @@ SHARD_PATTERN = SHARD_PREFIX + "{:06d}{}"
 # What a reader can hand back per image (readers.decode implements each); here so that the packer's
 # CLI can offer the choice without importing numpy and Pillow.
 DECODE_MODES = ("pil", "numpy", "tensor", "bytes")
+ON_ERROR_MODES = ("skip", "fail")
+"""What a bad input does, in both halves: `pack --on-error` for a bad file, a reader's `on_error`
+for a damaged sample. "skip" goes on without it (rejects.jsonl / the next readable sample),
+"fail" stops with an error naming it."""
 
 
 class DatasetError(Exception):
