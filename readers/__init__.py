@@ -21,6 +21,7 @@ _LAZY = {
     "WebDatasetStream": "readers.webdataset",
     "make_loader": "readers.loader",
     "PackedLoader": "readers.loader",
+    "ShardCache": "readers.cache",
     "ShardWindowBatchSampler": "readers.loader",
     "CudaPrefetcher": "readers.prefetch",
     "default_num_workers": "readers.cpus",

@@ -19,7 +19,7 @@ from typing import Any, BinaryIO, Iterator
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
-from .base import PackedDataset
+from .base import PackedDataset, Record
 from .manifest import (
     TAR_BLOCK,
     TAR_INDEX_COLUMNS,
@@ -27,6 +27,7 @@ from .manifest import (
     TAR_INDEX_HEADER,
     TAR_INDEX_MAGIC,
     DatasetError,
+    FileInfo,
     tar_key,
     tar_padding,
 )
@@ -122,16 +123,17 @@ class WebDatasetReader(PackedDataset):
 
     format = "wds"
 
-    def index_path(self, shard: int) -> str:
+    def index_file(self, shard: int) -> FileInfo:
         """The shard's offset index, as listed among its sidecars in index.json."""
         info = self.manifest.shards[shard]
         for sidecar in info.sidecars:
             if sidecar.name.endswith(TAR_INDEX_EXTENSION):
-                return str(self.root / sidecar.name)
-        raise DatasetError(f"{self.root / 'index.json'}: no {TAR_INDEX_EXTENSION} index listed for {info.name}")
+                return sidecar
+        raise DatasetError(f"{self.root}/index.json: no {TAR_INDEX_EXTENSION} index listed for {info.name}")
 
     def _open(self, shard: int) -> TarShard:
-        index = read_index(self.index_path(shard), self.manifest.shards[shard].num_samples)
+        index_path = str(self.files.path(self.index_file(shard)))
+        index = read_index(index_path, self.manifest.shards[shard].num_samples)
         path = self.shard_path(shard)
         try:
             file = open(path, "rb", buffering=0)
@@ -170,24 +172,39 @@ class WebDatasetReader(PackedDataset):
 
     def iter_shard(self, shard: int) -> Iterator[tuple[Any, ...]]:
         """The samples of one shard, read sequentially; the `.idx` file is not used."""
-        path = self.shard_path(shard)
-        expected = self.manifest.shards[shard].num_samples
         first = int(self._offsets[shard])
+        for local, record in self.read_records(shard, 0, self.manifest.shards[shard].num_samples):
+            if isinstance(record, DatasetError):
+                raise record
+            yield self.decode_sample(first + local, *record)
+
+    def read_records(self, shard: int, start: int, stop: int) -> Iterator[tuple[int, Record | DatasetError]]:
+        """The tar front to back (no `.idx`), records before `start` parsed and skipped; read to its
+        end, the sample count is checked against index.json."""
+        info = self.manifest.shards[shard]
+        expected = info.num_samples
         count = 0
-        try:
-            handle = open(path, "rb", buffering=1 << 20)
-        except OSError as exc:
-            raise DatasetError(f"{path}: cannot open tar shard ({exc.strerror or exc})") from None
-        with handle:
+        with self.files.lease(info) as path:
             try:
-                for meta, payload in read_tar_samples(handle):
-                    if count == expected:
-                        raise TarError(f"holds more samples than index.json says ({expected})")
-                    self.check(shard, count, meta, payload)
-                    yield self._sample(first + count, meta, payload)
-                    count += 1
-            except TarError as exc:
-                raise DatasetError(f"{path}: {exc}") from None
+                handle = open(path, "rb", buffering=1 << 20)
+            except OSError as exc:
+                raise DatasetError(f"{path}: cannot open tar shard ({exc.strerror or exc})") from None
+            with handle:
+                try:
+                    for meta, payload in read_tar_samples(handle):
+                        if count == expected:
+                            raise TarError(f"holds more samples than index.json says ({expected})")
+                        if count >= start:
+                            try:
+                                self.check(shard, count, meta, payload)
+                                yield count, (meta, payload)
+                            except DatasetError as exc:
+                                yield count, exc
+                        count += 1
+                        if count == stop < expected:
+                            return
+                except TarError as exc:
+                    raise DatasetError(f"{path}: {exc}") from None
         if count != expected:
             raise DatasetError(f"{path}: holds {count} samples, index.json says {expected}")
 
