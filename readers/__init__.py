@@ -21,6 +21,8 @@ _LAZY = {
     "WebDatasetStream": "readers.webdataset",
     "make_loader": "readers.loader",
     "PackedLoader": "readers.loader",
+    "StreamingLoader": "readers.loader",
+    "ShardStream": "readers.streaming",
     "ShardCache": "readers.cache",
     "ShardWindowBatchSampler": "readers.loader",
     "CudaPrefetcher": "readers.prefetch",

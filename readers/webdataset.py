@@ -4,20 +4,18 @@ A shard `shard-NNNNNN.tar` holds three ustar members per sample, in sample order
 `<key>.<ext>` (the image), `<key>.cls` (the label as decimal text) and `<key>.json` (the
 record meta), where key is the sample's index inside the shard, ten zero-padded digits. Beside it,
 `shard-NNNNNN.idx` gives the byte offset and size of each sample's image and JSON data (layout
-below), so `WebDatasetReader[i]` costs one `pread`. `iter(reader)` and `reader.stream()` read
-the tars front to back instead and need no index.
+below), so `WebDatasetReader[i]` costs one `pread`. `iter(reader)`, `reader.stream()` and
+`make_loader(..., streaming=True)` read the tars front to back instead and need no index.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Iterator
 
 import numpy as np
-from torch.utils.data import IterableDataset, get_worker_info
 
 from .base import PackedDataset, Record
 from .manifest import (
@@ -31,8 +29,7 @@ from .manifest import (
     tar_key,
     tar_padding,
 )
-
-log = logging.getLogger(__name__)
+from .streaming import DEFAULT_PREFETCH_SHARDS, ShardStream
 
 META_EXTENSIONS = ("cls", "json")
 _ZERO_BLOCK = bytes(TAR_BLOCK)
@@ -117,8 +114,8 @@ class WebDatasetReader(PackedDataset):
     """Tar shards read at random through their `.idx` files, or streamed front to back.
 
     `ds[i]` serves any sampler, like the LMDB and HDF5 readers. `iter(ds)` streams every shard in
-    order. `ds.stream()` is an IterableDataset for DataLoader workers: each worker streams its own
-    subset of the shards, so every sample comes out exactly once per epoch.
+    order. `ds.stream()` is an IterableDataset split over DDP ranks and DataLoader workers like
+    `make_loader(..., streaming=True)`.
     """
 
     format = "wds"
@@ -221,8 +218,15 @@ class WebDatasetReader(PackedDataset):
         for shard in range(len(self.manifest.shards)):
             yield from self.iter_shard(shard)
 
-    def stream(self) -> WebDatasetStream:
-        return WebDatasetStream(self)
+    def stream(self, *, rank: int | None = None, world_size: int | None = None,
+               prefetch_shards: int = DEFAULT_PREFETCH_SHARDS) -> WebDatasetStream:
+        """Every sample once, in stored order, as an IterableDataset for DataLoader workers.
+
+        Split like `make_loader(..., streaming=True)`: each DDP rank (torch.distributed's unless
+        given) streams an equal contiguous share of ceil(N / world_size) samples, the last share
+        filled up with the first samples; each worker streams a contiguous part of its rank's share.
+        """
+        return WebDatasetStream(self, rank=rank, world_size=world_size, prefetch_shards=prefetch_shards)
 
 
 def read_tar_samples(handle: BinaryIO) -> Iterator[tuple[dict[str, Any], memoryview]]:
@@ -258,25 +262,11 @@ def assemble(key: str, parts: dict[str, bytes]) -> tuple[dict[str, Any], memoryv
     return json.loads(parts["json"].decode("utf-8")), memoryview(parts[images[0]])
 
 
-class WebDatasetStream(IterableDataset):
-    """Sequential reading for DataLoader workers: worker w of n streams shards w, w+n, w+2n, ...
+class WebDatasetStream(ShardStream):
+    """`WebDatasetReader.stream()`: samples one at a time, in stored order, split over ranks and workers."""
 
-    Samples come out in shard order within each worker; shuffle through a buffer downstream if
-    needed. With more workers than shards, the extra workers yield nothing.
-    """
-
-    def __init__(self, reader: WebDatasetReader) -> None:
+    def __init__(self, reader: WebDatasetReader, *, rank: int | None = None, world_size: int | None = None,
+                 prefetch_shards: int = DEFAULT_PREFETCH_SHARDS) -> None:
+        super().__init__(reader, batch_size=1, collate_fn=None, shuffle=False, rank=rank, world_size=world_size,
+                         prefetch_shards=prefetch_shards)
         self.reader = reader
-
-    def __len__(self) -> int:
-        return len(self.reader)
-
-    def __iter__(self) -> Iterator[tuple[Any, ...]]:
-        info = get_worker_info()
-        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        shards = len(self.reader.manifest.shards)
-        if worker == 0 and workers > shards:
-            log.warning("%s: %d DataLoader workers but only %d shards; %d workers stay idle",
-                        self.reader.root, workers, shards, workers - shards)
-        for shard in range(worker, shards, workers):
-            yield from self.reader.iter_shard(shard)
