@@ -4,6 +4,7 @@ prefetch; the same loader over a URL yields what it yields locally."""
 from __future__ import annotations
 
 import hashlib
+import multiprocessing
 import shutil
 import time
 import urllib.parse
@@ -129,6 +130,14 @@ def test_streaming_resume_mid_epoch_is_exact(workers: int, packed_as: Callable) 
         assert head + [batch[0].tolist() for batch in resumed] == expected
     with pytest.raises(ValueError, match="shuffle_buffer 4 \\(now 8\\)"):
         streaming(ds, num_workers=workers, batch_size=2, shuffle_buffer=8).load_state_dict(state)
+
+
+def test_persistent_spawned_workers_follow_set_epoch(packed_as: Callable) -> None:
+    ds = open_indexed(packed_as("lmdb")[0])
+    loader = streaming(ds, num_workers=1, multiprocessing_context=multiprocessing.get_context("spawn"))
+    for epoch in (0, 1):
+        loader.set_epoch(epoch)
+        assert flat(loader) == loader.indices().tolist()
 
 
 def test_breaking_out_of_an_epoch_does_not_hang_the_next(packed_as: Callable) -> None:
