@@ -9,7 +9,6 @@ instead (`readers.streaming`), for datasets behind a URL or on slow disks.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import warnings
 from typing import Any, Callable, Iterator, Sequence
@@ -21,8 +20,7 @@ from torch.utils.data._utils.collate import default_collate
 
 from .base import PackedDataset
 from .cpus import THREAD_VARIABLES, default_num_workers
-from .order import (DEFAULT_SHUFFLE_WINDOW, LoaderMode, check_split_args, epoch_order, real_share_size, share_size,
-                    split_for_rank)
+from .order import DEFAULT_SHUFFLE_WINDOW, LoaderMode, RankSplit, epoch_order, split_for_rank
 from .streaming import DEFAULT_PREFETCH_SHARDS, DEFAULT_SHUFFLE_BUFFER, ShardStream, distributed
 
 log = logging.getLogger(__name__)
@@ -33,7 +31,7 @@ _STATE_KEYS = ("seed", "world_size", "batch_size", "num_samples", "shuffle", "sh
                "drop_last", "mode")
 
 
-class ShardWindowBatchSampler(Sampler[list[int]]):
+class ShardWindowBatchSampler(Sampler[list[int]], RankSplit):
     """Batches of sample indices for one rank: windowed shard shuffle, equal share per rank.
 
     `start_batch` skips the batches an interrupted run already consumed (mid-epoch resume).
@@ -55,25 +53,11 @@ class ShardWindowBatchSampler(Sampler[list[int]]):
         drop_last: bool = False,
         mode: LoaderMode = "train",
     ) -> None:
-        self.shard_sizes = np.asarray(shard_sizes, dtype=np.int64)
-        self.num_samples = int(self.shard_sizes.sum())
-        check_split_args(self.num_samples, batch_size=batch_size, rank=rank, world_size=world_size, seed=seed,
-                         shuffle_window=shuffle_window, mode=mode)
-        self.batch_size = batch_size
-        self.rank = rank
-        self.world_size = world_size
-        self.seed = seed
-        self.shuffle = shuffle
+        RankSplit.__init__(self, shard_sizes, batch_size, rank=rank, world_size=world_size, seed=seed, shuffle=shuffle,
+                           drop_last=drop_last, mode=mode, shuffle_window=shuffle_window)
         self.shuffle_window = shuffle_window
-        self.drop_last = drop_last
-        self.mode: LoaderMode = mode
         self.epoch = 0
         self.start_batch = 0
-        self.samples_per_rank = share_size(self.num_samples, world_size=world_size, batch_size=batch_size,
-                                           drop_last=drop_last, mode=mode)
-        self.num_real = real_share_size(self.num_samples, rank=rank, world_size=world_size, batch_size=batch_size,
-                                        drop_last=drop_last, mode=mode)
-        self.num_batches = math.ceil(self.samples_per_rank / batch_size)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch

@@ -133,3 +133,27 @@ def split_for_rank(
     start = min(rank * per_rank, total)
     real = order[start : min(start + per_rank, total)]
     return np.concatenate((real, np.resize(order, per_rank - len(real)))), len(real)
+
+
+class RankSplit:
+    """One rank's epoch in numbers, for any loader: the checked arguments, the samples it reads
+    (`samples_per_rank`, padding included), how many are real, and its batch count."""
+
+    def __init__(self, shard_sizes: Sequence[int] | np.ndarray, batch_size: int, *, rank: int, world_size: int,
+                 seed: int, shuffle: bool, drop_last: bool, mode: LoaderMode, shuffle_window: int | None = None) -> None:
+        self.shard_sizes = np.asarray(shard_sizes, dtype=np.int64)
+        self.num_samples = int(self.shard_sizes.sum())
+        check_split_args(self.num_samples, batch_size=batch_size, rank=rank, world_size=world_size, seed=seed,
+                         shuffle_window=shuffle_window, mode=mode)
+        self.batch_size = batch_size
+        self.rank = rank
+        self.world_size = world_size
+        self.seed = seed
+        self.shuffle = shuffle
+        self.drop_last = drop_last
+        self.mode: LoaderMode = mode
+        self.samples_per_rank = share_size(self.num_samples, world_size=world_size, batch_size=batch_size,
+                                           drop_last=drop_last, mode=mode)
+        self.num_real = real_share_size(self.num_samples, rank=rank, world_size=world_size, batch_size=batch_size,
+                                        drop_last=drop_last, mode=mode)
+        self.num_batches = math.ceil(self.samples_per_rank / batch_size)

@@ -24,7 +24,7 @@ from torch.utils.data._utils.collate import default_collate
 from .base import PackedDataset, Record
 from .cache import CachedFile, Cancelled, Lease
 from .manifest import DatasetError
-from .order import LoaderMode, check_split_args, real_share_size, share_size, split_for_rank, stream_order
+from .order import LoaderMode, RankSplit, split_for_rank, stream_order
 from .remote import ShardFiles
 
 log = logging.getLogger(__name__)
@@ -174,7 +174,7 @@ class ShardPrefetcher:
             self._cond.notify_all()
 
 
-class ShardStream(IterableDataset):
+class ShardStream(IterableDataset, RankSplit):
     """One rank's batches (or samples, with `collate_fn=None` and batch_size 1), read shard by shard.
 
     The epoch and the batches to skip live in a small shared-memory tensor, so persistent
@@ -201,29 +201,15 @@ class ShardStream(IterableDataset):
         prefetch_shards: int = DEFAULT_PREFETCH_SHARDS,
     ) -> None:
         rank, world_size = distributed(rank, world_size)
-        self.shard_sizes = np.array([shard.num_samples for shard in dataset.manifest.shards], dtype=np.int64)
-        self.num_samples = int(self.shard_sizes.sum())
-        check_split_args(self.num_samples, batch_size=batch_size, rank=rank, world_size=world_size, seed=seed,
-                         shuffle_window=None, mode=mode)
+        RankSplit.__init__(self, [shard.num_samples for shard in dataset.manifest.shards], batch_size, rank=rank,
+                           world_size=world_size, seed=seed, shuffle=shuffle, drop_last=drop_last, mode=mode)
         if shuffle_buffer < 0 or prefetch_shards < 0:
             raise ValueError(f"shuffle_buffer and prefetch_shards must be >= 0, got {shuffle_buffer}, {prefetch_shards}")
         self.dataset = dataset
-        self.batch_size = batch_size
         self.collate_fn = collate_fn
-        self.seed = seed
-        self.shuffle = shuffle
         self.shuffle_buffer = shuffle_buffer
-        self.rank = rank
-        self.world_size = world_size
-        self.drop_last = drop_last
-        self.mode: LoaderMode = mode
         self.num_workers = num_workers
         self.prefetch_shards = prefetch_shards
-        self.samples_per_rank = share_size(self.num_samples, world_size=world_size, batch_size=batch_size,
-                                           drop_last=drop_last, mode=mode)
-        self.num_real = real_share_size(self.num_samples, rank=rank, world_size=world_size, batch_size=batch_size,
-                                        drop_last=drop_last, mode=mode)
-        self.num_batches = -(-self.samples_per_rank // batch_size)
         self._offsets = np.concatenate(([0], np.cumsum(self.shard_sizes)))
         self._position = torch.zeros(2, dtype=torch.int64).share_memory_()  # epoch, batches to skip
 

@@ -22,14 +22,13 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import shutil
-import threading
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any, Iterable
 
 import bench_read
-from loopback import LoopbackHTTP
+from loopback import LoopbackHTTP, PeakSampler
 from torch.utils.data import DataLoader, Dataset
 
 import readers
@@ -121,25 +120,13 @@ def main() -> None:
         remote = readers.open_dataset(f"{url}/packed.wds", decode="bytes", cache_dir=cache_dir,
                                       cache_limit=limit)
         cache = remote.files.cache  # type: ignore[attr-defined]
-        peak = [0]
-        reading = threading.Event()
-        reading.set()
-
-        def sample() -> None:
-            while reading.is_set():
-                peak[0] = max(peak[0], cache.disk_bytes())
-                time.sleep(0.005)
-
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
         streamed = readers.make_loader(remote, **loader_args)
         rates = {}
-        for epoch, name in ((0, "cold"), (1, "warm"), (2, "warm, next epoch")):
-            streamed.set_epoch(epoch)
-            count, rates[name] = rate(streamed, lambda batch: len(batch[0]))
-            assert count == args.images
-        reading.clear()
-        sampler.join()
+        with PeakSampler(cache.disk_bytes, 0.005) as size:
+            for epoch, name in ((0, "cold"), (1, "warm"), (2, "warm, next epoch")):
+                streamed.set_epoch(epoch)
+                count, rates[name] = rate(streamed, lambda batch: len(batch[0]))
+                assert count == args.images
     finally:
         stop.set()
         store.join()
@@ -157,7 +144,7 @@ def main() -> None:
     print(f"{'streaming, warm, next epoch':<28}{rates['warm, next epoch']:>12.0f}   "
           f"{rates['warm, next epoch'] / rates['local']:.2f} of local")
     print(f"{'local shards':<28}{rates['local']:>12.0f}")
-    print(f"cache peak {format_size(peak[0])} of limit {format_size(limit)}")
+    print(f"cache peak {format_size(size.peak)} of limit {format_size(limit)}")
 
 
 if __name__ == "__main__":

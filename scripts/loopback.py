@@ -2,7 +2,7 @@
 
 It counts GETs per path, can add a first-byte delay and a bandwidth cap per response, and plays
 scripted faults per path: an HTTP status, a corrupted body, a body cut short, or a body that
-stalls half way (until the server closes).
+stalls half way (until the server closes). `PeakSampler` watches a size (a cache's) meanwhile.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import threading
 import time
 import urllib.parse
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 CHUNK = 64 * 1024
 
@@ -104,3 +104,27 @@ class LoopbackHTTP:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class PeakSampler:
+    """The largest value `measure()` returned, polled every `interval_s` in a thread during a `with` block."""
+
+    def __init__(self, measure: Callable[[], int], interval_s: float = 0.002) -> None:
+        self.measure = measure
+        self.interval_s = interval_s
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="peak-sampler", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.measure())
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> PeakSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()

@@ -5,15 +5,13 @@ from __future__ import annotations
 import collections
 import hashlib
 import json
-import threading
-import time
 import urllib.parse
 from pathlib import Path
 from typing import Callable
 
 import ddp_ranks
 import torch.multiprocessing as mp
-from loopback import LoopbackHTTP
+from loopback import LoopbackHTTP, PeakSampler
 
 import readers
 from readers.cache import MIN_CACHE_SHARDS, ShardCache
@@ -27,25 +25,11 @@ def test_two_ranks_two_workers_stream_through_one_cache(packed_as: Callable, ser
     url, tight_url = serve("wds"), serve("wds")
     tight_limit = MIN_CACHE_SHARDS * max(shard.bytes + sum(s.bytes for s in shard.sidecars) for shard in manifest.shards)
     tight_cache = ShardCache(tmp_path / "tight", tight_limit)
-    peak = [0]
-    running = threading.Event()
-    running.set()
-
-    def sample_cache_size() -> None:
-        while running.is_set():
-            peak[0] = max(peak[0], tight_cache.disk_bytes())
-            time.sleep(0.002)
-
-    sampler = threading.Thread(target=sample_cache_size)
-    sampler.start()
     world = 2
-    try:
+    with PeakSampler(tight_cache.disk_bytes) as size:
         mp.spawn(ddp_ranks.run_streaming_rank, nprocs=world, join=True,
                  args=(world, str(tmp_path / "rendezvous"), url, str(tmp_path / "cache"), tight_url,
                        str(tmp_path / "tight"), tight_limit, str(tmp_path)))
-    finally:
-        running.clear()
-        sampler.join()
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
     total = len(files)
     per_rank = -(-total // world)
@@ -76,4 +60,4 @@ def test_two_ranks_two_workers_stream_through_one_cache(packed_as: Callable, ser
     # The small cache was used, evicted from, and never above its limit.
     tight_path = urllib.parse.urlsplit(tight_url).path
     assert sum(http_server.gets[f"{tight_path}/{shard.name}"] for shard in manifest.shards) > len(manifest.shards)
-    assert 0 < peak[0] <= tight_limit
+    assert 0 < size.peak <= tight_limit
