@@ -109,10 +109,19 @@ def load_manifest(root: str | os.PathLike[str]) -> Manifest:
     if not Path(root).is_dir():
         raise DatasetError(f"{root}: not a packed dataset directory")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        text = path.read_bytes()
     except FileNotFoundError:
         raise DatasetError(f"{path}: no manifest (packing unfinished, or not a packed dataset)") from None
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
+        raise DatasetError(f"{path}: unreadable manifest ({exc})") from None
+    return parse_manifest(text, path)
+
+
+def parse_manifest(text: bytes, path: str | os.PathLike[str]) -> Manifest:
+    """The manifest in `text` (index.json's bytes, read from `path`, a file or a URL), checked."""
+    try:
+        data = json.loads(text.decode("utf-8"))
+    except ValueError as exc:
         raise DatasetError(f"{path}: unreadable manifest ({exc})") from None
     try:
         manifest = Manifest.from_dict(data)

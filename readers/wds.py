@@ -2,22 +2,20 @@
 
 A shard `shard-NNNNNN.tar` holds three ustar members per sample (layout in readers/layouts/wds.py).
 Beside it, `shard-NNNNNN.idx` gives the byte offset and size of each sample's image and JSON data,
-so `WdsDataset[i]` costs one `pread`. `iter(dataset)` and `dataset.stream()` read the tars front
-to back instead and need no index.
+so `WdsDataset[i]` costs one `pread`. `iter(dataset)`, `dataset.stream()` and
+`make_loader(..., streaming=True)` read the tars front to back instead and need no index.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Iterator
 
 import numpy as np
-from torch.utils.data import IterableDataset, get_worker_info
 
-from .base import PackedDataset
+from .base import PackedDataset, Record
 from .layouts.wds import (
     BLOCK,
     INDEX_COLUMNS,
@@ -32,9 +30,8 @@ from .layouts.wds import (
     sample_key,
     split_name,
 )
-from .manifest import DatasetError
-
-log = logging.getLogger(__name__)
+from .manifest import DatasetError, FileInfo
+from .streaming import DEFAULT_PREFETCH_SHARDS, ShardStream
 
 
 def read_index(path: str, num_samples: int) -> np.ndarray:
@@ -64,22 +61,23 @@ class WdsDataset(PackedDataset):
     """Tar shards read at random through their `.idx` files, or streamed front to back.
 
     `ds[i]` serves any sampler, like the LMDB and HDF5 readers. `iter(ds)` streams every shard in
-    order. `ds.stream()` is an IterableDataset for DataLoader workers: each worker streams its own
-    subset of the shards, so every sample comes out exactly once per epoch.
+    order. `ds.stream()` is an IterableDataset split over DDP ranks and DataLoader workers like
+    `make_loader(..., streaming=True)`.
     """
 
     format = "wds"
 
-    def index_path(self, shard: int) -> str:
+    def index_file(self, shard: int) -> FileInfo:
         """The shard's offset index, as listed among its sidecars in index.json."""
         info = self.manifest.shards[shard]
         for sidecar in info.sidecars:
             if sidecar.name.endswith(INDEX_EXTENSION):
-                return str(self.root / sidecar.name)
+                return sidecar
         raise DatasetError(f"{self.root / 'index.json'}: no {INDEX_EXTENSION} index listed for {info.name}")
 
     def _open(self, shard: int) -> TarShard:
-        index = read_index(self.index_path(shard), self.manifest.shards[shard].num_samples)
+        index_path = str(self.files.path(self.index_file(shard)))
+        index = read_index(index_path, self.manifest.shards[shard].num_samples)
         path = self.shard_path(shard)
         try:
             file = open(path, "rb", buffering=0)
@@ -118,24 +116,39 @@ class WdsDataset(PackedDataset):
 
     def iter_shard(self, shard: int) -> Iterator[tuple[Any, ...]]:
         """The samples of one shard, read sequentially; the `.idx` file is not used."""
-        path = self.shard_path(shard)
-        expected = self.manifest.shards[shard].num_samples
         first = int(self._offsets[shard])
+        for local, record in self.read_records(shard, 0, self.manifest.shards[shard].num_samples):
+            if isinstance(record, DatasetError):
+                raise record
+            yield self.decode_sample(first + local, *record)
+
+    def read_records(self, shard: int, start: int, stop: int) -> Iterator[tuple[int, Record | DatasetError]]:
+        """The tar front to back (no `.idx`), records before `start` parsed and skipped; read to its
+        end, the sample count is checked against index.json."""
+        info = self.manifest.shards[shard]
+        expected = info.num_samples
         count = 0
-        try:
-            handle = open(path, "rb", buffering=1 << 20)
-        except OSError as exc:
-            raise DatasetError(f"{path}: cannot open tar shard ({exc.strerror or exc})") from None
-        with handle:
+        with self.files.lease(info) as path:
             try:
-                for meta, payload in read_tar_samples(handle):
-                    if count == expected:
-                        raise TarError(f"holds more samples than index.json says ({expected})")
-                    self.check(shard, count, meta, payload)
-                    yield self._sample(first + count, meta, payload)
-                    count += 1
-            except TarError as exc:
-                raise DatasetError(f"{path}: {exc}") from None
+                handle = open(path, "rb", buffering=1 << 20)
+            except OSError as exc:
+                raise DatasetError(f"{path}: cannot open tar shard ({exc.strerror or exc})") from None
+            with handle:
+                try:
+                    for meta, payload in read_tar_samples(handle):
+                        if count == expected:
+                            raise TarError(f"holds more samples than index.json says ({expected})")
+                        if count >= start:
+                            try:
+                                self.check(shard, count, meta, payload)
+                                yield count, (meta, payload)
+                            except DatasetError as exc:
+                                yield count, exc
+                        count += 1
+                        if count == stop < expected:
+                            return
+                except TarError as exc:
+                    raise DatasetError(f"{path}: {exc}") from None
         if count != expected:
             raise DatasetError(f"{path}: holds {count} samples, index.json says {expected}")
 
@@ -152,8 +165,15 @@ class WdsDataset(PackedDataset):
         for shard in range(len(self.manifest.shards)):
             yield from self.iter_shard(shard)
 
-    def stream(self) -> WdsStream:
-        return WdsStream(self)
+    def stream(self, *, rank: int | None = None, world_size: int | None = None,
+               prefetch_shards: int = DEFAULT_PREFETCH_SHARDS) -> WdsStream:
+        """Every sample once, in stored order, as an IterableDataset for DataLoader workers.
+
+        Split like `make_loader(..., streaming=True)`: each DDP rank (torch.distributed's unless
+        given) streams an equal contiguous share of ceil(N / world_size) samples, the last share
+        filled up with the first samples; each worker streams a contiguous part of its rank's share.
+        """
+        return WdsStream(self, rank=rank, world_size=world_size, prefetch_shards=prefetch_shards)
 
 
 def read_tar_samples(handle: BinaryIO) -> Iterator[tuple[dict[str, Any], memoryview]]:
@@ -189,25 +209,11 @@ def assemble(key: str, parts: dict[str, bytes]) -> tuple[dict[str, Any], memoryv
     return json.loads(parts[META_EXTENSION].decode("utf-8")), memoryview(parts[images[0]])
 
 
-class WdsStream(IterableDataset):
-    """Sequential reading for DataLoader workers: worker w of n streams shards w, w+n, w+2n, ...
+class WdsStream(ShardStream):
+    """`WdsDataset.stream()`: samples one at a time, in stored order, split over ranks and workers."""
 
-    Samples come out in shard order within each worker; shuffle through a buffer downstream if
-    needed. With more workers than shards, the extra workers yield nothing.
-    """
-
-    def __init__(self, reader: WdsDataset) -> None:
+    def __init__(self, reader: WdsDataset, *, rank: int | None = None, world_size: int | None = None,
+                 prefetch_shards: int = DEFAULT_PREFETCH_SHARDS) -> None:
+        super().__init__(reader, batch_size=1, collate_fn=None, shuffle=False, rank=rank, world_size=world_size,
+                         prefetch_shards=prefetch_shards)
         self.reader = reader
-
-    def __len__(self) -> int:
-        return len(self.reader)
-
-    def __iter__(self) -> Iterator[tuple[Any, ...]]:
-        info = get_worker_info()
-        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        shards = len(self.reader.manifest.shards)
-        if worker == 0 and workers > shards:
-            log.warning("%s: %d DataLoader workers but only %d shards; %d workers stay idle",
-                        self.reader.root, workers, shards, workers - shards)
-        for shard in range(worker, shards, workers):
-            yield from self.reader.iter_shard(shard)

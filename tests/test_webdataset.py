@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import multiprocessing
 import shutil
 import tarfile
@@ -73,25 +72,23 @@ def test_stream_gives_every_sample_once_across_workers(wds_copy: tuple[Path, dic
     assert sorted(seen, key=lambda sample: sample[2]) == [ds[i] for i in range(len(ds))]
 
 
-def test_stream_splits_shards_by_worker(wds_copy: tuple[Path, dict[str, bytes]], monkeypatch: pytest.MonkeyPatch,
-                                        caplog: pytest.LogCaptureFixture) -> None:
+def test_stream_splits_by_rank_then_worker(wds_copy: tuple[Path, dict[str, bytes]],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
     out, files = wds_copy
     ds = readers.open_dataset(out, decode="bytes", fields=("index",))
-    assert [index for (index,) in ds.stream()] == list(range(len(files)))  # no workers: everything
-    shards = len(ds.manifest.shards)
-    bounds = [0, 4, 8, 12, 16, len(files)]
-    assert shards == len(bounds) - 1
+    assert [index for (index,) in ds.stream()] == list(range(len(files)))  # one rank, no workers: everything
 
-    def indexes(worker: int, workers: int) -> list[int]:
+    def indexes(rank: int, worker: int, workers: int) -> list[int]:
         info = SimpleNamespace(id=worker, num_workers=workers)
-        monkeypatch.setattr("readers.wds.get_worker_info", lambda: info)
-        return [index for (index,) in ds.stream()]
+        monkeypatch.setattr("readers.streaming.get_worker_info", lambda: info)
+        return [index for (index,) in ds.stream(rank=rank, world_size=2)]
 
-    assert indexes(1, 2) == list(range(4, 8)) + list(range(12, 16))
-    with caplog.at_level(logging.WARNING, logger="readers.wds"):
-        assert indexes(0, shards + 2) == list(range(4))
-    assert f"{shards + 2} DataLoader workers but only {shards} shards; 2 workers stay idle" in caplog.text
-    assert indexes(shards + 1, shards + 2) == []
+    # Two ranks stream equal contiguous shares of ceil(19 / 2) = 10, the last one filled up with
+    # sample 0 (make_loader's train padding); the workers of a rank split its share in two.
+    assert indexes(0, 0, 1) == list(range(10))
+    assert indexes(1, 0, 1) == list(range(10, 19)) + [0]
+    assert indexes(1, 0, 2) == list(range(10, 15))
+    assert indexes(1, 1, 2) == list(range(15, 19)) + [0]
 
 
 def write_tar(path: Path, members: list[tuple[bytes, bytes]]) -> None:
