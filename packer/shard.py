@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from readers.manifest import FileInfo, ShardInfo, shard_name
+from readers.manifest import FileInfo, ShardInfo, sample_key, shard_name
 
 from .errors import PackError, RejectedFile
 from .fsutil import atomic_write_text, free_bytes, publish, sha256_file, sync_and_hash
@@ -127,7 +127,7 @@ def run_shard(out: Path, plan: Plan, shard: int, *, threads: int = READ_THREADS,
                     rejects.append({"path": entry.path, "reason": str(encoded)})
                     check_rejects(out, plan, rejects, policy)
                 else:
-                    writer.add(Sample(local_index=count, label=entry.label, path=entry.path,
+                    writer.add(Sample(key=sample_key(shard, count), label=entry.label, path=entry.path,
                                       payload=encoded.payload, meta=encoded.meta, extension=encoded.extension,
                                       crc32=encoded.crc32))
                     count += 1

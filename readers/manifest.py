@@ -16,7 +16,7 @@ from typing import Any
 
 from zlib_ng import zlib_ng
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MANIFEST_NAME = "index.json"
 REJECTS_NAME = "rejects.jsonl"
 SHARD_PREFIX = "shard-"
@@ -101,6 +101,15 @@ class Manifest:
 
 def shard_name(index: int, extension: str) -> str:
     return SHARD_PATTERN.format(index, extension)
+
+
+def sample_key(shard: int, row: int, version: int = FORMAT_VERSION) -> str:
+    """A sample's key where a format shows one (LMDB keys, tar member names): the shard number and
+    the row inside it, zero-padded, so keys are unique across the dataset, stable across reruns
+    and sorted in sample order (LMDB appends). Version 1 used the row alone, repeated per shard."""
+    if version == 1:
+        return "%010d" % row
+    return "%06d_%010d" % (shard, row)
 
 
 def load_manifest(root: str | os.PathLike[str]) -> Manifest:

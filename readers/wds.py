@@ -29,10 +29,9 @@ from .layouts.wds import (
     padding,
     parse_header,
     parse_index_header,
-    sample_key,
     split_name,
 )
-from .manifest import DatasetError
+from .manifest import DatasetError, sample_key
 
 log = logging.getLogger(__name__)
 
@@ -92,12 +91,12 @@ class WdsDataset(PackedDataset):
 
     def _read(self, shard: int, local: int) -> tuple[dict[str, Any], memoryview]:
         try:
-            return self._pread_sample(self.handle(shard), local)
+            return self._pread_sample(self.handle(shard), local, sample_key(shard, local, self.manifest.version))
         except TarError as exc:
             raise DatasetError(f"{self.shard_path(shard)}: sample {local}: {exc}") from None
 
     @staticmethod
-    def _pread_sample(handle: TarShard, local: int) -> tuple[dict[str, Any], memoryview]:
+    def _pread_sample(handle: TarShard, local: int, key: str) -> tuple[dict[str, Any], memoryview]:
         """One pread from the image's header to the end of the JSON; both headers are checked."""
         image_offset, image_size, json_offset, json_size = handle.index[local].tolist()
         start = image_offset - BLOCK
@@ -106,7 +105,6 @@ class WdsDataset(PackedDataset):
         data = memoryview(os.pread(handle.file.fileno(), json_offset + json_size - start, start))
         if len(data) != json_offset + json_size - start:
             raise TarError("tar shard is truncated")
-        key = sample_key(local)
         for offset, size, extension in ((image_offset, image_size, None), (json_offset, json_size, META_EXTENSION)):
             member = parse_header(data[offset - BLOCK - start:offset - start], checksum=False)
             if member is None or member.size != size or split_name(member.name)[0] != key or (

@@ -18,12 +18,13 @@ from packer.writers import Sample
 from packer.writers import hdf5 as hdf5_writer
 from packer.writers.hdf5 import HDF5Writer
 from readers.hdf5 import read_raw_strings
+from readers.manifest import sample_key
 
 BAD_NAME = os.fsdecode(b"caf\xe9")  # Latin-1 bytes: not UTF-8
 
 
 def sample(index: int, payload: bytes, path: str, meta: dict | None = None) -> Sample:
-    return Sample(local_index=index, label=index % 3, path=path, payload=payload,
+    return Sample(key=sample_key(0, index), label=index % 3, path=path, payload=payload,
                   meta=meta or {"format": "jpeg"}, extension="jpg", crc32=zlib.crc32(payload))
 
 

@@ -42,7 +42,7 @@ def test_plain_lmdb_reads_a_shard(image_folder: tuple[Path, dict[str, bytes]], t
     env = lmdb.open(str(out / "shard-000001.lmdb"), subdir=False, readonly=True, lock=False)
     try:
         with env.begin() as txn:
-            meta, payload = parse_record(txn.get(b"%010d" % 0))
+            meta, payload = parse_record(txn.get(b"000001_0000000000"))
             assert txn.stat()["entries"] == 6
     finally:
         env.close()
@@ -54,7 +54,7 @@ def test_plain_h5py_reads_every_sample(image_folder: tuple[Path, dict[str, bytes
     seen: list[str] = []
     for shard in sorted(out.glob("shard-*.h5")):
         with h5py.File(shard, "r") as f:
-            assert f.attrs["layout"] == "flat" and f.attrs["pack_format_version"] == 1
+            assert f.attrs["layout"] == "flat" and f.attrs["pack_format_version"] == 2
             assert list(f["classes"].asstr()[:]) == CLASSES
             assert f["images"].dtype == np.uint8 and f["labels"].dtype == np.int64
             offsets = f["offsets"][:]
@@ -98,7 +98,8 @@ def test_tarfile_reads_every_sample(image_folder: tuple[Path, dict[str, bytes]],
     for path in ("class_00/pic.PNG", "class_01/disguised.jpg"):  # PNG content: stored as .png
         position = order.index(path)
         names = tarfile.open(out / f"shard-{position // 6:06d}.tar").getnames()
-        assert f"{position % 6:010d}.png" in names and f"{position % 6:010d}.jpg" not in names
+        key = f"{position // 6:06d}_{position % 6:010d}"
+        assert f"{key}.png" in names and f"{key}.jpg" not in names
 
 
 def test_offset_index_locates_members(image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
@@ -125,6 +126,8 @@ def test_webdataset_library_reads_the_shards(image_folder: tuple[Path, dict[str,
         assert meta["path"] == path and image == files[path]
         assert int(sample["cls"]) == CLASSES.index(path.split("/")[0])
         assert "." not in sample["__key__"]
+    keys = [sample["__key__"] for sample in samples]
+    assert keys == [f"{position // 6:06d}_{position % 6:010d}" for position in range(len(files))]
     decoded = next(iter(webdataset.WebDataset(urls[:1], shardshuffle=False).decode("pil")))
     assert decoded["cls"] == 0 and decoded["jpg"].size[0] > 0
 

@@ -152,7 +152,7 @@ def test_sample_count_must_match_manifest(wds_copy: tuple[Path, dict[str, bytes]
     out, _ = wds_copy
     ds = readers.open_dataset(out, decode="bytes")
     first = (out / "shard-000000.tar").read_bytes()
-    (out / "shard-000001.tar").write_bytes(first[: first.index(b"0000000003.jpg")] + bytes(1024))
+    (out / "shard-000001.tar").write_bytes(first[: first.index(b"000000_0000000003.jpg")] + bytes(1024))
     with pytest.raises(readers.DatasetError, match="holds 3 samples, index.json says 4"):
         list(ds.iter_shard(1))
 

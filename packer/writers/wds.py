@@ -24,7 +24,6 @@ from readers.layouts.wds import (
     encode_index_header,
     encode_member,
     padding,
-    sample_key,
 )
 
 from .base import Sample, ShardWriter, sidecar_path
@@ -35,7 +34,7 @@ _META_SUFFIX = b"." + META_EXTENSION.encode("ascii")
 
 
 class WdsWriter(ShardWriter):
-    """Per sample `<key>.<ext>`, `<key>.cls` and `<key>.json`, key = local index, 10 digits."""
+    """Per sample `<key>.<ext>`, `<key>.cls` and `<key>.json` (`readers.manifest.sample_key`)."""
 
     format = "wds"
     extension = ".tar"
@@ -54,7 +53,7 @@ class WdsWriter(ShardWriter):
     def add(self, sample: Sample) -> None:
         if not sample.extension.isalnum():
             raise ValueError(f"{self.path}: extension {sample.extension!r} would break the wds key")
-        key = sample_key(sample.local_index).encode("ascii")
+        key = sample.key.encode("ascii")
         payload = sample.payload
         meta = json.dumps(sample.record_meta(), separators=(",", ":")).encode("ascii")
         image_offset = self._position + BLOCK

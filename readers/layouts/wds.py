@@ -1,7 +1,7 @@
 """WebDataset tar shards: fixed ustar headers, member keys, and the `.idx` offset index.
 
-Per sample, three regular-file members share a key (the index inside the shard, zero-padded, no
-dots: WebDataset splits key and extension at the first dot): `<key>.<ext>` (the image),
+Per sample, three regular-file members share a key (`manifest.sample_key`: shard and row,
+zero-padded, no dots: WebDataset splits key and extension at the first dot): `<key>.<ext>` (the image),
 `<key>.cls` (the label) and `<key>.json` (the record meta). Headers are fixed (mtime 0, uid/gid 0,
 no user or group names, mode 0644), so the same samples in the same order give a byte-identical
 tar. The `.idx` sidecar is a header (magic, uint32 LE column count, int64 LE sample count), then
@@ -16,7 +16,6 @@ import struct
 from dataclasses import dataclass
 
 BLOCK = 512
-KEY_WIDTH = 10
 LABEL_EXTENSION = "cls"
 META_EXTENSION = "json"
 INDEX_EXTENSION = ".idx"
@@ -36,11 +35,6 @@ class TarError(ValueError):
 class Member:
     name: str
     size: int
-
-
-def sample_key(local_index: int) -> str:
-    """A sample's key in its tar: the index inside the shard, zero-padded, no dots."""
-    return "%0*d" % (KEY_WIDTH, local_index)
 
 
 def padding(size: int) -> int:
