@@ -25,7 +25,9 @@ from .layouts.wds import (
     INDEX_HEADER,
     LABEL_EXTENSION,
     META_EXTENSION,
+    PIXELS_EXTENSION,
     TarError,
+    npy_data,
     padding,
     parse_header,
     parse_index_header,
@@ -105,14 +107,15 @@ class WdsDataset(PackedDataset):
         data = memoryview(os.pread(handle.file.fileno(), json_offset + json_size - start, start))
         if len(data) != json_offset + json_size - start:
             raise TarError("tar shard is truncated")
-        for offset, size, extension in ((image_offset, image_size, None), (json_offset, json_size, META_EXTENSION)):
+        extensions = []
+        for offset, size, expected in ((image_offset, image_size, None), (json_offset, json_size, META_EXTENSION)):
             member = parse_header(data[offset - BLOCK - start:offset - start], checksum=False)
-            if member is None or member.size != size or split_name(member.name)[0] != key or (
-                extension is not None and split_name(member.name)[1] != extension
-            ):
+            member_key, extension = split_name(member.name) if member else ("", "")
+            if member is None or member.size != size or member_key != key or expected not in (None, extension):
                 raise TarError("tar index does not match the tar members")
+            extensions.append(extension)
         meta = json.loads(bytes(data[json_offset - start:]).decode("utf-8"))
-        return meta, data[BLOCK:BLOCK + image_size]
+        return meta, image_data(extensions[0], data[BLOCK:BLOCK + image_size])
 
     def iter_shard(self, shard: int) -> Iterator[tuple[Any, ...]]:
         """The samples of one shard, read sequentially; the `.idx` file is not used."""
@@ -184,7 +187,12 @@ def assemble(key: str, parts: dict[str, bytes]) -> tuple[dict[str, Any], memoryv
     images = [extension for extension in parts if extension not in (LABEL_EXTENSION, META_EXTENSION)]
     if META_EXTENSION not in parts or len(images) != 1:
         raise TarError(f"sample {key!r} has members {sorted(parts)}; expected one image and .json")
-    return json.loads(parts[META_EXTENSION].decode("utf-8")), memoryview(parts[images[0]])
+    return json.loads(parts[META_EXTENSION].decode("utf-8")), image_data(images[0], memoryview(parts[images[0]]))
+
+
+def image_data(extension: str, member: memoryview) -> memoryview:
+    """The payload a member holds: a `.npy` member's pixels without its header, other members whole."""
+    return npy_data(member) if extension == PIXELS_EXTENSION else member
 
 
 class WdsStream(IterableDataset):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import random
@@ -21,6 +22,7 @@ from imagefolders import image_bytes
 
 from packer.pipeline import pack
 from packer.plan import PackOptions
+import readers
 from readers.layouts.lmdb import parse_record
 
 CLASSES = ["class_00", "class_01", "class_02"]
@@ -166,3 +168,24 @@ def test_pack_and_readers_never_import_webdataset() -> None:
             "    for module in pkgutil.walk_packages(package.__path__, package.__name__ + '.'):\n"
             "        importlib.import_module(module.name)\n")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_raw_pixels_are_npy_members_that_numpy_and_webdataset_decode(
+        image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
+    root, files = image_folder
+    out = tmp_path / "raw"
+    pack(root, out, PackOptions(format="wds", store="raw", shard_size=6))
+    dataset = readers.open_dataset(out, decode="numpy", fields=("image", "label", "path"))
+    expected = {path: (image, label) for image, label, path in (dataset[i] for i in range(len(dataset)))}
+    assert len(expected) == len(files)
+    urls = [str(path) for path in sorted(out.glob("shard-*.tar"))]
+    for sample in webdataset.WebDataset(urls, shardshuffle=False, empty_check=False).decode():
+        assert {"npy", "cls", "json"} <= set(sample) and not {"raw", "jpg", "png"} & set(sample)
+        image, label = expected[sample["json"]["path"]]
+        assert sample["npy"].dtype == np.uint8 and sample["npy"].shape == image.shape
+        np.testing.assert_array_equal(sample["npy"], image)
+        assert sample["cls"] == label
+    with tarfile.open(urls[0]) as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith(".npy"))
+        array = np.load(io.BytesIO(tar.extractfile(member).read()))
+        assert array.shape == tuple(json.loads(tar.extractfile(member.name[:-3] + "json").read())["shape"])

@@ -19,8 +19,10 @@ from readers.layouts.wds import (
     INDEX_ROW,
     LABEL_EXTENSION,
     META_EXTENSION,
+    PIXELS_EXTENSION,
     ZERO_BLOCK,
     encode_header,
+    encode_npy_header,
     encode_index_header,
     encode_member,
     padding,
@@ -34,7 +36,7 @@ _META_SUFFIX = b"." + META_EXTENSION.encode("ascii")
 
 
 class WdsWriter(ShardWriter):
-    """Per sample `<key>.<ext>`, `<key>.cls` and `<key>.json` (`readers.manifest.sample_key`)."""
+    """Per sample `<key>.<ext>` (`.npy` for raw pixels), `<key>.cls` and `<key>.json` (`readers.manifest.sample_key`)."""
 
     format = "wds"
     extension = ".tar"
@@ -54,14 +56,16 @@ class WdsWriter(ShardWriter):
         if not sample.extension.isalnum():
             raise ValueError(f"{self.path}: extension {sample.extension!r} would break the wds key")
         key = sample.key.encode("ascii")
-        payload = sample.payload
+        payload, extension = sample.payload, sample.extension
+        if sample.meta["format"] == "raw":
+            payload, extension = encode_npy_header(sample.meta["shape"]) + payload, PIXELS_EXTENSION
         meta = json.dumps(sample.record_meta(), separators=(",", ":")).encode("ascii")
         image_offset = self._position + BLOCK
         labels = encode_member(key + _LABEL_SUFFIX, b"%d" % sample.label)
         after_image = ZERO_BLOCK[: padding(len(payload))] + labels
         json_offset = image_offset + len(payload) + len(after_image) + BLOCK
         after_image += encode_member(key + _META_SUFFIX, meta)
-        for part in (encode_header(key + b"." + sample.extension.encode("ascii"), len(payload)), payload, after_image):
+        for part in (encode_header(key + b"." + extension.encode("ascii"), len(payload)), payload, after_image):
             self._tar.write(part)  # the image bytes are not copied
             self._hash.update(part)
         self._position = image_offset + len(payload) + len(after_image)

@@ -1,7 +1,7 @@
 """WebDataset tar shards: fixed ustar headers, member keys, and the `.idx` offset index.
 
 Per sample, three regular-file members share a key (`manifest.sample_key`: shard and row,
-zero-padded, no dots: WebDataset splits key and extension at the first dot): `<key>.<ext>` (the image),
+zero-padded, no dots: WebDataset splits key and extension at the first dot): `<key>.<ext>` (the image; raw pixels as `.npy`),
 `<key>.cls` (the label) and `<key>.json` (the record meta). Headers are fixed (mtime 0, uid/gid 0,
 no user or group names, mode 0644), so the same samples in the same order give a byte-identical
 tar. The `.idx` sidecar is a header (magic, uint32 LE column count, int64 LE sample count), then
@@ -18,6 +18,9 @@ from dataclasses import dataclass
 BLOCK = 512
 LABEL_EXTENSION = "cls"
 META_EXTENSION = "json"
+PIXELS_EXTENSION = "npy"  # raw pixels, in NumPy's own format; format version 1 stored them bare as `.raw`
+NPY_MAGIC = b"\x93NUMPY\x01\x00"  # .npy format version 1.0: magic, then uint16 LE header length
+NPY_ALIGN = 64
 INDEX_EXTENSION = ".idx"
 INDEX_MAGIC = b"PKX1"
 INDEX_HEADER = struct.Struct("<4sIq")
@@ -106,6 +109,23 @@ def check_member_name(name: str) -> str:
     if not name or name.startswith("/") or ".." in name.split("/"):
         raise TarError(f"unsafe tar member name {name!r}")
     return name
+
+
+def encode_npy_header(shape: tuple[int, ...]) -> bytes:
+    """The .npy 1.0 header of a C-order uint8 array of `shape`, padded as NumPy pads it (the data
+    starts 64-byte aligned), so `np.load` and every tool that reads `.npy` members decode it."""
+    text = "{'descr': '|u1', 'fortran_order': False, 'shape': %r, }" % (tuple(shape),)
+    size = len(NPY_MAGIC) + 2 + len(text) + 1
+    text += " " * (-size % NPY_ALIGN) + "\n"
+    return NPY_MAGIC + struct.pack("<H", len(text)) + text.encode("ascii")
+
+
+def npy_data(member: memoryview) -> memoryview:
+    """The pixel bytes of a `.npy` member this module wrote (the shape is also in the `.json`)."""
+    if bytes(member[:len(NPY_MAGIC)]) != NPY_MAGIC or len(member) < len(NPY_MAGIC) + 2:
+        raise TarError("not a .npy version 1.0 member")
+    (length,) = struct.unpack_from("<H", member, len(NPY_MAGIC))
+    return member[len(NPY_MAGIC) + 2 + length:]
 
 
 def split_name(name: str) -> tuple[str, str]:
