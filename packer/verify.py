@@ -28,7 +28,7 @@ def file_problem(out: Path, info: FileInfo) -> str | None:
 def verify(out: Path, *, full: bool = False, progress: Callable[[int], None] | None = None) -> list[str]:
     """Problems found, one line each naming the file (and sample where it can); empty if sound.
 
-    Checks every file index.json names (shards and their sidecars) for
+    Checks every file index.json names (shards, their sidecars, the loader descriptors) for
     presence, size and sha256, each damaged file once, and every shard's sample count. A shard
     whose hash is wrong is read sample by sample to name the damaged ones (each record carries a
     CRC-32); `full` also decodes every sample of every shard. Samples are only read through
@@ -36,7 +36,7 @@ def verify(out: Path, *, full: bool = False, progress: Callable[[int], None] | N
     """
     manifest = load_manifest(out)
     dataset = open_dataset(out, decode="pil" if full else "bytes", fields=("image",))
-    problems: list[str] = []
+    problems = [problem for info in manifest.descriptors if (problem := file_problem(out, info))]
     start = 0
     try:
         for shard, info in enumerate(manifest.shards):

@@ -37,7 +37,7 @@ class DatasetError(Exception):
 
 @dataclass(frozen=True)
 class FileInfo:
-    """A file published beside a shard that readers need too (a tar shard's offset index)."""
+    """A file index.json names beside the shards: a shard's sidecar, or a loader descriptor."""
 
     name: str
     bytes: int
@@ -66,6 +66,8 @@ class Manifest:
     version: int = FORMAT_VERSION
     # Total size of the source files that were packed (None in manifests that predate it).
     source_bytes: int | None = None
+    # Files written for other loaders (timm, wids, Hugging Face) beside index.json; FORMAT.md.
+    descriptors: list[FileInfo] = field(default_factory=list)
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -96,6 +98,7 @@ class Manifest:
             tool_version=str(data.get("tool_version", "")),
             version=int(data["version"]),
             source_bytes=None if data.get("source_bytes") is None else int(data["source_bytes"]),
+            descriptors=[FileInfo(**descriptor) for descriptor in data.get("descriptors", ())],
         )
 
 

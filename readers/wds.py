@@ -1,7 +1,7 @@
 """wds (WebDataset tar) shards: random access through each shard's offset index, or streaming.
 
 A shard `shard-NNNNNN.tar` holds three ustar members per sample (layout in readers/layouts/wds.py).
-Beside it, `shard-NNNNNN.idx` gives the byte offset and size of each sample's image and JSON data,
+Beside it, `shard-NNNNNN.packidx` gives the byte offset and size of each sample's image and JSON data,
 so `WdsDataset[i]` costs one `pread`. `iter(dataset)` and `dataset.stream()` read the tars front
 to back instead and need no index.
 """
@@ -23,6 +23,7 @@ from .layouts.wds import (
     INDEX_COLUMNS,
     INDEX_EXTENSION,
     INDEX_HEADER,
+    V1_INDEX_EXTENSION,
     LABEL_EXTENSION,
     META_EXTENSION,
     PIXELS_EXTENSION,
@@ -62,7 +63,7 @@ class TarShard:
 
 
 class WdsDataset(PackedDataset):
-    """Tar shards read at random through their `.idx` files, or streamed front to back.
+    """Tar shards read at random through their `.packidx` files, or streamed front to back.
 
     `ds[i]` serves any sampler, like the LMDB and HDF5 readers. `iter(ds)` streams every shard in
     order. `ds.stream()` is an IterableDataset for DataLoader workers: each worker streams its own
@@ -74,10 +75,11 @@ class WdsDataset(PackedDataset):
     def index_path(self, shard: int) -> str:
         """The shard's offset index, as listed among its sidecars in index.json."""
         info = self.manifest.shards[shard]
+        extension = INDEX_EXTENSION if self.manifest.version >= 2 else V1_INDEX_EXTENSION
         for sidecar in info.sidecars:
-            if sidecar.name.endswith(INDEX_EXTENSION):
+            if sidecar.name.endswith(extension):
                 return str(self.root / sidecar.name)
-        raise DatasetError(f"{self.root / 'index.json'}: no {INDEX_EXTENSION} index listed for {info.name}")
+        raise DatasetError(f"{self.root / 'index.json'}: no {extension} index listed for {info.name}")
 
     def _open(self, shard: int) -> TarShard:
         index = read_index(self.index_path(shard), self.manifest.shards[shard].num_samples)
@@ -118,7 +120,7 @@ class WdsDataset(PackedDataset):
         return meta, image_data(extensions[0], data[BLOCK:BLOCK + image_size])
 
     def iter_shard(self, shard: int) -> Iterator[tuple[Any, ...]]:
-        """The samples of one shard, read sequentially; the `.idx` file is not used."""
+        """The samples of one shard, read sequentially; the offset index is not used."""
         path = self.shard_path(shard)
         expected = self.manifest.shards[shard].num_samples
         first = int(self._offsets[shard])

@@ -120,11 +120,12 @@ def damage_sidecar(path: Path, how: str) -> None:
 
 @pytest.mark.parametrize("how", ["deleted", "replaced", "grown"])
 @pytest.mark.parametrize("full", [False, True])
-def test_verify_names_a_damaged_sidecar_once(packed_as, tmp_path: Path, how: str, full: bool) -> None:
+@pytest.mark.parametrize("extension", [".packidx", ".idx"])
+def test_verify_names_a_damaged_sidecar_once(packed_as, tmp_path: Path, how: str, full: bool, extension: str) -> None:
     source, _ = packed_as("wds")
     out = tmp_path / "out"
     shutil.copytree(source, out)
-    (sidecar,) = readers.load_manifest(out).shards[2].sidecars
+    (sidecar,) = [s for s in readers.load_manifest(out).shards[2].sidecars if s.name.endswith(extension)]
     path = out / sidecar.name
     damage_sidecar(path, how)
     code, output = run("verify", out, "-q", *(["--full"] if full else []))
@@ -136,3 +137,16 @@ def test_verify_names_a_damaged_sidecar_once(packed_as, tmp_path: Path, how: str
     assert lines.count(expected) == 1
     assert sum(str(path) in line for line in lines) == 1, output
     assert lines[-1] == f"Error: {out}: 1 problems found"
+
+
+@pytest.mark.parametrize("name", ["_info.json", "wids.json", "README.md"])
+def test_verify_covers_the_loader_descriptors(packed_as, tmp_path: Path, name: str) -> None:
+    source, _ = packed_as("wds")
+    out = tmp_path / "out"
+    shutil.copytree(source, out)
+    assert name in {info.name for info in readers.load_manifest(out).descriptors}
+    (out / name).write_text((out / name).read_text().replace("train", "tRain"))
+    code, output = run("verify", out, "-q")
+    assert code == 1
+    assert output.strip().splitlines() == [f"{out / name}: sha256 does not match the manifest (the file is damaged)",
+                                           f"Error: {out}: 1 problems found"]

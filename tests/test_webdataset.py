@@ -135,7 +135,7 @@ def test_damaged_shards_name_the_file(wds_copy: tuple[Path, dict[str, bytes]]) -
 
 def test_index_that_does_not_match_is_refused(wds_copy: tuple[Path, dict[str, bytes]]) -> None:
     out, _ = wds_copy
-    index = out / "shard-000000.idx"
+    index = out / "shard-000000.packidx"
     raw = bytearray(index.read_bytes())
     raw[16:48], raw[48:80] = raw[48:80], raw[16:48]  # swap the rows of samples 0 and 1
     index.write_bytes(bytes(raw))
@@ -161,11 +161,11 @@ def test_missing_index_is_repacked_on_resume(image_folder: tuple[Path, dict[str,
     root, files = image_folder
     out = tmp_path / "out"
     pack(root, out, PackOptions(format="wds", shard_size=4))
-    before = (out / "shard-000002.idx").read_bytes()
+    before = (out / "shard-000002.packidx").read_bytes()
     (out / "index.json").unlink()  # as if the run had stopped before merging
-    (out / "shard-000002.idx").unlink()
+    (out / "shard-000002.packidx").unlink()
     summary = pack(root, out, PackOptions(format="wds", shard_size=4))
     assert summary.resumed_shards == summary.num_shards - 1
-    assert (out / "shard-000002.idx").read_bytes() == before
+    assert (out / "shard-000002.packidx").read_bytes() == before
     ds = readers.open_dataset(out, decode="bytes", fields=("image", "path"))
     assert {path: data for data, path in (ds[i] for i in range(len(ds)))} == files
