@@ -294,14 +294,16 @@ def info_command(out: Path, as_json: bool) -> None:
 @click.option("--partition", default=None, help="Slurm partition.")
 @click.option("--mem", default=None, help="Memory per task, e.g. 4G.")
 @error_policy_options
+@split_option
 def slurm_script_command(fmt: str, src: Path, out: Path, tasks: int, cpus_per_task: int, time_limit: str,
                          partition: str | None, mem: str | None, on_error: str, max_errors: int | None,
-                         **params: Any) -> None:
+                         split: str, **params: Any) -> None:
     """Print a Slurm script: an sbatch array packing FORMAT shards, then a merge job (afterok)."""
     options = pack_options_from(fmt, params)
     policy_args = ["--on-error", on_error] + (["--max-errors", str(max_errors)] if max_errors is not None else [])
     pack_args = [fmt, str(src.resolve()), str(out.resolve()), *option_args(options), *policy_args]
-    click.echo(slurm_script([sys.executable, "-m", "packer.cli"], pack_args, out, merge_args=policy_args,
+    click.echo(slurm_script([sys.executable, "-m", "packer.cli"], pack_args, out,
+                            merge_args=[*policy_args, "--split", split],
                             tasks=tasks, cpus_per_task=cpus_per_task, time_limit=time_limit,
                             partition=partition, mem=mem, job_name=f"pack-{fmt}"), nl=False)
 
