@@ -15,7 +15,15 @@ import h5py
 import numpy as np
 
 from .base import PackedDataset
-from .layouts.hdf5 import LAYOUT_FIXED, LAYOUT_FLAT, RAW_INDEX_SUFFIX, RAW_SUFFIX, parse_raw_name
+from .layouts.hdf5 import (
+    LAYOUT_FIXED,
+    LAYOUT_FLAT,
+    RAW_PATHS_ATTRIBUTE,
+    V1_RAW_INDEX_SUFFIX,
+    V1_RAW_SUFFIX,
+    parse_raw_name,
+    parse_raw_names,
+)
 from .manifest import DatasetError
 
 
@@ -39,10 +47,12 @@ class HDF5Shard:
     mode: str | None
 
 
-def read_raw_strings(file: h5py.File, name: str) -> dict[int, str]:
-    """Position -> exact `os.fsdecode` string for the entries of `name` that are not UTF-8."""
-    positions = file[name + RAW_INDEX_SUFFIX][:]
-    raw = file[name + RAW_SUFFIX][:]
+def read_raw_paths(file: h5py.File) -> dict[int, str]:
+    """Position -> exact `os.fsdecode` path for the samples whose path is not UTF-8."""
+    if RAW_PATHS_ATTRIBUTE in file.attrs:
+        return parse_raw_names(file.attrs[RAW_PATHS_ATTRIBUTE])
+    positions = file["paths" + V1_RAW_INDEX_SUFFIX][:]  # format version 1: two datasets
+    raw = file["paths" + V1_RAW_SUFFIX][:]
     return {int(i): parse_raw_name(value.tobytes()) for i, value in zip(positions, raw)}
 
 
@@ -64,7 +74,7 @@ def open_shard(path: str, num_samples: int) -> HDF5Shard:
             codecs=file["formats"][:],
             crcs=file["crc32"][:],
             paths=file["paths"].asstr(),
-            raw_paths=read_raw_strings(file, "paths"),
+            raw_paths=read_raw_paths(file),
             shapes=file["shapes"][:] if "shapes" in file else None,
             mode=None if mode is None else str(mode),
         )

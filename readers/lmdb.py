@@ -8,8 +8,8 @@ from typing import Any
 import lmdb
 
 from .base import PackedDataset
-from .layouts.lmdb import parse_record, sample_key
-from .manifest import DatasetError
+from .layouts.lmdb import parse_record
+from .manifest import DatasetError, sample_key
 
 # A page fault in a mapping with readahead reads ~128 KiB around it. Records that big (JPEG
 # photos) then cost one or two reads instead of a fault per 4 KiB page: about 3x faster cold
@@ -69,7 +69,7 @@ class LMDBDataset(PackedDataset):
     def _read(self, shard: int, local: int) -> tuple[dict[str, Any], memoryview]:
         env = self.handle(shard)
         with env.begin() as txn:
-            value = txn.get(sample_key(local))
+            value = txn.get(sample_key(shard, local, self.manifest.version).encode("ascii"))
         if value is None:
             raise DatasetError(f"{self.shard_path(shard)}: sample {local} is missing")
         try:

@@ -16,7 +16,7 @@ from typing import Any
 
 from zlib_ng import zlib_ng
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MANIFEST_NAME = "index.json"
 REJECTS_NAME = "rejects.jsonl"
 SHARD_PREFIX = "shard-"
@@ -37,7 +37,7 @@ class DatasetError(Exception):
 
 @dataclass(frozen=True)
 class FileInfo:
-    """A file published beside a shard that readers need too (a tar shard's offset index)."""
+    """A file index.json names beside the shards: a shard's sidecar, or a loader descriptor."""
 
     name: str
     bytes: int
@@ -66,6 +66,8 @@ class Manifest:
     version: int = FORMAT_VERSION
     # Total size of the source files that were packed (None in manifests that predate it).
     source_bytes: int | None = None
+    # Files written for other loaders (timm, wids, Hugging Face) beside index.json; FORMAT.md.
+    descriptors: list[FileInfo] = field(default_factory=list)
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -96,11 +98,21 @@ class Manifest:
             tool_version=str(data.get("tool_version", "")),
             version=int(data["version"]),
             source_bytes=None if data.get("source_bytes") is None else int(data["source_bytes"]),
+            descriptors=[FileInfo(**descriptor) for descriptor in data.get("descriptors", ())],
         )
 
 
 def shard_name(index: int, extension: str) -> str:
     return SHARD_PATTERN.format(index, extension)
+
+
+def sample_key(shard: int, row: int, version: int = FORMAT_VERSION) -> str:
+    """A sample's key where a format shows one (LMDB keys, tar member names): the shard number and
+    the row inside it, zero-padded, so keys are unique across the dataset, stable across reruns
+    and sorted in sample order (LMDB appends). Version 1 used the row alone, repeated per shard."""
+    if version == 1:
+        return "%010d" % row
+    return "%06d_%010d" % (shard, row)
 
 
 def load_manifest(root: str | os.PathLike[str]) -> Manifest:

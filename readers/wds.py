@@ -1,8 +1,8 @@
 """wds (WebDataset tar) shards: random access through each shard's offset index, or streaming.
 
 A shard `shard-NNNNNN.tar` holds three ustar members per sample (layout in readers/layouts/wds.py).
-Beside it, `shard-NNNNNN.idx` gives the byte offset and size of each sample's image and JSON data,
-so `WdsDataset[i]` costs one `pread`. `iter(dataset)`, `dataset.stream()` and
+Beside it, `shard-NNNNNN.packidx` gives the byte offset and size of each sample's image and JSON
+data, so `WdsDataset[i]` costs one `pread`. `iter(dataset)`, `dataset.stream()` and
 `make_loader(..., streaming=True)` read the tars front to back instead and need no index.
 """
 
@@ -21,16 +21,18 @@ from .layouts.wds import (
     INDEX_COLUMNS,
     INDEX_EXTENSION,
     INDEX_HEADER,
+    V1_INDEX_EXTENSION,
     LABEL_EXTENSION,
     META_EXTENSION,
+    PIXELS_EXTENSION,
     TarError,
+    npy_data,
     padding,
     parse_header,
     parse_index_header,
-    sample_key,
     split_name,
 )
-from .manifest import DatasetError, FileInfo
+from .manifest import DatasetError, FileInfo, sample_key
 from .streaming import DEFAULT_PREFETCH_SHARDS, ShardStream
 
 
@@ -58,7 +60,7 @@ class TarShard:
 
 
 class WdsDataset(PackedDataset):
-    """Tar shards read at random through their `.idx` files, or streamed front to back.
+    """Tar shards read at random through their `.packidx` files, or streamed front to back.
 
     `ds[i]` serves any sampler, like the LMDB and HDF5 readers. `iter(ds)` streams every shard in
     order. `ds.stream()` is an IterableDataset split over DDP ranks and DataLoader workers like
@@ -70,10 +72,11 @@ class WdsDataset(PackedDataset):
     def index_file(self, shard: int) -> FileInfo:
         """The shard's offset index, as listed among its sidecars in index.json."""
         info = self.manifest.shards[shard]
+        extension = INDEX_EXTENSION if self.manifest.version >= 2 else V1_INDEX_EXTENSION
         for sidecar in info.sidecars:
-            if sidecar.name.endswith(INDEX_EXTENSION):
+            if sidecar.name.endswith(extension):
                 return sidecar
-        raise DatasetError(f"{self.root / 'index.json'}: no {INDEX_EXTENSION} index listed for {info.name}")
+        raise DatasetError(f"{self.root / 'index.json'}: no {extension} index listed for {info.name}")
 
     def _open(self, shard: int) -> TarShard:
         index_path = str(self.files.path(self.index_file(shard)))
@@ -90,12 +93,12 @@ class WdsDataset(PackedDataset):
 
     def _read(self, shard: int, local: int) -> tuple[dict[str, Any], memoryview]:
         try:
-            return self._pread_sample(self.handle(shard), local)
+            return self._pread_sample(self.handle(shard), local, sample_key(shard, local, self.manifest.version))
         except TarError as exc:
             raise DatasetError(f"{self.shard_path(shard)}: sample {local}: {exc}") from None
 
     @staticmethod
-    def _pread_sample(handle: TarShard, local: int) -> tuple[dict[str, Any], memoryview]:
+    def _pread_sample(handle: TarShard, local: int, key: str) -> tuple[dict[str, Any], memoryview]:
         """One pread from the image's header to the end of the JSON; both headers are checked."""
         image_offset, image_size, json_offset, json_size = handle.index[local].tolist()
         start = image_offset - BLOCK
@@ -104,18 +107,18 @@ class WdsDataset(PackedDataset):
         data = memoryview(os.pread(handle.file.fileno(), json_offset + json_size - start, start))
         if len(data) != json_offset + json_size - start:
             raise TarError("tar shard is truncated")
-        key = sample_key(local)
-        for offset, size, extension in ((image_offset, image_size, None), (json_offset, json_size, META_EXTENSION)):
+        extensions = []
+        for offset, size, expected in ((image_offset, image_size, None), (json_offset, json_size, META_EXTENSION)):
             member = parse_header(data[offset - BLOCK - start:offset - start], checksum=False)
-            if member is None or member.size != size or split_name(member.name)[0] != key or (
-                extension is not None and split_name(member.name)[1] != extension
-            ):
+            member_key, extension = split_name(member.name) if member else ("", "")
+            if member is None or member.size != size or member_key != key or expected not in (None, extension):
                 raise TarError("tar index does not match the tar members")
+            extensions.append(extension)
         meta = json.loads(bytes(data[json_offset - start:]).decode("utf-8"))
-        return meta, data[BLOCK:BLOCK + image_size]
+        return meta, image_data(extensions[0], data[BLOCK:BLOCK + image_size])
 
     def iter_shard(self, shard: int) -> Iterator[tuple[Any, ...]]:
-        """The samples of one shard, read sequentially; the `.idx` file is not used."""
+        """The samples of one shard, read sequentially; the offset index is not used."""
         first = int(self._offsets[shard])
         for local, record in self.read_records(shard, 0, self.manifest.shards[shard].num_samples):
             if isinstance(record, DatasetError):
@@ -206,7 +209,12 @@ def assemble(key: str, parts: dict[str, bytes]) -> tuple[dict[str, Any], memoryv
     images = [extension for extension in parts if extension not in (LABEL_EXTENSION, META_EXTENSION)]
     if META_EXTENSION not in parts or len(images) != 1:
         raise TarError(f"sample {key!r} has members {sorted(parts)}; expected one image and .json")
-    return json.loads(parts[META_EXTENSION].decode("utf-8")), memoryview(parts[images[0]])
+    return json.loads(parts[META_EXTENSION].decode("utf-8")), image_data(images[0], memoryview(parts[images[0]]))
+
+
+def image_data(extension: str, member: memoryview) -> memoryview:
+    """The payload a member holds: a `.npy` member's pixels without its header, other members whole."""
+    return npy_data(member) if extension == PIXELS_EXTENSION else member
 
 
 class WdsStream(ShardStream):

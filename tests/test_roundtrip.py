@@ -36,7 +36,7 @@ def test_manifest_contract(packed: tuple[Path, dict[str, bytes]]) -> None:
     out, files = packed
     index = json.loads((out / "index.json").read_text())
     writer = WRITERS[index["format"]]
-    assert index["version"] == 1 and index["store"] == "original"
+    assert index["version"] == 2 and index["store"] == "original"
     assert index["num_samples"] == len(files)
     assert index["classes"] == ["class_00", "class_01", "class_02"]
     assert sum(shard["num_samples"] for shard in index["shards"]) == len(files)

@@ -132,7 +132,7 @@ def test_damaged_shards_name_the_file(wds_copy: tuple[Path, dict[str, bytes]]) -
 
 def test_index_that_does_not_match_is_refused(wds_copy: tuple[Path, dict[str, bytes]]) -> None:
     out, _ = wds_copy
-    index = out / "shard-000000.idx"
+    index = out / "shard-000000.packidx"
     raw = bytearray(index.read_bytes())
     raw[16:48], raw[48:80] = raw[48:80], raw[16:48]  # swap the rows of samples 0 and 1
     index.write_bytes(bytes(raw))
@@ -149,7 +149,7 @@ def test_sample_count_must_match_manifest(wds_copy: tuple[Path, dict[str, bytes]
     out, _ = wds_copy
     ds = readers.open_dataset(out, decode="bytes")
     first = (out / "shard-000000.tar").read_bytes()
-    (out / "shard-000001.tar").write_bytes(first[: first.index(b"0000000003.jpg")] + bytes(1024))
+    (out / "shard-000001.tar").write_bytes(first[: first.index(b"000000_0000000003.jpg")] + bytes(1024))
     with pytest.raises(readers.DatasetError, match="holds 3 samples, index.json says 4"):
         list(ds.iter_shard(1))
 
@@ -158,11 +158,11 @@ def test_missing_index_is_repacked_on_resume(image_folder: tuple[Path, dict[str,
     root, files = image_folder
     out = tmp_path / "out"
     pack(root, out, PackOptions(format="wds", shard_size=4))
-    before = (out / "shard-000002.idx").read_bytes()
+    before = (out / "shard-000002.packidx").read_bytes()
     (out / "index.json").unlink()  # as if the run had stopped before merging
-    (out / "shard-000002.idx").unlink()
+    (out / "shard-000002.packidx").unlink()
     summary = pack(root, out, PackOptions(format="wds", shard_size=4))
     assert summary.resumed_shards == summary.num_shards - 1
-    assert (out / "shard-000002.idx").read_bytes() == before
+    assert (out / "shard-000002.packidx").read_bytes() == before
     ds = readers.open_dataset(out, decode="bytes", fields=("image", "path"))
     assert {path: data for data, path in (ds[i] for i in range(len(ds)))} == files

@@ -11,13 +11,13 @@ from typing import Any, ClassVar, Sequence
 
 @dataclass(frozen=True)
 class Sample:
-    """One accepted sample, numbered from 0 inside its shard.
+    """One accepted sample; `key` (`readers.manifest.sample_key`) names it where a format shows keys.
 
     `crc32` is the payload's, computed by the reader thread that loaded it (off the writer's
     serial path); it lets readers and `pack verify` name a damaged sample.
     """
 
-    local_index: int
+    key: str
     label: int
     path: str
     payload: bytes

@@ -8,7 +8,7 @@ from typing import Sequence
 
 import lmdb
 
-from readers.layouts.lmdb import encode_record, sample_key
+from readers.layouts.lmdb import encode_record
 
 from .base import Sample, ShardWriter
 
@@ -37,7 +37,7 @@ class LMDBWriter(ShardWriter):
 
     def add(self, sample: Sample) -> None:
         value = encode_record(sample.record_meta(), sample.payload)
-        self._pending.append((sample_key(sample.local_index), value))
+        self._pending.append((sample.key.encode("ascii"), value))
         self._pending_bytes += len(value)
         if self._pending_bytes >= COMMIT_BYTES:
             self._commit()

@@ -3,7 +3,8 @@
 Python's tarfile (and webdataset's TarWriter on top of it) build each header through many small
 steps; here every header is one template with the name, size and checksum filled in
 (`readers.layouts.wds.encode_header`), and the image bytes are written without copying. Each
-shard's offset index goes to the `.idx` sidecar (layout in readers/layouts/wds.py and docs/FORMAT.md).
+shard's offset index goes to the `.packidx` sidecar, and DALI's index of it to `.idx` (layouts in
+readers/layouts/wds.py and docs/FORMAT.md).
 """
 
 from __future__ import annotations
@@ -15,16 +16,21 @@ from typing import BinaryIO, Sequence
 
 from readers.layouts.wds import (
     BLOCK,
+    DALI_INDEX_EXTENSION,
     INDEX_EXTENSION,
     INDEX_ROW,
     LABEL_EXTENSION,
     META_EXTENSION,
+    PIXELS_EXTENSION,
     ZERO_BLOCK,
+    encode_dali_index,
+    encode_dali_sample,
     encode_header,
     encode_index_header,
     encode_member,
+    encode_npy_header,
+    image_extension,
     padding,
-    sample_key,
 )
 
 from .base import Sample, ShardWriter, sidecar_path
@@ -35,11 +41,11 @@ _META_SUFFIX = b"." + META_EXTENSION.encode("ascii")
 
 
 class WdsWriter(ShardWriter):
-    """Per sample `<key>.<ext>`, `<key>.cls` and `<key>.json`, key = local index, 10 digits."""
+    """Per sample `<key>.<ext>` (`.npy` for raw pixels), `<key>.cls` and `<key>.json` (`readers.manifest.sample_key`)."""
 
     format = "wds"
     extension = ".tar"
-    sidecars = (INDEX_EXTENSION,)
+    sidecars = (INDEX_EXTENSION, DALI_INDEX_EXTENSION)
 
     def __init__(self, path: Path, expected_bytes: int, classes: Sequence[str],
                  sample_shape: tuple[int, int, int] | None = None) -> None:
@@ -47,6 +53,7 @@ class WdsWriter(ShardWriter):
         self._tar: BinaryIO = open(path, "wb", buffering=WRITE_BUFFER)
         self._index: BinaryIO = open(sidecar_path(path, INDEX_EXTENSION), "wb", buffering=WRITE_BUFFER)
         self._index.write(encode_index_header(0))  # the count is set by close()
+        self._dali_samples: list[str] = []  # DALI's index starts with the count: written by close()
         self._position = 0
         self._count = 0
         self._hash = hashlib.sha256()  # the tar is written front to back: hash it on the way
@@ -54,15 +61,24 @@ class WdsWriter(ShardWriter):
     def add(self, sample: Sample) -> None:
         if not sample.extension.isalnum():
             raise ValueError(f"{self.path}: extension {sample.extension!r} would break the wds key")
-        key = sample_key(sample.local_index).encode("ascii")
-        payload = sample.payload
+        key = sample.key.encode("ascii")
+        payload, extension = sample.payload, image_extension(sample.extension)
+        if extension == PIXELS_EXTENSION:
+            payload = encode_npy_header(sample.meta["shape"]) + payload
         meta = json.dumps(sample.record_meta(), separators=(",", ":")).encode("ascii")
+        image_name = key + b"." + extension.encode("ascii")
+        label = b"%d" % sample.label
         image_offset = self._position + BLOCK
-        labels = encode_member(key + _LABEL_SUFFIX, b"%d" % sample.label)
-        after_image = ZERO_BLOCK[: padding(len(payload))] + labels
+        label_offset = image_offset + len(payload) + padding(len(payload)) + BLOCK
+        after_image = ZERO_BLOCK[: padding(len(payload))] + encode_member(key + _LABEL_SUFFIX, label)
         json_offset = image_offset + len(payload) + len(after_image) + BLOCK
         after_image += encode_member(key + _META_SUFFIX, meta)
-        for part in (encode_header(key + b"." + sample.extension.encode("ascii"), len(payload)), payload, after_image):
+        self._dali_samples.append(encode_dali_sample([
+            (image_name.decode("ascii"), image_offset, len(payload)),
+            ((key + _LABEL_SUFFIX).decode("ascii"), label_offset, len(label)),
+            ((key + _META_SUFFIX).decode("ascii"), json_offset, len(meta)),
+        ]))
+        for part in (encode_header(image_name, len(payload)), payload, after_image):
             self._tar.write(part)  # the image bytes are not copied
             self._hash.update(part)
         self._position = image_offset + len(payload) + len(after_image)
@@ -75,6 +91,7 @@ class WdsWriter(ShardWriter):
         self.sha256 = self._hash.hexdigest()
         self._index.seek(0)
         self._index.write(encode_index_header(self._count))
+        sidecar_path(self.path, DALI_INDEX_EXTENSION).write_bytes(encode_dali_index(self._dali_samples))
         self._tar.close()
         self._index.close()
 

@@ -1,4 +1,4 @@
-"""LMDB shards: zero-padded ASCII keys, and records of a small header, JSON meta and the payload."""
+"""LMDB shards: records of a small header, JSON meta and the payload, under `manifest.sample_key` keys."""
 
 from __future__ import annotations
 
@@ -6,14 +6,8 @@ import json
 import struct
 from typing import Any
 
-KEY_WIDTH = 10
 RECORD_MAGIC = b"PKR1"
 RECORD_HEADER = struct.Struct("<4sI")
-
-
-def sample_key(local_index: int) -> bytes:
-    """Key order is sample order, so writes can append."""
-    return b"%0*d" % (KEY_WIDTH, local_index)
 
 
 def encode_record(meta: dict[str, Any], payload: bytes) -> bytes:

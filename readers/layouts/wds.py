@@ -1,12 +1,13 @@
-"""WebDataset tar shards: fixed ustar headers, member keys, and the `.idx` offset index.
+"""WebDataset tar shards: fixed ustar headers, member keys, and the shard's two indexes.
 
-Per sample, three regular-file members share a key (the index inside the shard, zero-padded, no
-dots: WebDataset splits key and extension at the first dot): `<key>.<ext>` (the image),
+Per sample, three regular-file members share a key (`manifest.sample_key`: shard and row,
+zero-padded, no dots: WebDataset splits key and extension at the first dot): `<key>.<ext>` (the image; raw pixels as `.npy`),
 `<key>.cls` (the label) and `<key>.json` (the record meta). Headers are fixed (mtime 0, uid/gid 0,
 no user or group names, mode 0644), so the same samples in the same order give a byte-identical
-tar. The `.idx` sidecar is a header (magic, uint32 LE column count, int64 LE sample count), then
+tar. The `.packidx` sidecar is a header (magic, uint32 LE column count, int64 LE sample count), then
 per sample four int64 LE: image data offset, image size, JSON data offset, JSON size, offsets
-counted from the start of the tar.
+counted from the start of the tar. The `.idx` sidecar is the index DALI's `wds2idx` would write
+(its text format v1.2), so `fn.readers.webdataset` takes it as `index_paths`.
 """
 
 from __future__ import annotations
@@ -16,10 +17,16 @@ import struct
 from dataclasses import dataclass
 
 BLOCK = 512
-KEY_WIDTH = 10
 LABEL_EXTENSION = "cls"
 META_EXTENSION = "json"
-INDEX_EXTENSION = ".idx"
+PIXELS_EXTENSION = "npy"  # raw pixels, in NumPy's own format
+V1_PIXELS_EXTENSION = "raw"  # format version 1: the bare pixels (HF datasets takes `.raw` for audio)
+NPY_MAGIC = b"\x93NUMPY\x01\x00"  # .npy format version 1.0: magic, then uint16 LE header length
+NPY_ALIGN = 64
+INDEX_EXTENSION = ".packidx"  # pack's offset index: a name no other tool writes
+V1_INDEX_EXTENSION = ".idx"  # where format version 1 kept it, which DALI's wds2idx overwrites
+DALI_INDEX_EXTENSION = ".idx"  # DALI's default index name, in its own text format
+DALI_INDEX_VERSION = "v1.2"
 INDEX_MAGIC = b"PKX1"
 INDEX_HEADER = struct.Struct("<4sIq")
 INDEX_COLUMNS = 4
@@ -36,11 +43,6 @@ class TarError(ValueError):
 class Member:
     name: str
     size: int
-
-
-def sample_key(local_index: int) -> str:
-    """A sample's key in its tar: the index inside the shard, zero-padded, no dots."""
-    return "%0*d" % (KEY_WIDTH, local_index)
 
 
 def padding(size: int) -> int:
@@ -114,11 +116,44 @@ def check_member_name(name: str) -> str:
     return name
 
 
+def image_extension(sample_extension: str) -> str:
+    """The member extension of a sample's image: its own, except `.npy` for raw pixels."""
+    return PIXELS_EXTENSION if sample_extension == V1_PIXELS_EXTENSION else sample_extension
+
+
+def encode_npy_header(shape: tuple[int, ...]) -> bytes:
+    """The .npy 1.0 header of a C-order uint8 array of `shape`, padded as NumPy pads it (the data
+    starts 64-byte aligned), so `np.load` and every tool that reads `.npy` members decode it."""
+    text = "{'descr': '|u1', 'fortran_order': False, 'shape': %r, }" % (tuple(shape),)
+    size = len(NPY_MAGIC) + 2 + len(text) + 1
+    text += " " * (-size % NPY_ALIGN) + "\n"
+    return NPY_MAGIC + struct.pack("<H", len(text)) + text.encode("ascii")
+
+
+def npy_data(member: memoryview) -> memoryview:
+    """The pixel bytes of a `.npy` member this module wrote (the shape is also in the `.json`)."""
+    if bytes(member[:len(NPY_MAGIC)]) != NPY_MAGIC or len(member) < len(NPY_MAGIC) + 2:
+        raise TarError("not a .npy version 1.0 member")
+    (length,) = struct.unpack_from("<H", member, len(NPY_MAGIC))
+    return member[len(NPY_MAGIC) + 2 + length:]
+
+
 def split_name(name: str) -> tuple[str, str]:
     """WebDataset's rule: the key ends at the first dot of the last path component."""
     directory, _, base = name.rpartition("/")
     stem, dot, extension = base.partition(".")
     return (directory + "/" if directory else "") + stem, extension if dot else ""
+
+
+def encode_dali_index(samples: list[str]) -> bytes:
+    """DALI's index: a "v1.2 N" line, then per sample one line of `encode_dali_sample`."""
+    return "".join([f"{DALI_INDEX_VERSION} {len(samples)}\n", *samples]).encode("ascii")
+
+
+def encode_dali_sample(members: list[tuple[str, int, int]]) -> str:
+    """One sample's line of a DALI index: per member (name, data offset, size) in tar order, the
+    four fields `ext offset size name` that DALI's wds2idx writes."""
+    return " ".join(f"{split_name(name)[1]} {offset} {size} {name}" for name, offset, size in members) + "\n"
 
 
 def encode_index_header(num_samples: int) -> bytes:
