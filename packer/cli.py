@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, Any, Callable
 import click
 from tqdm import tqdm
 
-from readers.manifest import DECODE_MODES, MANIFEST_NAME, REJECTS_NAME, DatasetError, load_manifest
+from readers.manifest import DECODE_MODES, MANIFEST_NAME, ON_ERROR_MODES, REJECTS_NAME, DatasetError, load_manifest
 
 from . import __version__
+from .descriptors import DEFAULT_SPLIT
 from .encode import DEFAULT_QUALITY, PIXEL_MODES, STORES
 from .engines import ENGINES
 from .errors import PackError
@@ -26,7 +27,7 @@ from .pipeline import Summary, ensure_plan, merge, pack
 from .plan import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SIZE, PackOptions
 from .scan import ScanError
 from .slurm import slurm_script
-from .validate import DEFAULT_MAX_PIXELS, ON_ERROR_MODES, VALIDATE_MODES, ErrorPolicy
+from .validate import DEFAULT_MAX_PIXELS, VALIDATE_MODES, ErrorPolicy
 from .writers import WRITERS
 
 if TYPE_CHECKING:
@@ -170,12 +171,20 @@ def error_policy_options(command: Callable[..., Any]) -> Callable[..., Any]:
                         help="skip: list bad files in rejects.jsonl and go on; fail: stop at the first.")(command)
 
 
+def split_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The split name the loader descriptors give the dataset: written at publish, never changes a
+    shard, so not PackOptions (a shard-packing task ignores it; `pack merge` takes it too)."""
+    return click.option("--split", default=DEFAULT_SPLIT, show_default=True,
+                        help="Split name in _info.json (timm), wids.json and README.md (Hugging Face).")(command)
+
+
 def make_pack_command(fmt: str) -> click.Command:
     @click.command(name=fmt, help=f"Pack the images under SRC into {fmt} shards in directory OUT.")
     @click.argument("src", type=click.Path(path_type=Path))
     @click.argument("out", type=click.Path(path_type=Path))
     @packing_options
     @error_policy_options
+    @split_option
     @click.option("--workers", type=click.IntRange(min=1), default=None,
                   help="Shards packed at once; default: the CPUs this job may use.")
     @click.option("--overwrite", is_flag=True, help="Replace an existing packed dataset in OUT.")
@@ -188,13 +197,13 @@ def make_pack_command(fmt: str) -> click.Command:
     @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
     def command(src: Path, out: Path, workers: int | None, overwrite: bool, task_index: int | None,
                 task_count: int | None, engine: str, scheduler: str | None, quiet: bool, on_error: str,
-                max_errors: int | None, **params: Any) -> None:
+                max_errors: int | None, split: str, **params: Any) -> None:
         options = pack_options_from(fmt, params)
         policy = ErrorPolicy(on_error=on_error, max_errors=max_errors)
         partition = resolve_partition(task_index, task_count)
         with progress_bar(f"pack {fmt}", quiet) as bar:
             summary = pack(src, out, options, overwrite=overwrite, workers=workers, partition=partition,
-                           engine=engine, scheduler=scheduler, progress=bar.update, policy=policy)
+                           engine=engine, scheduler=scheduler, progress=bar.update, policy=policy, split=split)
         print_summary(summary)
 
     return command
@@ -250,9 +259,10 @@ def plan_command(src: Path, out: Path, fmt: str, **params: Any) -> None:
 @main.command("merge")
 @click.argument("out", type=click.Path(path_type=Path))
 @error_policy_options
-def merge_command(out: Path, on_error: str, max_errors: int | None) -> None:
+@split_option
+def merge_command(out: Path, on_error: str, max_errors: int | None, split: str) -> None:
     """Publish index.json once every planned shard in OUT is finished; name what is missing if not."""
-    manifest = merge(out, ErrorPolicy(on_error=on_error, max_errors=max_errors))
+    manifest = merge(out, ErrorPolicy(on_error=on_error, max_errors=max_errors), split=split)
     click.echo(f"merged {len(manifest.shards)} shards, {manifest.num_samples} samples: {out / MANIFEST_NAME}")
 
 
@@ -331,16 +341,18 @@ def describe_field(spec: dict[str, Any]) -> str:
 @click.option("--partition", default=None, help="Slurm partition.")
 @click.option("--mem", default=None, help="Memory per task, e.g. 4G.")
 @error_policy_options
+@split_option
 def slurm_script_command(fmt: str, src: Path, out: Path, tasks: int, cpus_per_task: int, time_limit: str,
                          partition: str | None, mem: str | None, on_error: str, max_errors: int | None,
-                         **params: Any) -> None:
+                         split: str, **params: Any) -> None:
     """Print a Slurm script: an sbatch array packing FORMAT shards, then a merge job (afterok)."""
     options = pack_options_from(fmt, params)
     if options.files_from == "-":
         raise click.UsageError("--files-from - reads standard input, which batch jobs do not have; save the list to a file")
     policy_args = ["--on-error", on_error] + (["--max-errors", str(max_errors)] if max_errors is not None else [])
     pack_args = [fmt, str(src.resolve()), str(out.resolve()), *option_args(options), *policy_args]
-    click.echo(slurm_script([sys.executable, "-m", "packer.cli"], pack_args, out, merge_args=policy_args,
+    click.echo(slurm_script([sys.executable, "-m", "packer.cli"], pack_args, out,
+                            merge_args=[*policy_args, "--split", split],
                             tasks=tasks, cpus_per_task=cpus_per_task, time_limit=time_limit,
                             partition=partition, mem=mem, job_name=f"pack-{fmt}"), nl=False)
 

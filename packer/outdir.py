@@ -1,6 +1,7 @@
 """OUT, the output folder: every name the packer uses in it, and the checks before writing there.
 
     OUT/index.json, rejects.jsonl, shard-*        what readers see (names from readers.manifest)
+    OUT/_info.json, wids.json, README.md          descriptors for other loaders (packer.descriptors)
     OUT/.pack/plan.json, listing.jsonl            the plan every task shares
     OUT/.pack/plan.lock                           held while one task scans SRC and writes the plan
     OUT/.pack/tmp/<shard file>.tmp-<host>-<pid>   a shard being written, renamed into OUT when complete
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from readers.manifest import MANIFEST_NAME, REJECTS_NAME, SHARD_PREFIX
 
+from .descriptors import DESCRIPTOR_NAMES
 from .errors import PackError
 
 WORK_DIR = ".pack"
@@ -63,7 +65,7 @@ def final_name(temp: str) -> str:
 
 
 def is_pack_output(name: str) -> bool:
-    return name in (MANIFEST_NAME, REJECTS_NAME, WORK_DIR) or name.startswith(SHARD_PREFIX)
+    return name in (MANIFEST_NAME, REJECTS_NAME, WORK_DIR, *DESCRIPTOR_NAMES) or name.startswith(SHARD_PREFIX)
 
 
 def check_paths(src: Path, out: Path) -> None:

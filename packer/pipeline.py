@@ -19,9 +19,11 @@ from typing import IO
 
 from readers.cpus import available_cpus
 from readers.formats import ALIASES, FORMATS
+from readers.layouts.wds import image_extension
 from readers.manifest import MANIFEST_NAME, REJECTS_NAME, Manifest
 
 from . import __version__
+from .descriptors import DEFAULT_SPLIT, descriptor_texts, write_descriptors
 from .engines import get_engine
 from .errors import PackError
 from .fsutil import atomic_write_text
@@ -71,13 +73,15 @@ def pack(
     scheduler: str | None = None,
     progress: Progress | None = None,
     policy: ErrorPolicy = ErrorPolicy(),
+    split: str = DEFAULT_SPLIT,
 ) -> Summary:
     """Pack the images under `src` into shards in `out`.
 
     With a partition of several tasks, only this task's shards are packed and nothing is
     published: `merge` does that once all tasks are done. An interrupted run of the same
     command resumes: finished shards are kept, the others are packed again. `policy` says
-    whether a rejected file stops the run, and how many rejects are too many.
+    whether a rejected file stops the run, and how many rejects are too many; `split` names the
+    split in the loader descriptors written at publish.
     """
     started = time.monotonic()
     src_path, out_path = Path(src), Path(out)
@@ -99,7 +103,7 @@ def pack(
     results = [finished_shard(out_path, plan, shard, check_hash=False) for shard in mine]
     published = partition.is_whole
     if published:
-        merge(out_path, policy)
+        merge(out_path, policy, split=split)
     finished = [result for result in results if result is not None]
     return Summary(
         out=str(out_path),
@@ -168,8 +172,9 @@ def ensure_plan(src: Path, out: Path, options: PackOptions, *, overwrite: bool =
         return write_plan(out, listing, options)
 
 
-def merge(out: Path, policy: ErrorPolicy = ErrorPolicy()) -> Manifest:
-    """Publish index.json and rejects.jsonl once every planned shard has its marker.
+def merge(out: Path, policy: ErrorPolicy = ErrorPolicy(), *, split: str = DEFAULT_SPLIT) -> Manifest:
+    """Publish rejects.jsonl, the loader descriptors (`packer.descriptors`, `split` named there)
+    and, last, index.json, once every planned shard has its marker.
 
     The authoritative --max-errors check (all shards, scan-time rejects included): rejects.jsonl
     is still written so the bad files can be looked at, but index.json is not.
@@ -207,6 +212,9 @@ def merge(out: Path, policy: ErrorPolicy = ErrorPolicy()) -> Manifest:
         source_bytes=sum(result.source_bytes for result in results),
         fields=plan.fields,
     )
+    extensions = sorted({image_extension(extension) for result in results for extension in result.extensions})
+    manifest.descriptors = write_descriptors(
+        out, descriptor_texts(manifest, split, extensions, plan.options.sample_shape))
     atomic_write_text(out / MANIFEST_NAME, manifest.to_json())
     shutil.rmtree(tmp_dir(out), ignore_errors=True)
     return manifest

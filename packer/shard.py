@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from readers.manifest import FileInfo, ShardInfo, shard_name
+from readers.manifest import FileInfo, ShardInfo, sample_key, shard_name
 
 from .errors import PackError, RejectedFile
 from .fsutil import atomic_write_text, free_bytes, publish, sha256_file, sync_and_hash
@@ -44,6 +44,7 @@ class ShardResult:
     label_counts: dict[str, int]
     source_bytes: int
     sidecars: list[dict[str, Any]] = field(default_factory=list)
+    extensions: list[str] = field(default_factory=list)  # the samples' (`Sample.extension`), sorted
 
     def info(self) -> ShardInfo:
         return ShardInfo(
@@ -117,6 +118,7 @@ def run_shard(out: Path, plan: Plan, shard: int, *, threads: int = READ_THREADS,
     rejects: list[dict[str, str]] = []
     label_counts: dict[str, int] = {}
     sidecars: list[dict[str, Any]] = []
+    extensions: set[str] = set()
     count = source_bytes = 0
     final = out / name
     try:
@@ -128,11 +130,12 @@ def run_shard(out: Path, plan: Plan, shard: int, *, threads: int = READ_THREADS,
                     check_rejects(out, plan, rejects, policy)
                 else:
                     encoded, fields = loaded
-                    writer.add(Sample(local_index=count, label=entry.label, path=entry.path,
+                    writer.add(Sample(key=sample_key(shard, count), label=entry.label, path=entry.path,
                                       payload=encoded.payload, meta=encoded.meta, extension=encoded.extension,
                                       crc32=encoded.crc32, fields=fields))
                     count += 1
                     label_counts[str(entry.label)] = label_counts.get(str(entry.label), 0) + 1
+                    extensions.add(encoded.extension)
                     source_bytes += entry.size
                 if progress:
                     progress(1)
@@ -145,7 +148,7 @@ def run_shard(out: Path, plan: Plan, shard: int, *, threads: int = READ_THREADS,
         publish(tmp, final)
         result = ShardResult(name=name, num_samples=count, bytes=final.stat().st_size, sha256=digest,
                              fingerprint=plan.fingerprint, rejects=rejects, label_counts=label_counts,
-                             source_bytes=source_bytes, sidecars=sidecars)
+                             source_bytes=source_bytes, sidecars=sidecars, extensions=sorted(extensions))
         marker = marker_path(out, name)
         marker.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(marker, json.dumps(asdict(result)) + "\n")

@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from readers.manifest import ON_ERROR_MODES
+
 from .encode import sniff_codec
 from .errors import PackError, RejectedFile
 
 VALIDATE_MODES = ("quick", "full")
-ON_ERROR_MODES = ("skip", "fail")
 # Above Pillow's own warning limit (~89M pixels: 9500x9500), below its hard limit (~179M).
 DEFAULT_MAX_PIXELS = 100_000_000
 # Cameras and some encoders pad files after the end marker with zeros or whitespace.

@@ -7,38 +7,50 @@ from typing import Callable
 
 from readers.base import PackedDataset
 from readers.datasets import open_dataset
-from readers.manifest import DatasetError, load_manifest
+from readers.manifest import DatasetError, FileInfo, load_manifest
 
 from .fsutil import sha256_file
 
 
-def verify(out: Path, *, full: bool = False, progress: Callable[[int], None] | None = None) -> list[str]:
-    """Problems found, one line each naming the shard (and sample where it can); empty if sound.
+def file_problem(out: Path, info: FileInfo) -> str | None:
+    """One line naming `info`'s file if it is missing or differs in size or sha256 from the manifest."""
+    path = out / info.name
+    if not path.is_file():
+        return f"{path}: missing"
+    size = path.stat().st_size
+    if size != info.bytes:
+        return f"{path}: {size} bytes, the manifest says {info.bytes}"
+    if sha256_file(path) != info.sha256:
+        return f"{path}: sha256 does not match the manifest (the file is damaged)"
+    return None
 
-    Checks every shard's presence, size, sha256 and sample count. A shard whose hash is wrong is
-    read sample by sample to name the damaged ones (each record carries a CRC-32). `full` also
-    decodes every sample of every shard and parses each of its fields against index.json's types.
+
+def verify(out: Path, *, full: bool = False, progress: Callable[[int], None] | None = None) -> list[str]:
+    """Problems found, one line each naming the file (and sample where it can); empty if sound.
+
+    Checks every file index.json names (shards, their sidecars, the loader descriptors) for
+    presence, size and sha256, each damaged file once, and every shard's sample count. A shard
+    whose hash is wrong is read sample by sample to name the damaged ones (each record carries a
+    CRC-32); `full` also decodes every sample of every shard and parses each of its fields against
+    index.json's types. Samples are only read through sidecars that are intact: a broken index
+    would otherwise repeat one line per sample.
     """
     manifest = load_manifest(out)
     # Every stored field too: reading one parses it, so a damaged or missing value is named.
     dataset = open_dataset(out, decode="pil" if full else "bytes",
                            fields=("image", *(spec.name for spec in manifest.fields)))
-    problems: list[str] = []
+    problems = [problem for info in manifest.descriptors if (problem := file_problem(out, info))]
     start = 0
     try:
         for shard, info in enumerate(manifest.shards):
             samples = range(start, start + info.num_samples)
             start += info.num_samples
             path = out / info.name
+            shard_problem = file_problem(out, FileInfo(info.name, info.bytes, info.sha256))
+            sidecar_problems = [problem for sidecar in info.sidecars if (problem := file_problem(out, sidecar))]
+            problems += [problem for problem in (shard_problem, *sidecar_problems) if problem]
             if not path.is_file():
-                problems.append(f"{path}: missing")
                 continue
-            size = path.stat().st_size
-            intact = size == info.bytes and sha256_file(path) == info.sha256
-            if size != info.bytes:
-                problems.append(f"{path}: {size} bytes, the manifest says {info.bytes}")
-            elif not intact:
-                problems.append(f"{path}: sha256 does not match the manifest (the file is damaged)")
             try:
                 stored = dataset.stored_samples(shard)
             except Exception as exc:  # noqa: BLE001 - a damaged file may fail to open at all
@@ -46,7 +58,7 @@ def verify(out: Path, *, full: bool = False, progress: Callable[[int], None] | N
                 continue
             if stored != info.num_samples:
                 problems.append(f"{path}: holds {stored} samples, the manifest says {info.num_samples}")
-            if full or not intact:
+            if (full or shard_problem) and not sidecar_problems:
                 problems += damaged_samples(dataset, samples)
             if progress:
                 progress(info.num_samples)

@@ -10,14 +10,15 @@ from typing import Any, Callable, ClassVar, Iterator, Sequence
 import numpy as np
 from torch.utils.data import Dataset
 
+from .cache import Lease
 from .decode import get_decoder
 from .fields import BUILTIN_FIELDS, FieldSpec
-from .manifest import DatasetError, Manifest, load_manifest, payload_crc32
+from .manifest import ON_ERROR_MODES, DatasetError, Manifest, load_manifest, payload_crc32
+from .remote import LocalFiles, ShardFiles
 
 Fields = dict[str, Any]  # a sample's stored fields, by name: the values of `PackedDataset.wanted`
-ON_ERROR_MODES = ("skip", "fail")
-"""What a damaged sample does: "fail" raises DatasetError, "skip" reads the next sample instead;
-the words of the packer's `--on-error`."""
+Record = tuple[dict[str, Any], memoryview, Fields]
+"""A stored sample before decoding: its meta, a view of its payload and its wanted fields' values."""
 
 
 class PackedDataset(Dataset):
@@ -26,7 +27,9 @@ class PackedDataset(Dataset):
     Subclasses implement `_read(shard, local_index) -> (meta, payload, fields)`, `fields` holding
     the values of the stored fields in `wanted` (None for an absent one). Handles to shard files
     are opened lazily, per process, so a dataset can be pickled to spawn workers or inherited
-    through fork; `__getstate__` drops whatever the parent opened.
+    through fork; `__getstate__` drops whatever the parent opened. `files` says where the shard
+    files are (a local directory, or a URL through the cache); an open handle holds a lease on
+    its files, so a shared cache never evicts them while they are open.
     """
 
     format: ClassVar[str] = ""
@@ -36,6 +39,7 @@ class PackedDataset(Dataset):
         root: str | os.PathLike[str],
         *,
         manifest: Manifest | None = None,
+        files: ShardFiles | None = None,
         decode: str = "pil",
         fields: Sequence[str] = ("image", "label"),
         transform: Callable[[Any], Any] | None = None,
@@ -43,7 +47,8 @@ class PackedDataset(Dataset):
         on_error: str = "fail",
         decode_size: tuple[int, int] | None = None,
     ) -> None:
-        self.root = Path(root)
+        self.files = files if files is not None else LocalFiles(root)
+        self.root = self.files.root
         self.manifest = manifest if manifest is not None else load_manifest(self.root)
         self.decode = decode
         self.decode_size = decode_size
@@ -71,6 +76,7 @@ class PackedDataset(Dataset):
         self._offsets = np.concatenate(([0], np.cumsum(counts)))
         self._pid = os.getpid()
         self._handles: dict[int, Any] = {}
+        self._leases: dict[int, list[Lease]] = {}
 
     @property
     def classes(self) -> list[str]:
@@ -84,7 +90,8 @@ class PackedDataset(Dataset):
         return int(self._offsets[-1])
 
     def shard_path(self, shard: int) -> Path:
-        return self.root / self.manifest.shards[shard].name
+        """The shard's local file (in the cache for a URL: there while a lease on it is held)."""
+        return self.files.path(self.manifest.shards[shard])
 
     def locate(self, index: int) -> tuple[int, int]:
         """Global sample index (0 <= index < len) -> (shard number, index inside that shard)."""
@@ -95,11 +102,46 @@ class PackedDataset(Dataset):
         """The open handle for a shard in this process, opened on first use."""
         if self._pid != os.getpid():
             self._handles = {}
+            self._leases = {}
             self._pid = os.getpid()
         handle = self._handles.get(shard)
         if handle is None:
-            handle = self._handles[shard] = self._open(shard)
+            self._leases[shard] = self._lease(shard)
+            try:
+                handle = self._handles[shard] = self._open(shard)
+            except BaseException:
+                self.close_shard(shard)
+                raise
         return handle
+
+    def _lease(self, shard: int) -> list[Lease]:
+        """Leases on the shard's file and sidecars; when the cache is full, this process's own
+        oldest open shards are closed first."""
+        info = self.manifest.shards[shard]
+        leases: list[Lease] = []
+        try:
+            for file in (info, *info.sidecars):
+                leases.append(self.files.lease(file, make_room=lambda: self._close_oldest(keep=shard)))
+        except BaseException:
+            for lease in leases:
+                lease.release()
+            raise
+        return leases
+
+    def _close_oldest(self, keep: int) -> bool:
+        for shard in self._handles:
+            if shard != keep:
+                self.close_shard(shard)
+                return True
+        return False
+
+    def close_shard(self, shard: int) -> None:
+        """Close one shard's handle in this process and release its leases."""
+        handle = self._handles.pop(shard, None)
+        if handle is not None:
+            self._close(handle)
+        for lease in self._leases.pop(shard, ()):
+            lease.release()
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
         for index in range(len(self)):
@@ -131,7 +173,8 @@ class PackedDataset(Dataset):
         meta, payload, _ = self._checked_read(index)
         return meta, payload
 
-    def _checked_read(self, index: int) -> tuple[dict[str, Any], memoryview, Fields]:
+    def _checked_read(self, index: int) -> Record:
+        """The sample's record (meta, payload and wanted fields), the payload checked against its CRC-32."""
         shard, local = self.locate(index)
         try:
             meta, payload, fields = self._read(shard, local)
@@ -150,7 +193,21 @@ class PackedDataset(Dataset):
 
     def load(self, index: int) -> tuple[Any, ...]:
         """Read, check and decode one sample; any damage is a DatasetError naming shard and sample."""
-        meta, payload, fields = self._checked_read(index)
+        return self.decode_sample(index, *self._checked_read(index))
+
+    def read_records(self, shard: int, start: int, stop: int) -> Iterator[tuple[int, Record | DatasetError]]:
+        """Samples `start`..`stop`-1 of one shard, front to back, as checked records (for streaming);
+        a damaged one comes as its DatasetError, so the caller decides what `on_error` says."""
+        first = int(self._offsets[shard])
+        for local in range(start, stop):
+            try:
+                yield local, self._checked_read(first + local)
+            except DatasetError as exc:
+                yield local, exc
+
+    def decode_sample(self, index: int, meta: dict[str, Any], payload: memoryview,
+                      fields: Fields) -> tuple[Any, ...]:
+        """The sample's fields from its record; bytes that do not decode are a DatasetError."""
         try:
             return self._sample(index, meta, payload, fields)
         except (OSError, ValueError, SyntaxError) as exc:  # what Pillow and numpy raise on bad bytes
@@ -175,13 +232,13 @@ class PackedDataset(Dataset):
         return tuple(out)
 
     def close(self) -> None:
-        for handle in self._handles.values():
-            self._close(handle)
-        self._handles = {}
+        for shard in list(self._handles):
+            self.close_shard(shard)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_handles"] = {}
+        state["_leases"] = {}
         return state
 
     def __repr__(self) -> str:
@@ -198,7 +255,7 @@ class PackedDataset(Dataset):
     def _close(self, handle: Any) -> None:
         raise NotImplementedError
 
-    def _read(self, shard: int, local: int) -> tuple[dict[str, Any], memoryview, Fields]:
+    def _read(self, shard: int, local: int) -> Record:
         raise NotImplementedError
 
     def stored_samples(self, shard: int) -> int:

@@ -7,7 +7,8 @@ from typing import Any, Callable, Sequence
 
 from .base import PackedDataset
 from .formats import ALIASES, FORMATS, Registry
-from .manifest import DatasetError, load_manifest
+from .manifest import DatasetError
+from .remote import open_files
 
 # Loaded on first use: opening an LMDB dataset never imports h5py.
 DATASETS: Registry[type[PackedDataset]] = Registry({name: spec.dataset for name, spec in FORMATS.items()}, ALIASES)
@@ -22,8 +23,18 @@ def open_dataset(
     target_transform: Callable[[Any], Any] | None = None,
     on_error: str = "fail",
     decode_size: tuple[int, int] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_limit: int | str | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> PackedDataset:
-    """Open a packed dataset directory; the format is read from its `index.json`.
+    """Open a packed dataset, a directory or any fsspec URL; the format is read from its `index.json`.
+
+    A URL (`s3://`, `gs://`, `https://`, ...; `file://` and plain paths are read in place) is
+    read through a local cache: `index.json` first, then each shard downloaded whole when first
+    needed and checked against the manifest's sha256. `cache_dir` defaults to $PACK_CACHE_DIR,
+    else a folder per dataset under ~/.cache/pack; `cache_limit` (bytes or "200GB"; None: no
+    limit) caps it, evicting the least recently used shards no reader holds. `storage_options`
+    go to fsspec (endpoint, credentials, anon=True), as do fsspec's config and the environment.
 
     `on_error="fail"` raises `DatasetError` on a damaged sample; `"skip"` stands the next readable
     sample in for it and counts it in `dataset.skipped` (per process). The words are those of
@@ -32,7 +43,7 @@ def open_dataset(
     `decode_size=(H, W)` decodes images straight to about that size (JPEG DCT scaling, a
     power-of-two reduction) when the training transform resizes or crops small anyway.
     """
-    manifest = load_manifest(path)
+    files, manifest = open_files(path, cache_dir=cache_dir, cache_limit=cache_limit, storage_options=storage_options)
     try:
         cls = DATASETS[manifest.format]
     except KeyError:
@@ -40,6 +51,7 @@ def open_dataset(
     return cls(
         path,
         manifest=manifest,
+        files=files,
         decode=decode,
         fields=fields,
         transform=transform,

@@ -18,7 +18,7 @@ FIELD_TYPES = ("str", "int", "float", "bool", "array", "json")
 ARRAY_DTYPES = ("int64", "float64", "bool")
 # Names a field cannot take: the built-in fields, what the wds layout uses for the image, label
 # and record members (image extensions, `cls`, `pack`).
-RESERVED_NAMES = frozenset({*BUILTIN_FIELDS, "cls", "pack", "jpg", "png", "gif", "bmp", "tif", "webp", "ppm", "raw"})
+RESERVED_NAMES = frozenset({*BUILTIN_FIELDS, "cls", "pack", "jpg", "png", "gif", "bmp", "tif", "webp", "ppm", "raw", "npy"})
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_]{0,63}")
 
 

@@ -15,18 +15,20 @@ from typing import Any, Sequence
 import h5py
 import numpy as np
 
-from .base import Fields, PackedDataset
+from .base import PackedDataset, Record
 from .fields import FieldSpec, from_json
 from .layouts.hdf5 import (
     LAYOUT_FIXED,
     LAYOUT_FLAT,
-    RAW_INDEX_SUFFIX,
-    RAW_SUFFIX,
+    RAW_PATHS_ATTRIBUTE,
     STORAGE_NUMERIC,
     STORAGE_TEXT,
+    V1_RAW_INDEX_SUFFIX,
+    V1_RAW_SUFFIX,
     field_dataset,
     field_storage,
     parse_raw_name,
+    parse_raw_names,
 )
 from .manifest import DatasetError
 
@@ -76,10 +78,12 @@ class HDF5Shard:
     fields: dict[str, FieldReader]
 
 
-def read_raw_strings(file: h5py.File, name: str) -> dict[int, str]:
-    """Position -> exact `os.fsdecode` string for the entries of `name` that are not UTF-8."""
-    positions = file[name + RAW_INDEX_SUFFIX][:]
-    raw = file[name + RAW_SUFFIX][:]
+def read_raw_paths(file: h5py.File) -> dict[int, str]:
+    """Position -> exact `os.fsdecode` path for the samples whose path is not UTF-8."""
+    if RAW_PATHS_ATTRIBUTE in file.attrs:
+        return parse_raw_names(file.attrs[RAW_PATHS_ATTRIBUTE])
+    positions = file["paths" + V1_RAW_INDEX_SUFFIX][:]  # format version 1: two datasets
+    raw = file["paths" + V1_RAW_SUFFIX][:]
     return {int(i): parse_raw_name(value.tobytes()) for i, value in zip(positions, raw)}
 
 
@@ -102,7 +106,7 @@ def open_shard(path: str, num_samples: int, fields: Sequence[FieldSpec] = ()) ->
             codecs=file["formats"][:],
             crcs=file["crc32"][:],
             paths=file["paths"].asstr(),
-            raw_paths=read_raw_strings(file, "paths"),
+            raw_paths=read_raw_paths(file),
             shapes=file["shapes"][:] if "shapes" in file else None,
             mode=None if mode is None else str(mode),
             fields={spec.name: FieldReader(file, spec) for spec in fields},
@@ -141,7 +145,7 @@ class HDF5Dataset(PackedDataset):
     def _close(self, handle: Any) -> None:
         handle.file.close()
 
-    def _read(self, shard: int, local: int) -> tuple[dict[str, Any], memoryview, Fields]:
+    def _read(self, shard: int, local: int) -> Record:
         handle: HDF5Shard = self.handle(shard)
         meta: dict[str, Any] = {"label": int(handle.labels[local]), "format": handle.codecs[local].decode("ascii"),
                                 "crc32": int(handle.crcs[local])}

@@ -7,10 +7,10 @@ from typing import Any
 
 import lmdb
 
-from .base import Fields, PackedDataset
+from .base import PackedDataset, Record
 from .fields import parse_value
-from .layouts.lmdb import field_key, is_record_key, parse_record, sample_key
-from .manifest import DatasetError
+from .layouts.lmdb import field_key, is_record_key, parse_record
+from .manifest import DatasetError, sample_key
 
 # A page fault in a mapping with readahead reads ~128 KiB around it. Records that big (JPEG
 # photos) then cost one or two reads instead of a fault per 4 KiB page: about 3x faster cold
@@ -67,18 +67,19 @@ class LMDBDataset(PackedDataset):
             del _ENVIRONMENTS[path]
         handle.close()
 
-    def _read(self, shard: int, local: int) -> tuple[dict[str, Any], memoryview, Fields]:
+    def _read(self, shard: int, local: int) -> Record:
         env = self.handle(shard)
         with env.begin() as txn:
-            value = txn.get(sample_key(local))
-            stored = [txn.get(field_key(local, spec.name)) for spec in self.wanted]
+            key = sample_key(shard, local, self.manifest.version)
+            value = txn.get(key.encode("ascii"))
+            stored = [txn.get(field_key(key, spec.name)) for spec in self.wanted]
         if value is None:
             raise DatasetError(f"{self.shard_path(shard)}: sample {local} is missing")
         try:
             meta, payload = parse_record(value)
         except ValueError as exc:
             raise DatasetError(f"{self.shard_path(shard)}: sample {local} is damaged ({exc})") from None
-        fields: Fields = {}
+        fields: dict[str, Any] = {}
         for spec, data in zip(self.wanted, stored):
             if data is None and not spec.optional:
                 raise DatasetError(f"{self.shard_path(shard)}: sample {local} is damaged (no {spec.name!r} field)")

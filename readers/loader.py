@@ -1,26 +1,27 @@
-"""The map-style training loader: a batch sampler over `readers.order`, DDP-equal ranks, mid-epoch resume.
+"""The training loader: DDP-equal ranks, epochs and mid-epoch resume, over `readers.order`.
 
-The sampler computes each epoch's order in the main process (`readers.order`). DataLoader
+Map-style (the default): the sampler computes each epoch's order in the main process. DataLoader
 workers receive index batches and never hold the order, so their memory does not grow with the
-dataset and the order cannot depend on them.
+dataset and the order cannot depend on them. `streaming=True` reads whole shards front to back
+instead (`readers.streaming`), for datasets behind a URL or on slow disks.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import warnings
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Sampler, default_collate
+from torch.utils.data import DataLoader, Sampler
+from torch.utils.data._utils.collate import default_collate
 
 from .base import PackedDataset
 from .cpus import THREAD_VARIABLES, default_num_workers
-from .order import (DEFAULT_SHUFFLE_WINDOW, LoaderMode, check_split_args, epoch_order, real_share_size, share_size,
-                    split_for_rank)
+from .order import DEFAULT_SHUFFLE_WINDOW, LoaderMode, RankSplit, epoch_order, split_for_rank
+from .streaming import DEFAULT_PREFETCH_SHARDS, DEFAULT_SHUFFLE_BUFFER, ShardStream, distributed
 
 log = logging.getLogger(__name__)
 
@@ -30,12 +31,14 @@ _STATE_KEYS = ("seed", "world_size", "batch_size", "num_samples", "shuffle", "sh
                "drop_last", "mode")
 
 
-class ShardWindowBatchSampler(Sampler[list[int]]):
+class ShardWindowBatchSampler(Sampler[list[int]], RankSplit):
     """Batches of sample indices for one rank: windowed shard shuffle, equal share per rank.
 
     `start_batch` skips the batches an interrupted run already consumed (mid-epoch resume).
     `len()` is the number of batches the next iteration yields (full epoch less `start_batch`).
     """
+
+    state_keys = _STATE_KEYS
 
     def __init__(
         self,
@@ -50,25 +53,11 @@ class ShardWindowBatchSampler(Sampler[list[int]]):
         drop_last: bool = False,
         mode: LoaderMode = "train",
     ) -> None:
-        self.shard_sizes = np.asarray(shard_sizes, dtype=np.int64)
-        self.num_samples = int(self.shard_sizes.sum())
-        check_split_args(self.num_samples, batch_size=batch_size, rank=rank, world_size=world_size, seed=seed,
-                         shuffle_window=shuffle_window, mode=mode)
-        self.batch_size = batch_size
-        self.rank = rank
-        self.world_size = world_size
-        self.seed = seed
-        self.shuffle = shuffle
+        RankSplit.__init__(self, shard_sizes, batch_size, rank=rank, world_size=world_size, seed=seed, shuffle=shuffle,
+                           drop_last=drop_last, mode=mode, shuffle_window=shuffle_window)
         self.shuffle_window = shuffle_window
-        self.drop_last = drop_last
-        self.mode: LoaderMode = mode
         self.epoch = 0
         self.start_batch = 0
-        self.samples_per_rank = share_size(self.num_samples, world_size=world_size, batch_size=batch_size,
-                                           drop_last=drop_last, mode=mode)
-        self.num_real = real_share_size(self.num_samples, rank=rank, world_size=world_size, batch_size=batch_size,
-                                        drop_last=drop_last, mode=mode)
-        self.num_batches = math.ceil(self.samples_per_rank / batch_size)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -134,13 +123,17 @@ class PackedLoader:
     `len()` is the number of batches per rank in a full epoch, the same on every rank.
     """
 
-    def __init__(self, dataset: PackedDataset, sampler: ShardWindowBatchSampler, **dataloader_args: Any) -> None:
+    def __init__(self, dataset: PackedDataset, sampler: ShardWindowBatchSampler | ShardStream,
+                 **dataloader_args: Any) -> None:
         self.dataset = dataset
         self.sampler = sampler
         self._generator = torch.Generator()
-        self.dataloader = DataLoader(dataset, batch_sampler=sampler, generator=self._generator, **dataloader_args)
+        self.dataloader = self._dataloader(dataloader_args)
         self._consumed = 0
         self._resume: int | None = None
+
+    def _dataloader(self, args: dict[str, Any]) -> DataLoader:
+        return DataLoader(self.dataset, batch_sampler=self.sampler, generator=self._generator, **args)
 
     @property
     def batch_size(self) -> int:
@@ -188,38 +181,32 @@ class PackedLoader:
         self._consumed = start
         self.sampler.start_batch = start
         self._generator.manual_seed(_worker_seed(self.sampler.seed, self.rank, self.epoch))
-        real = self.sampler.num_real
         for batch in self.dataloader:
             number = self._consumed
             self._consumed += 1
-            if self.sampler.mode == "eval":
-                first = number * self.batch_size
-                size = min(self.batch_size, self.sampler.samples_per_rank - first)
-                yield batch, torch.arange(first, first + size) < real
-            else:
-                yield batch
+            yield self._with_mask(batch, number)
+
+    def _with_mask(self, batch: Any, number: int) -> Any:
+        if self.sampler.mode != "eval":
+            return batch
+        first = number * self.batch_size
+        size = min(self.batch_size, self.sampler.samples_per_rank - first)
+        return batch, torch.arange(first, first + size) < self.sampler.num_real
 
     def state_dict(self) -> dict[str, Any]:
         """Where this epoch stands: the same on every rank, so rank 0 alone may save it."""
-        sampler = self.sampler
         return {
             "version": STATE_VERSION,
-            "epoch": sampler.epoch,
+            "epoch": self.sampler.epoch,
             "batches": self._resume if self._resume is not None else self._consumed,
-            "seed": sampler.seed,
-            "world_size": sampler.world_size,
-            "batch_size": sampler.batch_size,
-            "num_samples": sampler.num_samples,
-            "shuffle": sampler.shuffle,
-            "shuffle_window": sampler.shuffle_window,
-            "drop_last": sampler.drop_last,
-            "mode": sampler.mode,
+            **{key: getattr(self.sampler, key) for key in self.sampler.state_keys},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make the next iteration yield exactly the batches of `state`'s epoch not yet consumed."""
         mine = self.state_dict()
-        changed = [f"{key} {state.get(key)!r} (now {mine[key]!r})" for key in _STATE_KEYS if state.get(key) != mine[key]]
+        changed = [f"{key} {state.get(key)!r} (now {mine[key]!r})" for key in self.sampler.state_keys
+                   if state.get(key) != mine[key]]
         if changed:
             raise ValueError("loader state was saved with a different setup, cannot resume exactly: " + ", ".join(changed))
         batches = int(state["batches"])
@@ -231,14 +218,21 @@ class PackedLoader:
 
     def __repr__(self) -> str:
         s = self.sampler
-        return (f"PackedLoader({self.dataset!r}, batch_size={s.batch_size}, rank={s.rank}/{s.world_size}, "
+        return (f"{type(self).__name__}({self.dataset!r}, batch_size={s.batch_size}, rank={s.rank}/{s.world_size}, "
                 f"epoch={s.epoch}, batches={len(self)}, workers={self.num_workers}, mode={s.mode!r})")
 
 
-def _distributed() -> tuple[int, int]:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return 0, 1
+class StreamingLoader(PackedLoader):
+    """`make_loader(..., streaming=True)`: the same epochs, equal ranks and resume as PackedLoader,
+    read shard by shard by each worker (`ShardStream`), which also builds batches and eval masks."""
+
+    sampler: ShardStream
+
+    def _dataloader(self, args: dict[str, Any]) -> DataLoader:
+        return DataLoader(self.sampler, batch_size=None, generator=self._generator, **args)
+
+    def _with_mask(self, batch: Any, number: int) -> Any:
+        return batch
 
 
 def make_loader(
@@ -260,6 +254,9 @@ def make_loader(
     worker_init_fn: Callable[[int], None] | None = None,
     multiprocessing_context: Any = None,
     timeout: float = 0,
+    streaming: bool = False,
+    shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER,
+    prefetch_shards: int = DEFAULT_PREFETCH_SHARDS,
 ) -> PackedLoader:
     """A loader for a dataset from `open_dataset`, ready for single-process or DDP training.
 
@@ -274,23 +271,33 @@ def make_loader(
       torch's prefetch_factor when there are workers, one thread per worker.
     - Batches are lists with one entry per field: tensors for images, labels, indexes and numeric
       fields of one shape, lists for paths, text, JSON values and optional fields (`SampleCollate`).
+    - `streaming=True`: each worker reads whole shards front to back (shards shuffled per epoch,
+      samples mixed in a buffer of `shuffle_buffer`), downloading the next `prefetch_shards`
+      shards in the background; the same batch counts, padding, eval masks and resume, with an
+      order that also depends on `num_workers`. `shuffle_window` does not apply.
     """
     if not isinstance(dataset, PackedDataset):
         raise TypeError(f"make_loader needs a dataset from readers.open_dataset, not {type(dataset).__name__}")
-    if (rank is None) != (world_size is None):
-        raise ValueError("pass both rank and world_size, or neither (then torch.distributed decides)")
-    if rank is None or world_size is None:
-        rank, world_size = _distributed()
+    rank, world_size = distributed(rank, world_size)
     if shuffle is None:
         shuffle = mode == "train"
-    shard_sizes = np.array([shard.num_samples for shard in dataset.manifest.shards], dtype=np.int64)
-    sampler = ShardWindowBatchSampler(
-        shard_sizes, batch_size, rank=rank, world_size=world_size, seed=seed, shuffle=shuffle,
-        shuffle_window=shuffle_window, drop_last=drop_last and mode == "train", mode=mode,
-    )
     workers = default_num_workers() if num_workers is None else num_workers
     if workers < 0:
         raise ValueError(f"num_workers must be >= 0, not {workers}")
+    shard_sizes = np.array([shard.num_samples for shard in dataset.manifest.shards], dtype=np.int64)
+    collate = collate_fn or SampleCollate(dataset)
+    sampler: ShardWindowBatchSampler | ShardStream
+    if streaming:
+        sampler = ShardStream(
+            dataset, batch_size=batch_size, collate_fn=collate, seed=seed, shuffle=shuffle,
+            shuffle_buffer=shuffle_buffer, rank=rank, world_size=world_size,
+            drop_last=drop_last and mode == "train", mode=mode, num_workers=workers, prefetch_shards=prefetch_shards,
+        )
+    else:
+        sampler = ShardWindowBatchSampler(
+            shard_sizes, batch_size, rank=rank, world_size=world_size, seed=seed, shuffle=shuffle,
+            shuffle_window=shuffle_window, drop_last=drop_last and mode == "train", mode=mode,
+        )
     if sampler.num_batches == 0:
         warnings.warn(f"{dataset.root}: {len(dataset)} samples fill no batch of {batch_size} on each of "
                       f"{world_size} ranks with drop_last=True: the loader yields nothing", stacklevel=2)
@@ -302,7 +309,7 @@ def make_loader(
         )
     args: dict[str, Any] = {
         "num_workers": workers,
-        "collate_fn": collate_fn or SampleCollate(dataset),
+        "collate_fn": None if streaming else collate,  # streaming workers collate themselves
         "pin_memory": torch.cuda.is_available() if pin_memory is None else pin_memory,
         "worker_init_fn": _WorkerInit(worker_init_fn),
         "timeout": timeout,
@@ -311,6 +318,6 @@ def make_loader(
         args["persistent_workers"] = True if persistent_workers is None else persistent_workers
         args["prefetch_factor"] = prefetch_factor
         args["multiprocessing_context"] = multiprocessing_context
-    log.info("loader: rank %d/%d, %d workers, %d batches of %d per rank", rank, world_size, workers,
-             sampler.num_batches, batch_size)
-    return PackedLoader(dataset, sampler, **args)
+    log.info("loader: rank %d/%d, %d workers, %d batches of %d per rank%s", rank, world_size, workers,
+             sampler.num_batches, batch_size, ", streaming" if streaming else "")
+    return (StreamingLoader if streaming else PackedLoader)(dataset, sampler, **args)

@@ -18,7 +18,9 @@ from zlib_ng import zlib_ng
 
 from .fields import FieldSpec
 
-FORMAT_VERSION = 2  # 2: per-sample fields (`fields`); the wds record meta moved to `<key>.pack.json`
+# 2: keys shard_row, per-sample fields (`fields`), wds record meta in `<key>.pack.json`, `.npy` raw
+# members, `.packidx` + DALI `.idx`, HDF5 names in attributes, loader descriptors (docs/FORMAT.md).
+FORMAT_VERSION = 2
 MANIFEST_NAME = "index.json"
 REJECTS_NAME = "rejects.jsonl"
 SHARD_PREFIX = "shard-"
@@ -27,6 +29,10 @@ SHARD_PATTERN = SHARD_PREFIX + "{:06d}{}"
 # What a reader can hand back per image (readers.decode implements each); here so that the packer's
 # CLI can offer the choice without importing numpy and Pillow.
 DECODE_MODES = ("pil", "numpy", "tensor", "bytes")
+ON_ERROR_MODES = ("skip", "fail")
+"""What a bad input does, in both halves: `pack --on-error` for a bad file, a reader's `on_error`
+for a damaged sample. "skip" goes on without it (rejects.jsonl / the next readable sample),
+"fail" stops with an error naming it."""
 
 
 class DatasetError(Exception):
@@ -35,7 +41,7 @@ class DatasetError(Exception):
 
 @dataclass(frozen=True)
 class FileInfo:
-    """A file published beside a shard that readers need too (a tar shard's offset index)."""
+    """A file index.json names beside the shards: a shard's sidecar, or a loader descriptor."""
 
     name: str
     bytes: int
@@ -66,6 +72,8 @@ class Manifest:
     source_bytes: int | None = None
     # Per-sample fields beyond image, label and path (version 2; none in version 1).
     fields: list[FieldSpec] = field(default_factory=list)
+    # Files written for other loaders (timm, wids, Hugging Face) beside index.json; FORMAT.md.
+    descriptors: list[FileInfo] = field(default_factory=list)
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -98,11 +106,21 @@ class Manifest:
             version=int(data["version"]),
             source_bytes=None if data.get("source_bytes") is None else int(data["source_bytes"]),
             fields=[FieldSpec.from_dict(spec) for spec in data.get("fields", ())],
+            descriptors=[FileInfo(**descriptor) for descriptor in data.get("descriptors", ())],
         )
 
 
 def shard_name(index: int, extension: str) -> str:
     return SHARD_PATTERN.format(index, extension)
+
+
+def sample_key(shard: int, row: int, version: int = FORMAT_VERSION) -> str:
+    """A sample's key where a format shows one (LMDB keys, tar member names): the shard number and
+    the row inside it, zero-padded, so keys are unique across the dataset, stable across reruns
+    and sorted in sample order (LMDB appends). Version 1 used the row alone, repeated per shard."""
+    if version == 1:
+        return "%010d" % row
+    return "%06d_%010d" % (shard, row)
 
 
 def load_manifest(root: str | os.PathLike[str]) -> Manifest:
@@ -111,10 +129,19 @@ def load_manifest(root: str | os.PathLike[str]) -> Manifest:
     if not Path(root).is_dir():
         raise DatasetError(f"{root}: not a packed dataset directory")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        text = path.read_bytes()
     except FileNotFoundError:
         raise DatasetError(f"{path}: no manifest (packing unfinished, or not a packed dataset)") from None
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
+        raise DatasetError(f"{path}: unreadable manifest ({exc})") from None
+    return parse_manifest(text, path)
+
+
+def parse_manifest(text: bytes, path: str | os.PathLike[str]) -> Manifest:
+    """The manifest in `text` (index.json's bytes, read from `path`, a file or a URL), checked."""
+    try:
+        data = json.loads(text.decode("utf-8"))
+    except ValueError as exc:
         raise DatasetError(f"{path}: unreadable manifest ({exc})") from None
     try:
         manifest = Manifest.from_dict(data)

@@ -4,8 +4,8 @@ The order of an epoch is computed from the manifest's shard sizes alone: shuffle
 cut the shuffled shard list into windows of `shuffle_window` consecutive shards, shuffle the
 samples inside each window. The result is a permutation of every index that depends only on
 (seed, epoch); ranks then take equal contiguous slices of it, so the split depends only on the
-world size. Any loader (the map-style one in `readers.loader`, or one that streams shard by
-shard and reads `shard_order`) gets the same order and the same equal-share rule from here.
+world size. Any loader (the map-style one in `readers.loader`, or `readers.streaming`, which
+reads whole shards in `stream_order`) gets its order and the same equal-share rule from here.
 """
 
 from __future__ import annotations
@@ -57,6 +57,14 @@ def shard_order(num_shards: int, *, seed: int, epoch: int, shuffle: bool = True)
     if not shuffle:
         return np.arange(num_shards, dtype=np.int64)
     return _epoch_rng(seed, epoch).permutation(num_shards)
+
+
+def stream_order(shard_sizes: Sequence[int] | np.ndarray, *, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
+    """All sample indices as a streaming loader reads them: whole shards front to back, in `shard_order`."""
+    sizes = np.asarray(shard_sizes, dtype=np.int64)
+    offsets = np.concatenate(([0], np.cumsum(sizes)))[:-1]
+    shards = shard_order(len(sizes), seed=seed, epoch=epoch, shuffle=shuffle)
+    return concat_ranges(offsets[shards], sizes[shards])
 
 
 def epoch_order(
@@ -125,3 +133,27 @@ def split_for_rank(
     start = min(rank * per_rank, total)
     real = order[start : min(start + per_rank, total)]
     return np.concatenate((real, np.resize(order, per_rank - len(real)))), len(real)
+
+
+class RankSplit:
+    """One rank's epoch in numbers, for any loader: the checked arguments, the samples it reads
+    (`samples_per_rank`, padding included), how many are real, and its batch count."""
+
+    def __init__(self, shard_sizes: Sequence[int] | np.ndarray, batch_size: int, *, rank: int, world_size: int,
+                 seed: int, shuffle: bool, drop_last: bool, mode: LoaderMode, shuffle_window: int | None = None) -> None:
+        self.shard_sizes = np.asarray(shard_sizes, dtype=np.int64)
+        self.num_samples = int(self.shard_sizes.sum())
+        check_split_args(self.num_samples, batch_size=batch_size, rank=rank, world_size=world_size, seed=seed,
+                         shuffle_window=shuffle_window, mode=mode)
+        self.batch_size = batch_size
+        self.rank = rank
+        self.world_size = world_size
+        self.seed = seed
+        self.shuffle = shuffle
+        self.drop_last = drop_last
+        self.mode: LoaderMode = mode
+        self.samples_per_rank = share_size(self.num_samples, world_size=world_size, batch_size=batch_size,
+                                           drop_last=drop_last, mode=mode)
+        self.num_real = real_share_size(self.num_samples, rank=rank, world_size=world_size, batch_size=batch_size,
+                                        drop_last=drop_last, mode=mode)
+        self.num_batches = math.ceil(self.samples_per_rank / batch_size)

@@ -1,23 +1,22 @@
 """wds (WebDataset tar) shards: random access through each shard's offset index, or streaming.
 
-A shard `shard-NNNNNN.tar` holds three ustar members per sample, and one more per field (layout in
-readers/layouts/wds.py). Beside it, `shard-NNNNNN.idx` gives the byte offset and size of each
-sample's members, so `WdsDataset[i]` costs one `pread`. `iter(dataset)` and `dataset.stream()` read the tars front
-to back instead and need no index.
+A shard `shard-NNNNNN.tar` holds three ustar members per sample, and one more per present field
+(layout in readers/layouts/wds.py). Beside it, `shard-NNNNNN.packidx` gives the byte offset and
+size of each sample's image, meta and field data, so `WdsDataset[i]` costs one `pread`.
+`iter(dataset)`, `dataset.stream()` and `make_loader(..., streaming=True)` read the tars front to
+back instead and need no index.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Iterator
 
 import numpy as np
-from torch.utils.data import IterableDataset, get_worker_info
 
-from .base import Fields, PackedDataset
+from .base import Fields, PackedDataset, Record
 from .fields import FieldSpec, parse_value
 from .layouts.wds import (
     ABSENT,
@@ -25,20 +24,21 @@ from .layouts.wds import (
     INDEX_COLUMNS,
     INDEX_EXTENSION,
     INDEX_HEADER,
+    V1_INDEX_EXTENSION,
     LABEL_EXTENSION,
+    PIXELS_EXTENSION,
     TarError,
     field_extension,
     field_extensions,
     meta_extension,
+    npy_data,
     padding,
     parse_header,
     parse_index_header,
-    sample_key,
     split_name,
 )
-from .manifest import DatasetError
-
-log = logging.getLogger(__name__)
+from .manifest import DatasetError, FileInfo, sample_key
+from .streaming import DEFAULT_PREFETCH_SHARDS, ShardStream
 
 
 def read_index(path: str, num_samples: int, num_fields: int) -> np.ndarray:
@@ -66,11 +66,11 @@ class TarShard:
 
 
 class WdsDataset(PackedDataset):
-    """Tar shards read at random through their `.idx` files, or streamed front to back.
+    """Tar shards read at random through their `.packidx` files, or streamed front to back.
 
     `ds[i]` serves any sampler, like the LMDB and HDF5 readers. `iter(ds)` streams every shard in
-    order. `ds.stream()` is an IterableDataset for DataLoader workers: each worker streams its own
-    subset of the shards, so every sample comes out exactly once per epoch.
+    order. `ds.stream()` is an IterableDataset split over DDP ranks and DataLoader workers like
+    `make_loader(..., streaming=True)`.
     """
 
     format = "wds"
@@ -82,16 +82,18 @@ class WdsDataset(PackedDataset):
         columns = {spec.name: INDEX_COLUMNS + 2 * k for k, spec in enumerate(self.manifest.fields)}
         self._wanted_columns = [(spec, columns[spec.name], field_extension(spec)) for spec in self.wanted]
 
-    def index_path(self, shard: int) -> str:
+    def index_file(self, shard: int) -> FileInfo:
         """The shard's offset index, as listed among its sidecars in index.json."""
         info = self.manifest.shards[shard]
+        extension = INDEX_EXTENSION if self.manifest.version >= 2 else V1_INDEX_EXTENSION
         for sidecar in info.sidecars:
-            if sidecar.name.endswith(INDEX_EXTENSION):
-                return str(self.root / sidecar.name)
-        raise DatasetError(f"{self.root / 'index.json'}: no {INDEX_EXTENSION} index listed for {info.name}")
+            if sidecar.name.endswith(extension):
+                return sidecar
+        raise DatasetError(f"{self.root / 'index.json'}: no {extension} index listed for {info.name}")
 
     def _open(self, shard: int) -> TarShard:
-        index = read_index(self.index_path(shard), self.manifest.shards[shard].num_samples, len(self.manifest.fields))
+        index_path = str(self.files.path(self.index_file(shard)))
+        index = read_index(index_path, self.manifest.shards[shard].num_samples, len(self.manifest.fields))
         path = self.shard_path(shard)
         try:
             file = open(path, "rb", buffering=0)
@@ -102,13 +104,13 @@ class WdsDataset(PackedDataset):
     def _close(self, handle: Any) -> None:
         handle.file.close()
 
-    def _read(self, shard: int, local: int) -> tuple[dict[str, Any], memoryview, Fields]:
+    def _read(self, shard: int, local: int) -> Record:
         try:
-            return self._pread_sample(self.handle(shard), local)
+            return self._pread_sample(self.handle(shard), local, sample_key(shard, local, self.manifest.version))
         except TarError as exc:
             raise DatasetError(f"{self.shard_path(shard)}: sample {local}: {exc}") from None
 
-    def _pread_sample(self, handle: TarShard, local: int) -> tuple[dict[str, Any], memoryview, Fields]:
+    def _pread_sample(self, handle: TarShard, local: int, key: str) -> Record:
         """One pread from the image's header to the end of the meta (the fields lie between); the
         headers of the members used are checked against the index."""
         row = handle.index[local].tolist()
@@ -119,20 +121,19 @@ class WdsDataset(PackedDataset):
         data = memoryview(os.pread(handle.file.fileno(), json_offset + json_size - start, start))
         if len(data) != json_offset + json_size - start:
             raise TarError("tar shard is truncated")
-        key = sample_key(local)
 
-        def member(offset: int, size: int, extension: str | None) -> memoryview:
+        def member(offset: int, size: int, extension: str | None) -> tuple[memoryview, str]:
             if offset - BLOCK < start or offset + size > json_offset + json_size:
                 raise TarError("damaged tar index")
             header = parse_header(data[offset - BLOCK - start:offset - start], checksum=False)
-            if header is None or header.size != size or split_name(header.name)[0] != key or (
-                extension is not None and split_name(header.name)[1] != extension
-            ):
+            member_key, member_extension = split_name(header.name) if header else ("", "")
+            if header is None or header.size != size or member_key != key or extension not in (None, member_extension):
                 raise TarError("tar index does not match the tar members")
-            return data[offset - start:offset - start + size]
+            return data[offset - start:offset - start + size], member_extension
 
-        payload = member(image_offset, image_size, None)
-        meta = json.loads(bytes(member(json_offset, json_size, self._meta_extension)).decode("utf-8"))
+        image, image_extension = member(image_offset, image_size, None)
+        payload = image_data(image_extension, image)
+        meta = json.loads(bytes(member(json_offset, json_size, self._meta_extension)[0]).decode("utf-8"))
         fields: Fields = {}
         for spec, column, extension in self._wanted_columns:
             offset, size = row[column], row[column + 1]
@@ -141,32 +142,55 @@ class WdsDataset(PackedDataset):
                     raise TarError(f"no {spec.name!r} field")
                 fields[spec.name] = None
             else:
-                fields[spec.name] = parse_value(spec, member(offset, size, extension))
+                fields[spec.name] = parse_value(spec, member(offset, size, extension)[0])
         return meta, payload, fields
 
     def iter_shard(self, shard: int) -> Iterator[tuple[Any, ...]]:
-        """The samples of one shard, read sequentially; the `.idx` file is not used."""
-        path = self.shard_path(shard)
-        expected = self.manifest.shards[shard].num_samples
+        """The samples of one shard, read sequentially; the offset index is not used."""
         first = int(self._offsets[shard])
+        for local, record in self.read_records(shard, 0, self.manifest.shards[shard].num_samples):
+            if isinstance(record, DatasetError):
+                raise record
+            yield self.decode_sample(first + local, *record)
+
+    def read_records(self, shard: int, start: int, stop: int) -> Iterator[tuple[int, Record | DatasetError]]:
+        """The tar front to back (no `.idx`), records before `start` parsed and skipped; read to its
+        end, the sample count is checked against index.json."""
+        info = self.manifest.shards[shard]
+        expected = info.num_samples
         count = 0
-        try:
-            handle = open(path, "rb", buffering=1 << 20)
-        except OSError as exc:
-            raise DatasetError(f"{path}: cannot open tar shard ({exc.strerror or exc})") from None
-        with handle:
+        with self.files.lease(info) as path:
             try:
-                for meta, payload, fields in read_tar_samples(handle, self._meta_extension, self.manifest.fields,
-                                                               self.wanted):
-                    if count == expected:
-                        raise TarError(f"holds more samples than index.json says ({expected})")
-                    self.check(shard, count, meta, payload)
-                    yield self._sample(first + count, meta, payload, fields)
-                    count += 1
-            except TarError as exc:
-                raise DatasetError(f"{path}: {exc}") from None
+                handle = open(path, "rb", buffering=1 << 20)
+            except OSError as exc:
+                raise DatasetError(f"{path}: cannot open tar shard ({exc.strerror or exc})") from None
+            with handle:
+                try:
+                    for meta, payload, stored in read_tar_samples(handle, self._meta_extension,
+                                                                  self.manifest.fields, self.wanted):
+                        if count == expected:
+                            raise TarError(f"holds more samples than index.json says ({expected})")
+                        if count >= start:
+                            try:
+                                self.check(shard, count, meta, payload)
+                                yield count, (meta, payload, self._parse_fields(shard, count, stored))
+                            except DatasetError as exc:
+                                yield count, exc
+                        count += 1
+                        if count == stop < expected:
+                            return
+                except TarError as exc:
+                    raise DatasetError(f"{path}: {exc}") from None
         if count != expected:
             raise DatasetError(f"{path}: holds {count} samples, index.json says {expected}")
+
+    def _parse_fields(self, shard: int, local: int, stored: dict[str, bytes | None]) -> Fields:
+        """The wanted fields' values from their members' bytes; a damaged one is a DatasetError."""
+        try:
+            return {spec.name: None if stored[spec.name] is None else parse_value(spec, stored[spec.name])
+                    for spec in self.wanted}
+        except ValueError as exc:
+            raise DatasetError(f"{self.shard_path(shard)}: sample {local}: unreadable ({exc})") from None
 
     def stored_samples(self, shard: int) -> int:
         """Counted by walking the tar's headers: also proves the tar itself is well formed."""
@@ -181,17 +205,25 @@ class WdsDataset(PackedDataset):
         for shard in range(len(self.manifest.shards)):
             yield from self.iter_shard(shard)
 
-    def stream(self) -> WdsStream:
-        return WdsStream(self)
+    def stream(self, *, rank: int | None = None, world_size: int | None = None,
+               prefetch_shards: int = DEFAULT_PREFETCH_SHARDS) -> WdsStream:
+        """Every sample once, in stored order, as an IterableDataset for DataLoader workers.
+
+        Split like `make_loader(..., streaming=True)`: each DDP rank (torch.distributed's unless
+        given) streams an equal contiguous share of ceil(N / world_size) samples, the last share
+        filled up with the first samples; each worker streams a contiguous part of its rank's share.
+        """
+        return WdsStream(self, rank=rank, world_size=world_size, prefetch_shards=prefetch_shards)
 
 
 def read_tar_samples(handle: BinaryIO, meta_extension: str, fields: Sequence[FieldSpec],
-                     wanted: Sequence[FieldSpec]) -> Iterator[tuple[dict[str, Any], memoryview, Fields]]:
-    """Group a tar's members by key, front to back, and yield (meta, image bytes, fields) per sample.
+                     wanted: Sequence[FieldSpec]) -> Iterator[tuple[dict[str, Any], memoryview, dict[str, bytes | None]]]:
+    """Group a tar's members by key, front to back, and yield (meta, image bytes, the `wanted`
+    fields' member bytes, None for an absent optional one) per sample.
 
-    `fields` are all the dataset's fields (their members are not the image); only the `wanted`
-    ones are parsed. Holds one sample in memory at a time; raises TarError on anything pack would
-    not write.
+    `fields` are all the dataset's fields (their members are not the image). Holds one sample in
+    memory at a time; raises TarError on anything pack would not write (a required field missing
+    included); parsing the field bytes is the caller's, so one damaged value stays one sample's.
     """
     known = {LABEL_EXTENSION, meta_extension, *field_extensions(fields)}
     key: str | None = None
@@ -216,38 +248,30 @@ def read_tar_samples(handle: BinaryIO, meta_extension: str, fields: Sequence[Fie
 
 
 def assemble(key: str, parts: dict[str, bytes], known: set[str], meta_extension: str,
-             wanted: Sequence[FieldSpec]) -> tuple[dict[str, Any], memoryview, Fields]:
+             wanted: Sequence[FieldSpec]) -> tuple[dict[str, Any], memoryview, dict[str, bytes | None]]:
     images = [extension for extension in parts if extension not in known]
     if meta_extension not in parts or len(images) != 1:
         raise TarError(f"sample {key!r} has members {sorted(parts)}; expected one image and .{meta_extension}")
-    values: Fields = {}
+    values: dict[str, bytes | None] = {}
     for spec in wanted:
         data = parts.get(field_extension(spec))
         if data is None and not spec.optional:
             raise TarError(f"sample {key!r} has no {spec.name!r} field")
-        values[spec.name] = None if data is None else parse_value(spec, data)
-    return json.loads(parts[meta_extension].decode("utf-8")), memoryview(parts[images[0]]), values
+        values[spec.name] = data
+    meta = json.loads(parts[meta_extension].decode("utf-8"))
+    return meta, image_data(images[0], memoryview(parts[images[0]])), values
 
 
-class WdsStream(IterableDataset):
-    """Sequential reading for DataLoader workers: worker w of n streams shards w, w+n, w+2n, ...
+def image_data(extension: str, member: memoryview) -> memoryview:
+    """The payload a member holds: a `.npy` member's pixels without its header, other members whole."""
+    return npy_data(member) if extension == PIXELS_EXTENSION else member
 
-    Samples come out in shard order within each worker; shuffle through a buffer downstream if
-    needed. With more workers than shards, the extra workers yield nothing.
-    """
 
-    def __init__(self, reader: WdsDataset) -> None:
+class WdsStream(ShardStream):
+    """`WdsDataset.stream()`: samples one at a time, in stored order, split over ranks and workers."""
+
+    def __init__(self, reader: WdsDataset, *, rank: int | None = None, world_size: int | None = None,
+                 prefetch_shards: int = DEFAULT_PREFETCH_SHARDS) -> None:
+        super().__init__(reader, batch_size=1, collate_fn=None, shuffle=False, rank=rank, world_size=world_size,
+                         prefetch_shards=prefetch_shards)
         self.reader = reader
-
-    def __len__(self) -> int:
-        return len(self.reader)
-
-    def __iter__(self) -> Iterator[tuple[Any, ...]]:
-        info = get_worker_info()
-        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        shards = len(self.reader.manifest.shards)
-        if worker == 0 and workers > shards:
-            log.warning("%s: %d DataLoader workers but only %d shards; %d workers stay idle",
-                        self.reader.root, workers, shards, workers - shards)
-        for shard in range(worker, shards, workers):
-            yield from self.reader.iter_shard(shard)

@@ -1,6 +1,6 @@
 """Samples/s of pack's tar shard writer against Python's tarfile and webdataset's TarWriter.
 
-All three write the same in-memory samples (image, .cls, .json members per sample) to a file in a
+All three write the same in-memory samples (image, .cls, .pack.json members per sample) to a file in a
 temporary directory, one Python thread each; tarfile is the baseline. Source reading and encoding
 are left out: this is the writer alone.
 
@@ -24,7 +24,7 @@ import webdataset
 
 from packer.writers.base import Sample
 from packer.writers.wds import WdsWriter
-from readers.layouts.wds import sample_key
+from readers.manifest import sample_key
 
 
 def make_samples(count: int, mean_kb: float, seed: int) -> list[Sample]:
@@ -32,7 +32,7 @@ def make_samples(count: int, mean_kb: float, seed: int) -> list[Sample]:
     sizes = np.clip(rng.lognormal(np.log(mean_kb * 1000), 0.5, count), 500, None).astype(np.int64)
     blob = rng.integers(0, 256, int(sizes.max()), dtype=np.uint8).tobytes()
     return [
-        Sample(local_index=i, label=i % 1000, path=f"n{i % 1000:08d}/img_{i:08d}.JPEG",
+        Sample(key=sample_key(0, i), label=i % 1000, path=f"n{i % 1000:08d}/img_{i:08d}.JPEG",
                payload=blob[:size], meta={"format": "jpeg"}, extension="jpg", crc32=zlib.crc32(blob[:size]))
         for i, size in enumerate(sizes)
     ]
@@ -47,11 +47,11 @@ def write_pack(path: Path, samples: list[Sample]) -> None:
 def write_tarfile(path: Path, samples: list[Sample]) -> None:
     with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
         for sample in samples:
-            key = sample_key(sample.local_index)
+            key = sample.key
             members = (
                 (f"{key}.{sample.extension}", sample.payload),
                 (f"{key}.cls", b"%d" % sample.label),
-                (f"{key}.json", json.dumps(sample.record_meta(), separators=(",", ":")).encode()),
+                (f"{key}.pack.json", json.dumps(sample.record_meta(), separators=(",", ":")).encode()),
             )
             for name, data in members:
                 info = tarfile.TarInfo(name)
@@ -63,7 +63,7 @@ def write_webdataset(path: Path, samples: list[Sample]) -> None:
     with webdataset.TarWriter(str(path)) as sink:
         for sample in samples:
             sink.write({
-                "__key__": sample_key(sample.local_index),
+                "__key__": sample.key,
                 sample.extension: sample.payload,
                 "cls": sample.label,
                 "json": sample.record_meta(),

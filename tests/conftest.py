@@ -1,12 +1,14 @@
 from __future__ import annotations
 
+import logging
 import random
 import shutil
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 import pytest
 from imagefolders import add_non_utf8_file, image_bytes, make_image_folder
+from loopback import LoopbackHTTP
 
 from packer.pipeline import pack
 from packer.plan import PackOptions
@@ -15,6 +17,7 @@ from packer.writers import WRITERS
 pytest_plugins = ["timeouts"]
 
 PackedAs = Callable[[str], tuple[Path, dict[str, bytes]]]
+S3_BUCKET = "pack-test"
 
 
 def make_test_folder(root: Path) -> dict[str, bytes]:
@@ -65,3 +68,61 @@ def packed_copy(request: pytest.FixtureRequest, packed_as: PackedAs, tmp_path: P
     shutil.copytree(out, copy)
     return copy, files
 
+
+# Datasets behind URLs: a loopback HTTP server and a loopback S3 (moto), started once per session.
+
+
+@pytest.fixture(scope="session")
+def http_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackHTTP]:
+    with LoopbackHTTP(tmp_path_factory.mktemp("served")) as server:
+        yield server
+
+
+@pytest.fixture
+def serve(http_server: LoopbackHTTP, packed_as: PackedAs, request: pytest.FixtureRequest) -> Callable[[str], str]:
+    """format -> URL of this test's own copy of the shared packed dataset on the HTTP server
+    (its own paths, so GET counts and faults are the test's alone)."""
+    made: list[str] = []
+
+    def serve(fmt: str) -> str:
+        name = f"{request.node.name}-{fmt}-{len(made)}".replace("[", "-").replace("]", "")
+        shutil.copytree(packed_as(fmt)[0], http_server.directory / name)
+        made.append(name)
+        return f"{http_server.url}/{name}"
+
+    return serve
+
+
+@pytest.fixture(scope="session")
+def s3_options() -> Iterator[dict[str, Any]]:
+    """storage_options for a moto S3 server on loopback holding an empty bucket `pack-test`."""
+    import s3fs
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    _, port = server.get_host_and_port()
+    options = {"key": "testing", "secret": "testing",
+               "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}", "region_name": "us-east-1"}}
+    s3fs.S3FileSystem(**options).call_s3("create_bucket", Bucket=S3_BUCKET)
+    yield options
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_packed(s3_options: dict[str, Any], packed_as: PackedAs) -> Callable[[str], str]:
+    """format -> s3:// URL of the shared packed dataset, uploaded on first use."""
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**s3_options)
+    urls: dict[str, str] = {}
+
+    def s3_packed(fmt: str) -> str:
+        if fmt not in urls:
+            for file in sorted(packed_as(fmt)[0].iterdir()):
+                fs.put_file(str(file), f"{S3_BUCKET}/{fmt}/{file.name}")
+            urls[fmt] = f"s3://{S3_BUCKET}/{fmt}"
+        return urls[fmt]
+
+    return s3_packed

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing
 from datetime import timedelta
 from pathlib import Path
 
@@ -76,6 +77,76 @@ def run_rank(rank: int, world_size: int, init_file: str, root: str, out: str) ->
             real += index[mask].tolist()
         result["eval_real"] = real
         result["eval_padding"] = evaluation.num_padding
+        Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+    finally:
+        dist.destroy_process_group()
+
+
+STREAM_WORKERS = 2
+
+
+def _streaming(url: str, cache_dir: str, limit: int | None = None, **kwargs: object) -> readers.PackedLoader:
+    dataset = readers.open_dataset(url, decode="bytes", fields=("index", "image"), cache_dir=cache_dir,
+                                   cache_limit=limit)
+    # fork: a process started by spawn would start its DataLoader workers by spawn too (seconds each)
+    return readers.make_loader(dataset, BATCH, seed=SEED, streaming=True, num_workers=STREAM_WORKERS,  # type: ignore[arg-type]
+                               shuffle_buffer=4, multiprocessing_context=multiprocessing.get_context("fork"), **kwargs)
+
+
+def _indexes(loader: readers.PackedLoader) -> list[list[int]]:
+    batches = []
+    for index, _ in loader:
+        _step()
+        batches.append(index.tolist())
+    return batches
+
+
+def run_streaming_rank(rank: int, world_size: int, init_file: str, url: str, cache_dir: str, tight_url: str,
+                       tight_cache_dir: str, tight_limit: int, out: str) -> None:
+    """Stream one remote dataset with 2 workers through a cache shared with the other rank: two epochs
+    (bytes digested in the first), a resume mid-epoch, an eval pass; then the same dataset at another
+    URL through a cache too small for it."""
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=60))
+    try:
+        loader = _streaming(url, cache_dir)
+        result: dict[str, object] = {"len": len(loader)}
+        epochs = []
+        samples = []
+        for epoch in (0, 1):
+            loader.set_epoch(epoch)
+            batches = []
+            for index, images in loader:
+                _step()
+                batches.append(index.tolist())
+                if epoch == 0:
+                    samples += [[i, hashlib.sha256(data).hexdigest()] for i, data in zip(index.tolist(), images)]
+            epochs.append(batches)
+        result["epochs"] = epochs
+        result["samples"] = samples
+
+        loader.set_epoch(1)
+        head = []
+        for index, _ in loader:
+            _step()
+            head.append(index.tolist())
+            if len(head) == RESUME_AFTER:
+                break
+        fresh = _streaming(url, cache_dir)
+        fresh.load_state_dict(loader.state_dict())
+        result["resumed"] = head + _indexes(fresh)
+
+        real = []
+        for (index, _), mask in _streaming(url, cache_dir, mode="eval"):
+            _step()
+            real += index[mask].tolist()
+        result["eval_real"] = real
+
+        tight = _streaming(tight_url, tight_cache_dir, tight_limit)
+        result["tight"] = []
+        for epoch in (0, 1):
+            tight.set_epoch(epoch)
+            result["tight"].append(_indexes(tight))  # type: ignore[attr-defined]
         Path(out, f"rank{rank}.json").write_text(json.dumps(result))
     finally:
         dist.destroy_process_group()

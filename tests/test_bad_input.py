@@ -286,7 +286,7 @@ def test_slurm_script_carries_the_error_policy(bad_folder: tuple[Path, dict[str,
     pack_line = next(line for line in script.splitlines() if " lmdb " in line)
     merge_line = next(line for line in script.splitlines() if " merge " in line)
     assert "--validate full" in pack_line and "--on-error skip --max-errors 3" in pack_line
-    assert merge_line.endswith("--on-error skip --max-errors 3")
+    assert merge_line.endswith("--on-error skip --max-errors 3 --split train")
 
 
 @pytest.mark.parametrize("store", ["raw", "jpeg"])

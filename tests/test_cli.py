@@ -107,3 +107,16 @@ def test_installed_console_script(image_folder: tuple[Path, dict[str, bytes]], t
     assert "pack lmdb" in result.stderr  # the progress bar goes to stderr
     version = subprocess.run([str(script), "--version"], capture_output=True, text=True)
     assert version.stdout.startswith("pack, version ")
+
+
+def test_overwrite_removes_the_descriptors_and_split_names_the_split(image_folder: tuple[Path, dict[str, bytes]],
+                                                                      tmp_path: Path) -> None:
+    root, files = image_folder
+    out = tmp_path / "out"
+    assert run("wds", root, out, "-q", "--split", "validation")[0] == 0
+    info = json.loads((out / "_info.json").read_text())
+    assert info["splits"]["validation"]["num_samples"] == len(files)
+    assert "split: \"validation\"" in (out / "README.md").read_text()
+    code, output = run("lmdb", root, out, "-q", "--overwrite")
+    assert code == 0, output
+    assert not {"_info.json", "wids.json", "README.md"} & set(os.listdir(out))  # LMDB gets none

@@ -190,8 +190,9 @@ def test_slurm_script_runs_end_to_end_with_a_fake_sbatch(image_folder: tuple[Pat
     sbatch.write_text(FAKE_SBATCH)
     sbatch.chmod(sbatch.stat().st_mode | stat.S_IEXEC)
     result = subprocess.run([*PACK, "slurm-script", "lmdb", str(root), str(out), "--tasks", "3", "--shard-size", "3",
-                             "--cpus-per-task", "2"], capture_output=True, text=True, check=True)
+                             "--cpus-per-task", "2", "--split", "val"], capture_output=True, text=True, check=True)
     script = tmp_path / "submit.sh"
+    assert f"merge {out.resolve()} --on-error skip --split val" in result.stdout
     script.write_text(result.stdout)
     assert "#SBATCH --array=0-2" in result.stdout and "--dependency=afterok:${array_job}" in result.stdout
     log = tmp_path / "sbatch.log"

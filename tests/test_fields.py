@@ -22,7 +22,7 @@ import readers
 from packer.fsutil import sha256_file
 from packer.writers import WRITERS, Sample, sidecar_path
 from readers.fields import FieldSpec, encode_value
-from readers.manifest import FileInfo, Manifest, ShardInfo, payload_crc32, shard_name
+from readers.manifest import FileInfo, Manifest, ShardInfo, payload_crc32, sample_key, shard_name
 
 SPECS = [
     FieldSpec("txt", "str"),
@@ -66,7 +66,7 @@ def write_dataset(out: Path, fmt: str, count: int = 5, per_shard: int = 3) -> li
             for local, i in enumerate(range(start, min(count, start + per_shard))):
                 stored = {spec.name: encode_value(spec, values(i)[spec.name]) for spec in SPECS
                           if spec.name in values(i)}
-                writer.add(Sample(local_index=local, label=0, path=f"a/{i}.jpg", payload=payloads[i],
+                writer.add(Sample(key=sample_key(shard, local), label=0, path=f"a/{i}.jpg", payload=payloads[i],
                                   meta={"format": "jpeg"}, extension="jpg", crc32=payload_crc32(payloads[i]),
                                   fields=stored))
         sidecars = []
@@ -136,9 +136,9 @@ def test_each_library_sees_the_fields(tmp_path: Path) -> None:
         write_dataset(tmp_path / fmt, fmt, count=2, per_shard=2)
     env = lmdb.open(str(tmp_path / "lmdb" / "shard-000000.lmdb"), subdir=False, readonly=True, lock=False)
     with env.begin() as txn:
-        assert txn.get(b"0000000000.txt").decode() == values(0)["txt"]
-        assert json.loads(txn.get(b"0000000001.json")) == values(1)["json"]
-        assert txn.get(b"0000000001.note") is None
+        assert txn.get(b"000000_0000000000.txt").decode() == values(0)["txt"]
+        assert json.loads(txn.get(b"000000_0000000001.json")) == values(1)["json"]
+        assert txn.get(b"000000_0000000001.note") is None
     env.close()
     with h5py.File(tmp_path / "hdf5" / "shard-000000.h5", "r") as f:
         assert list(f["fields/txt"].asstr()[:]) == [values(i)["txt"] for i in range(2)]
@@ -162,8 +162,8 @@ def test_info_and_verify_list_and_check_fields(tmp_path: Path) -> None:
     assert code == 0, output
     env = lmdb.open(str(tmp_path / "out" / "shard-000000.lmdb"), subdir=False, lock=False)
     with env.begin(write=True) as txn:
-        txn.put(b"0000000001.json", b"{not json")
-        txn.delete(b"0000000002.txt")
+        txn.put(b"000000_0000000001.json", b"{not json")
+        txn.delete(b"000000_0000000002.txt")
     env.close()
     code, output = run("verify", "--full", "-q", tmp_path / "out")
     assert code == 1, output
@@ -176,13 +176,15 @@ V1 = Path(__file__).parent / "data" / "v1"
 
 @pytest.mark.parametrize("fmt", sorted(WRITERS))
 def test_version_1_datasets_still_open(fmt: str, tmp_path: Path) -> None:
-    """tests/data/v1 was packed by pack before fields (commit 0585019) from tests/data/v1/src."""
+    """tests/data/v1/<fmt>-original was packed from tests/data/v1/src by pack before fields and
+    before shard_row keys (118573d, whose output is byte-identical to 0585019's)."""
     out = tmp_path / fmt
-    shutil.copytree(V1 / fmt, out)
+    shutil.copytree(V1 / f"{fmt}-original", out)
     ds = readers.open_dataset(out, decode="bytes", fields=("image", "label", "path"))
     assert ds.manifest.version == 1 and ds.manifest.fields == []
     expected = [((V1 / "src" / path).read_bytes(), label, path)
-                for label, path in ((0, "cat/a.jpg"), (0, "cat/b.png"), (1, "dog/c.jpg"))]
+                for label, path in ((0, "class_0/img0.jpg"), (0, "class_0/img1.jpg"), (0, "class_0/img2.jpg"),
+                                    (1, "class_1/img0.jpg"), (1, "class_1/img1.jpg"), (1, "class_1/img2.jpg"))]
     assert [ds[i] for i in range(len(ds))] == expected
     assert list(ds) == expected
     code, output = run("verify", "--full", "-q", out)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import zlib
@@ -17,13 +18,14 @@ from packer.plan import PackOptions
 from packer.writers import Sample
 from packer.writers import hdf5 as hdf5_writer
 from packer.writers.hdf5 import HDF5Writer
-from readers.hdf5 import read_raw_strings
+from readers.hdf5 import read_raw_paths
+from readers.manifest import sample_key
 
 BAD_NAME = os.fsdecode(b"caf\xe9")  # Latin-1 bytes: not UTF-8
 
 
 def sample(index: int, payload: bytes, path: str, meta: dict | None = None) -> Sample:
-    return Sample(local_index=index, label=index % 3, path=path, payload=payload,
+    return Sample(key=sample_key(0, index), label=index % 3, path=path, payload=payload,
                   meta=meta or {"format": "jpeg"}, extension="jpg", crc32=zlib.crc32(payload))
 
 
@@ -46,13 +48,13 @@ def test_writes_in_bounded_batches_and_grows(tmp_path: Path, monkeypatch: pytest
         offsets = f["offsets"][:]
         assert [f["images"][offsets[i]:offsets[i + 1]].tobytes() for i in range(len(payloads))] == payloads
         assert list(f["labels"][:]) == [i % 3 for i in range(len(payloads))]
-        raw = read_raw_strings(f, "paths")
+        raw = read_raw_paths(f)
         assert sorted(raw) == [0, 7, 14, 21, 28, 35]
         stored = [raw.get(i, text) for i, text in enumerate(f["paths"].asstr()[:])]
         assert stored == paths
         assert f["paths"].asstr()[7] == "c/caf\\xe97.jpg"  # readable stand-in, valid UTF-8
-        assert list(f["classes"].asstr()[:]) == ["c", "caf\\xe9"]
-        assert read_raw_strings(f, "classes") == {1: BAD_NAME}
+        assert json.loads(f.attrs["classes"]) == ["c", BAD_NAME]
+        assert {name for name, item in f.items() if item.shape[0] != len(payloads)} == {"images", "offsets"}
         assert f.attrs["num_samples"] == len(payloads)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import random
@@ -18,10 +19,11 @@ import lmdb
 import numpy as np
 import pytest
 import webdataset
-from imagefolders import image_bytes
+from imagefolders import image_bytes, make_caption_folder
 
 from packer.pipeline import pack
 from packer.plan import PackOptions
+import readers
 from readers.layouts.lmdb import parse_record
 
 CLASSES = ["class_00", "class_01", "class_02"]
@@ -43,7 +45,7 @@ def test_plain_lmdb_reads_a_shard(image_folder: tuple[Path, dict[str, bytes]], t
     env = lmdb.open(str(out / "shard-000001.lmdb"), subdir=False, readonly=True, lock=False)
     try:
         with env.begin() as txn:
-            meta, payload = parse_record(txn.get(b"%010d" % 0))
+            meta, payload = parse_record(txn.get(b"000001_0000000000"))
             assert txn.stat()["entries"] == 6
     finally:
         env.close()
@@ -56,14 +58,14 @@ def test_plain_h5py_reads_every_sample(image_folder: tuple[Path, dict[str, bytes
     for shard in sorted(out.glob("shard-*.h5")):
         with h5py.File(shard, "r") as f:
             assert f.attrs["layout"] == "flat" and f.attrs["pack_format_version"] == 2
-            assert list(f["classes"].asstr()[:]) == CLASSES
+            assert json.loads(f.attrs["classes"]) == CLASSES
             assert f["images"].dtype == np.uint8 and f["labels"].dtype == np.int64
             offsets = f["offsets"][:]
             paths = list(f["paths"].asstr()[:])
-            raw = dict(zip(f["paths_raw_index"][:], f["paths_raw"][:]))
+            raw = {int(i): name for i, name in json.loads(f.attrs["paths_raw"]).items()}
             assert len(offsets) == len(paths) + 1 == f.attrs["num_samples"] + 1
             for i, text in enumerate(paths):
-                path = os.fsdecode(raw[i].tobytes()) if i in raw else text
+                path = raw.get(i, text)
                 data = f["images"][offsets[i]:offsets[i + 1]].tobytes()
                 assert data == files[path]
                 assert CLASSES[f["labels"][i]] == path.split("/")[0]
@@ -99,12 +101,13 @@ def test_tarfile_reads_every_sample(image_folder: tuple[Path, dict[str, bytes]],
     for path in ("class_00/pic.PNG", "class_01/disguised.jpg"):  # PNG content: stored as .png
         position = order.index(path)
         names = tarfile.open(out / f"shard-{position // 6:06d}.tar").getnames()
-        assert f"{position % 6:010d}.png" in names and f"{position % 6:010d}.jpg" not in names
+        key = f"{position // 6:06d}_{position % 6:010d}"
+        assert f"{key}.png" in names and f"{key}.jpg" not in names
 
 
 def test_offset_index_locates_members(image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
     out, files, order = pack_folder(image_folder, tmp_path, "wds")
-    raw = (out / "shard-000001.idx").read_bytes()
+    raw = (out / "shard-000001.packidx").read_bytes()
     magic, columns, count = struct.unpack_from("<4sIq", raw)
     assert (magic, columns, count) == (b"PKX1", 4, 6)
     table = np.frombuffer(raw, dtype="<i8", offset=16).reshape(count, 4)
@@ -126,6 +129,8 @@ def test_webdataset_library_reads_the_shards(image_folder: tuple[Path, dict[str,
         assert meta["path"] == path and image == files[path]
         assert int(sample["cls"]) == CLASSES.index(path.split("/")[0])
         assert "." not in sample["__key__"]
+    keys = [sample["__key__"] for sample in samples]
+    assert keys == [f"{position // 6:06d}_{position % 6:010d}" for position in range(len(files))]
     decoded = next(iter(webdataset.WebDataset(urls[:1], shardshuffle=False).decode("pil")))
     assert decoded["cls"] == 0 and decoded["jpg"].size[0] > 0
 
@@ -139,7 +144,7 @@ def test_tar_command_lists_safe_names(image_folder: tuple[Path, dict[str, bytes]
         assert result.stderr == ""
         listed += result.stdout.split()
     assert listed == member_names(out) and len(listed) == 3 * len(files)
-    assert all(re.fullmatch(r"\d{10}\.(jpg|png|cls|pack\.json)", name) for name in listed)
+    assert all(re.fullmatch(r"\d{6}_\d{10}\.(jpg|png|cls|pack\.json)", name) for name in listed)
 
 
 def test_tar_shards_are_reproducible(image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
@@ -149,7 +154,7 @@ def test_tar_shards_are_reproducible(image_folder: tuple[Path, dict[str, bytes]]
     os.utime(next(root.rglob("*.jpg")), (12345, 12345))  # source mtimes must not leak into the tar
     pack(root, second, PackOptions(format="wds", shard_size=6), workers=3)
     names = sorted(path.name for path in first.glob("shard-*"))
-    assert names == sorted(path.name for path in second.glob("shard-*")) and len(names) == 8
+    assert names == sorted(path.name for path in second.glob("shard-*")) and len(names) == 12
     for name in names:
         assert (first / name).read_bytes() == (second / name).read_bytes(), name
     shards = lambda out: json.loads((out / "index.json").read_text())["shards"]  # noqa: E731
@@ -164,3 +169,64 @@ def test_pack_and_readers_never_import_webdataset() -> None:
             "    for module in pkgutil.walk_packages(package.__path__, package.__name__ + '.'):\n"
             "        importlib.import_module(module.name)\n")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_raw_pixels_are_npy_members_that_numpy_and_webdataset_decode(
+        image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
+    root, files = image_folder
+    out = tmp_path / "raw"
+    pack(root, out, PackOptions(format="wds", store="raw", shard_size=6))
+    dataset = readers.open_dataset(out, decode="numpy", fields=("image", "label", "path"))
+    expected = {path: (image, label) for image, label, path in (dataset[i] for i in range(len(dataset)))}
+    assert len(expected) == len(files)
+    urls = [str(path) for path in sorted(out.glob("shard-*.tar"))]
+    for sample in webdataset.WebDataset(urls, shardshuffle=False, empty_check=False).decode():
+        assert {"npy", "cls", "pack.json"} <= set(sample) and not {"raw", "jpg", "png", "json"} & set(sample)
+        image, label = expected[sample["pack.json"]["path"]]
+        assert sample["npy"].dtype == np.uint8 and sample["npy"].shape == image.shape
+        np.testing.assert_array_equal(sample["npy"], image)
+        assert sample["cls"] == label
+    with tarfile.open(urls[0]) as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith(".npy"))
+        array = np.load(io.BytesIO(tar.extractfile(member).read()))
+        assert array.shape == tuple(json.loads(tar.extractfile(member.name[:-3] + "pack.json").read())["shape"])
+
+
+def dali_index_by_tarfile(tar_path: Path) -> str:
+    """The index DALI's wds2idx writes when it falls back on tarfile: per regular member, grouped by
+    key, `ext data_offset size name`, after a `v1.2 N` line."""
+    samples: list[list[str]] = []
+    last = None
+    with tarfile.open(tar_path) as tar:
+        for member in tar.getmembers():
+            key, _, ext = member.name.partition(".")
+            if key != last:
+                samples.append([])
+                last = key
+            samples[-1].append(f"{ext} {member.offset_data} {member.size} {member.name}")
+    return f"v1.2 {len(samples)}\n" + "".join(" ".join(sample) + "\n" for sample in samples)
+
+
+@pytest.mark.parametrize("store", ["original", "raw"])
+def test_dali_index_is_what_wds2idx_writes(image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path,
+                                           store: str) -> None:
+    root, _ = image_folder
+    out = tmp_path / store
+    pack(root, out, PackOptions(format="wds", store=store, shard_size=6))
+    tars = sorted(out.glob("shard-*.tar"))
+    assert len(tars) == 4
+    for tar in tars:
+        assert tar.with_suffix(".idx").read_text("ascii") == dali_index_by_tarfile(tar)
+
+
+def test_dali_index_lists_field_members(tmp_path: Path) -> None:
+    """With fields, DALI's index lists every member (the fields and `pack.json` included) as wds2idx does."""
+    make_caption_folder(tmp_path / "src")
+    out = tmp_path / "out"
+    pack(tmp_path / "src", out, PackOptions(format="wds", shard_size=4, sidecars=("txt", "json")))
+    tars = sorted(out.glob("shard-*.tar"))
+    assert len(tars) == 2
+    for tar in tars:
+        index = tar.with_suffix(".idx").read_text("ascii")
+        assert index == dali_index_by_tarfile(tar)
+        assert all(line.split()[::4] == ["jpg", "cls", "txt", "json", "pack.json"] for line in index.splitlines()[1:])

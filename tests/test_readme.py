@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+from imagefolders import make_image_folder
 
 from packer.pipeline import pack
 from packer.plan import PackOptions
@@ -24,14 +25,19 @@ def test_the_readme_shows_reading_and_training() -> None:
 
 
 @pytest.mark.parametrize("index", range(len(python_snippets())))
-def test_readme_snippet_runs(index: int, image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path,
-                             monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each snippet names its datasets out.lmdb / out.wds in the current directory; they are packed
-    pre-decoded to one size, so batches stack as the training loop's comment asks."""
-    root, files = image_folder
-    for fmt, name in (("lmdb", "out.lmdb"), ("wds", "out.wds")):
-        pack(root, tmp_path / name, PackOptions(format=fmt, store="raw", resize=24, center_crop=24))
+def test_readme_snippet_runs(index: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each snippet names its datasets out.lmdb / out.wds in the current directory: out.lmdb holds
+    pixels pre-decoded to one size, so batches stack as the training loop's comment asks; out.wds
+    the JPEGs as they are, for the other loaders."""
+    root = tmp_path / "src"
+    files = make_image_folder(root)
+    pack(root, tmp_path / "out.lmdb", PackOptions(format="lmdb", store="raw", resize=24, center_crop=24))
+    pack(root, tmp_path / "out.wds", PackOptions(format="wds"))
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, object] = {}
     exec(compile(python_snippets()[index], f"README.md snippet {index}", "exec"), namespace)
-    assert len(namespace["ds"]) == len(files)  # type: ignore[arg-type]
+    for name in ("ds", "hf"):
+        if name in namespace:
+            assert len(namespace[name]) == len(files)  # type: ignore[arg-type]
+    if "sample" in namespace:
+        assert namespace["sample"]["__key__"] == "000000_0000000000"  # type: ignore[index]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -104,3 +105,48 @@ def test_info_and_verify_on_something_else_are_one_line_errors(tmp_path: Path) -
     assert code == 1 and output.strip() == f"Error: {tmp_path / 'index.json'}: no manifest (packing unfinished, or not a packed dataset)"
     code, output = run("verify", tmp_path / "nope")
     assert code == 1 and output.strip() == f"Error: {tmp_path / 'nope'}: not a packed dataset directory"
+
+
+def damage_sidecar(path: Path, how: str) -> None:
+    if how == "deleted":
+        path.unlink()
+    elif how == "replaced":
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        path.write_bytes(bytes(data))
+    else:
+        path.write_bytes(path.read_bytes() + b"\0")
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced", "grown"])
+@pytest.mark.parametrize("full", [False, True])
+@pytest.mark.parametrize("extension", [".packidx", ".idx"])
+def test_verify_names_a_damaged_sidecar_once(packed_as, tmp_path: Path, how: str, full: bool, extension: str) -> None:
+    source, _ = packed_as("wds")
+    out = tmp_path / "out"
+    shutil.copytree(source, out)
+    (sidecar,) = [s for s in readers.load_manifest(out).shards[2].sidecars if s.name.endswith(extension)]
+    path = out / sidecar.name
+    damage_sidecar(path, how)
+    code, output = run("verify", out, "-q", *(["--full"] if full else []))
+    assert code == 1
+    expected = {"deleted": f"{path}: missing",
+                "replaced": f"{path}: sha256 does not match the manifest (the file is damaged)",
+                "grown": f"{path}: {sidecar.bytes + 1} bytes, the manifest says {sidecar.bytes}"}[how]
+    lines = output.strip().splitlines()
+    assert lines.count(expected) == 1
+    assert sum(str(path) in line for line in lines) == 1, output
+    assert lines[-1] == f"Error: {out}: 1 problems found"
+
+
+@pytest.mark.parametrize("name", ["_info.json", "wids.json", "README.md"])
+def test_verify_covers_the_loader_descriptors(packed_as, tmp_path: Path, name: str) -> None:
+    source, _ = packed_as("wds")
+    out = tmp_path / "out"
+    shutil.copytree(source, out)
+    assert name in {info.name for info in readers.load_manifest(out).descriptors}
+    (out / name).write_text((out / name).read_text().replace("train", "tRain"))
+    code, output = run("verify", out, "-q")
+    assert code == 1
+    assert output.strip().splitlines() == [f"{out / name}: sha256 does not match the manifest (the file is damaged)",
+                                           f"Error: {out}: 1 problems found"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import multiprocessing
 import shutil
 import tarfile
@@ -73,25 +72,23 @@ def test_stream_gives_every_sample_once_across_workers(wds_copy: tuple[Path, dic
     assert sorted(seen, key=lambda sample: sample[2]) == [ds[i] for i in range(len(ds))]
 
 
-def test_stream_splits_shards_by_worker(wds_copy: tuple[Path, dict[str, bytes]], monkeypatch: pytest.MonkeyPatch,
-                                        caplog: pytest.LogCaptureFixture) -> None:
+def test_stream_splits_by_rank_then_worker(wds_copy: tuple[Path, dict[str, bytes]],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
     out, files = wds_copy
     ds = readers.open_dataset(out, decode="bytes", fields=("index",))
-    assert [index for (index,) in ds.stream()] == list(range(len(files)))  # no workers: everything
-    shards = len(ds.manifest.shards)
-    bounds = [0, 4, 8, 12, 16, len(files)]
-    assert shards == len(bounds) - 1
+    assert [index for (index,) in ds.stream()] == list(range(len(files)))  # one rank, no workers: everything
 
-    def indexes(worker: int, workers: int) -> list[int]:
+    def indexes(rank: int, worker: int, workers: int) -> list[int]:
         info = SimpleNamespace(id=worker, num_workers=workers)
-        monkeypatch.setattr("readers.wds.get_worker_info", lambda: info)
-        return [index for (index,) in ds.stream()]
+        monkeypatch.setattr("readers.streaming.get_worker_info", lambda: info)
+        return [index for (index,) in ds.stream(rank=rank, world_size=2)]
 
-    assert indexes(1, 2) == list(range(4, 8)) + list(range(12, 16))
-    with caplog.at_level(logging.WARNING, logger="readers.wds"):
-        assert indexes(0, shards + 2) == list(range(4))
-    assert f"{shards + 2} DataLoader workers but only {shards} shards; 2 workers stay idle" in caplog.text
-    assert indexes(shards + 1, shards + 2) == []
+    # Two ranks stream equal contiguous shares of ceil(19 / 2) = 10, the last one filled up with
+    # sample 0 (make_loader's train padding); the workers of a rank split its share in two.
+    assert indexes(0, 0, 1) == list(range(10))
+    assert indexes(1, 0, 1) == list(range(10, 19)) + [0]
+    assert indexes(1, 0, 2) == list(range(10, 15))
+    assert indexes(1, 1, 2) == list(range(15, 19)) + [0]
 
 
 def write_tar(path: Path, members: list[tuple[bytes, bytes]]) -> None:
@@ -135,7 +132,7 @@ def test_damaged_shards_name_the_file(wds_copy: tuple[Path, dict[str, bytes]]) -
 
 def test_index_that_does_not_match_is_refused(wds_copy: tuple[Path, dict[str, bytes]]) -> None:
     out, _ = wds_copy
-    index = out / "shard-000000.idx"
+    index = out / "shard-000000.packidx"
     raw = bytearray(index.read_bytes())
     raw[16:48], raw[48:80] = raw[48:80], raw[16:48]  # swap the rows of samples 0 and 1
     index.write_bytes(bytes(raw))
@@ -152,7 +149,7 @@ def test_sample_count_must_match_manifest(wds_copy: tuple[Path, dict[str, bytes]
     out, _ = wds_copy
     ds = readers.open_dataset(out, decode="bytes")
     first = (out / "shard-000000.tar").read_bytes()
-    (out / "shard-000001.tar").write_bytes(first[: first.index(b"0000000003.jpg")] + bytes(1024))
+    (out / "shard-000001.tar").write_bytes(first[: first.index(b"000000_0000000003.jpg")] + bytes(1024))
     with pytest.raises(readers.DatasetError, match="holds 3 samples, index.json says 4"):
         list(ds.iter_shard(1))
 
@@ -161,11 +158,11 @@ def test_missing_index_is_repacked_on_resume(image_folder: tuple[Path, dict[str,
     root, files = image_folder
     out = tmp_path / "out"
     pack(root, out, PackOptions(format="wds", shard_size=4))
-    before = (out / "shard-000002.idx").read_bytes()
+    before = (out / "shard-000002.packidx").read_bytes()
     (out / "index.json").unlink()  # as if the run had stopped before merging
-    (out / "shard-000002.idx").unlink()
+    (out / "shard-000002.packidx").unlink()
     summary = pack(root, out, PackOptions(format="wds", shard_size=4))
     assert summary.resumed_shards == summary.num_shards - 1
-    assert (out / "shard-000002.idx").read_bytes() == before
+    assert (out / "shard-000002.packidx").read_bytes() == before
     ds = readers.open_dataset(out, decode="bytes", fields=("image", "path"))
     assert {path: data for data, path in (ds[i] for i in range(len(ds)))} == files

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from packer.writers import WRITERS, Sample
-from readers.manifest import payload_crc32
+from readers.manifest import payload_crc32, sample_key
 
 
 def open_files(folder: Path) -> set[str]:
@@ -27,7 +27,7 @@ def open_files(folder: Path) -> set[str]:
 @pytest.mark.parametrize("fmt", sorted(WRITERS))
 def test_an_error_inside_with_releases_every_handle(fmt: str, tmp_path: Path) -> None:
     payload = b"\xff\xd8\xff" + bytes(100)
-    sample = Sample(local_index=0, label=0, path="a.jpg", payload=payload, meta={"format": "jpeg"},
+    sample = Sample(key=sample_key(0, 0), label=0, path="a.jpg", payload=payload, meta={"format": "jpeg"},
                     extension="jpg", crc32=payload_crc32(payload))
     with pytest.raises(RuntimeError, match="stop"):
         with WRITERS[fmt](tmp_path / "shard", expected_bytes=len(payload), classes=["a"]) as writer:

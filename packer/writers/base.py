@@ -13,7 +13,7 @@ from readers.fields import FieldSpec
 
 @dataclass(frozen=True)
 class Sample:
-    """One accepted sample, numbered from 0 inside its shard.
+    """One accepted sample; `key` (`readers.manifest.sample_key`) names it where a format shows keys.
 
     `crc32` is the payload's, computed by the reader thread that loaded it (off the writer's
     serial path); it lets readers and `pack verify` name a damaged sample. `fields` maps a field's
@@ -21,7 +21,7 @@ class Sample:
     absent optional field has no entry.
     """
 
-    local_index: int
+    key: str
     label: int
     path: str
     payload: bytes

@@ -3,7 +3,7 @@
 Layout (docs/FORMAT.md): image bytes back to back in one chunked uint8 dataset `images`, sample
 i at `images[offsets[i]:offsets[i + 1]]` (scripts/bench_hdf5_layout.py measured this 2-5x faster
 for random reads than a vlen uint8 dataset); per-sample `labels`, `formats` (codecs) and `paths` columns;
-`classes`. The payload layout is named by the file's `layout` attribute: `FlatPayloads`, or
+the `classes` attribute. The payload layout is named by the file's `layout` attribute: `FlatPayloads`, or
 `FixedPixels` (one (N, H, W, C) uint8 array) when every sample is raw pixels of one shape.
 Decoded stores add a `shapes` column (flat layout) and a `mode` attribute. Fields are datasets
 `fields/<name>` (readers/layouts/hdf5.py says which are numeric, text or JSON strings).
@@ -24,14 +24,15 @@ import numpy as np
 
 from readers.fields import FieldSpec
 from readers.layouts.hdf5 import (
+    CLASSES_ATTRIBUTE,
     CODEC_WIDTH,
     LAYOUT_FIXED,
     LAYOUT_FLAT,
-    RAW_INDEX_SUFFIX,
-    RAW_SUFFIX,
+    RAW_PATHS_ATTRIBUTE,
     STORAGE_NUMERIC,
     STORAGE_TEXT,
     encode_name,
+    encode_raw_names,
     field_dataset,
     field_storage,
     numeric_layout,
@@ -108,25 +109,23 @@ class Column:
 
 
 class StringColumn:
-    """UTF-8 strings, plus the exact bytes of any that are not valid UTF-8 (`encode_name`)."""
+    """UTF-8 strings; the exact form of any that are not valid UTF-8 (`encode_name`) is kept in
+    `raw` for an attribute."""
 
     def __init__(self, file: h5py.File, name: str, chunk: int = COLUMN_CHUNK) -> None:
         self._text = Column(file, name, h5py.string_dtype("utf-8"), chunk)
-        self._raw_index = Column(file, name + RAW_INDEX_SUFFIX, np.int64, chunk)
-        self._raw = Column(file, name + RAW_SUFFIX, h5py.vlen_dtype(np.uint8), chunk)
+        self.raw: dict[int, str] = {}
         self._count = 0
 
     def append(self, value: str) -> None:
         text, raw = encode_name(value)
         if raw is not None:
-            self._raw_index.append(self._count)
-            self._raw.append(np.frombuffer(raw, dtype=np.uint8))
+            self.raw[self._count] = value
         self._text.append(text)
         self._count += 1
 
     def flush(self) -> None:
-        for column in (self._text, self._raw_index, self._raw):
-            column.flush()
+        self._text.flush()
 
 
 class FieldColumn:
@@ -322,11 +321,9 @@ class HDF5Writer(ShardWriter):
         for column in (self._labels, self._codecs, self._crcs, self._paths, self._shapes, *self._fields):
             if column is not None:
                 column.flush()
-        classes = StringColumn(self._file, "classes", chunk=max(1, len(self.classes)))
-        for name in self.classes:
-            classes.append(name)
-        classes.flush()
         attrs = self._file.attrs
+        attrs[CLASSES_ATTRIBUTE] = json.dumps(self.classes)
+        attrs[RAW_PATHS_ATTRIBUTE] = encode_raw_names(self._paths.raw)
         attrs["pack_format_version"] = FORMAT_VERSION
         attrs["layout"] = self._payloads.layout
         if self._mode is not None:

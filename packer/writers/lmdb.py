@@ -9,7 +9,7 @@ from typing import Sequence
 import lmdb
 
 from readers.fields import FieldSpec
-from readers.layouts.lmdb import encode_record, field_key, sample_key
+from readers.layouts.lmdb import encode_record, field_key
 
 from .base import Sample, ShardWriter
 
@@ -39,12 +39,12 @@ class LMDBWriter(ShardWriter):
 
     def add(self, sample: Sample) -> None:
         value = encode_record(sample.record_meta(), sample.payload)
-        self._pending.append((sample_key(sample.local_index), value))
+        self._pending.append((sample.key.encode("ascii"), value))
         self._pending_bytes += len(value)
         for name in self._field_names:
             data = sample.fields.get(name)
             if data is not None:
-                self._pending.append((field_key(sample.local_index, name), data))
+                self._pending.append((field_key(sample.key, name), data))
                 self._pending_bytes += len(data)
         if self._pending_bytes >= COMMIT_BYTES:
             self._commit()

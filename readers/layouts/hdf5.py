@@ -1,15 +1,20 @@
 """HDF5 shards: the payload layouts a file's `layout` attribute names, and how names are stored.
 
-A string column `<name>` holds UTF-8 text; a name that is not valid UTF-8 is stored there in a
-readable stand-in form, with its exact bytes in `<name>_raw` and its position in `<name>_raw_index`.
+The string column `paths` holds UTF-8 text; a name that is not valid UTF-8 is stored there in a
+readable stand-in form, and exactly in the `paths_raw` attribute. Only per-sample datasets sit at
+the root (Hugging Face's hdf5 builder reads every one as a column): the class names are the
+`classes` attribute. Both attributes are JSON text, whose `\\udcXX` escapes keep `os.fsdecode`
+names exact. Format version 1 kept both in datasets (`<name>_raw`, `<name>_raw_index`, `classes`).
 
-Fields (version 2) are datasets `fields/<name>`, one row per sample, stored as `field_storage`
-says: a numeric column for numbers and arrays of one shape, UTF-8 strings for text, and UTF-8
-JSON strings (`null` for an absent value) for everything else.
+Fields are datasets `fields/<name>`, one row per sample (so per-sample too: HF's builder reads the
+group as one struct column), stored as `field_storage` says: a numeric column for numbers and
+arrays of one shape, UTF-8 strings for text, and UTF-8 JSON strings (`null` for an absent value)
+for everything else.
 """
 
 from __future__ import annotations
 
+import json
 import os
 
 from ..fields import FieldSpec
@@ -17,13 +22,16 @@ from ..fields import FieldSpec
 LAYOUT_FLAT = "flat"  # payloads back to back in `images` (uint8), bounds in `offsets`
 LAYOUT_FIXED = "fixed"  # raw pixels of one shape: `images` is (N, H, W, C) uint8
 CODEC_WIDTH = 8  # bytes of the fixed-length ASCII `formats` column (a sample's codec)
-RAW_SUFFIX = "_raw"
-RAW_INDEX_SUFFIX = "_raw_index"
 FIELDS_GROUP = "fields"
 STORAGE_NUMERIC = "numeric"  # an (N, *shape) int64 / float64 / bool dataset
 STORAGE_TEXT = "text"  # UTF-8 strings (`h5py.string_dtype("utf-8")`)
 STORAGE_JSON = "json"  # UTF-8 strings, each a JSON document
 NUMERIC_DTYPES = {"int": "int64", "float": "float64", "bool": "bool"}
+
+CLASSES_ATTRIBUTE = "classes"
+RAW_PATHS_ATTRIBUTE = "paths_raw"
+V1_RAW_SUFFIX = "_raw"
+V1_RAW_INDEX_SUFFIX = "_raw_index"
 
 
 def field_dataset(name: str) -> str:
@@ -60,3 +68,12 @@ def encode_name(name: str) -> tuple[str, bytes | None]:
 def parse_raw_name(raw: bytes) -> str:
     """The `os.fsdecode` form of a name's exact bytes, as the packer was given it."""
     return os.fsdecode(raw)
+
+
+def encode_raw_names(names: dict[int, str]) -> str:
+    """The `paths_raw` attribute: position -> exact name, for the names `encode_name` replaced."""
+    return json.dumps({str(position): name for position, name in names.items()})
+
+
+def parse_raw_names(text: str) -> dict[int, str]:
+    return {int(position): name for position, name in json.loads(text).items()}

@@ -1,4 +1,4 @@
-"""LMDB shards: zero-padded ASCII keys, and records of a small header, JSON meta and the payload.
+"""LMDB shards: records of a small header, JSON meta and the payload, under `manifest.sample_key` keys.
 
 A sample's fields (version 2) sit under their own keys beside its record, `<key>.<field name>`,
 holding `readers.fields.encode_value` bytes; an absent optional field has no key. Record keys
@@ -12,18 +12,13 @@ import json
 import struct
 from typing import Any
 
-KEY_WIDTH = 10
 RECORD_MAGIC = b"PKR1"
 RECORD_HEADER = struct.Struct("<4sI")
 
 
-def sample_key(local_index: int) -> bytes:
-    """Key order is sample order, so writes can append."""
-    return b"%0*d" % (KEY_WIDTH, local_index)
-
-
-def field_key(local_index: int, name: str) -> bytes:
-    return sample_key(local_index) + b"." + name.encode("ascii")
+def field_key(key: str, name: str) -> bytes:
+    """Where a field of the sample whose record is under `key` (`manifest.sample_key`) is stored."""
+    return f"{key}.{name}".encode("ascii")
 
 
 def is_record_key(key: bytes) -> bool:

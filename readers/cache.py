@@ -1,0 +1,363 @@
+"""A node-local cache of whole shard files, shared by every rank and DataLoader worker on the node.
+
+Imports no torch and no fsspec: what to download is someone else's business (a `Fetcher`).
+Layout under the cache directory:
+
+    objects/<sha256><suffix>                  verified files, named by the manifest's sha256
+    tmp/<sha256>.<bytes>.<pid>.<token>.part   downloads in progress; `bytes` counts against the limit
+    locks/<sha256>.use                        flock'd shared by every user: the reference count
+    locks/<sha256>.get                        flock'd exclusively by the one process downloading it
+    locks/cache.lock                          flock'd while room is made
+
+A file is published only by renaming a download whose sha256 matched, so an interrupted run,
+another dataset or an earlier run never leaves anything that is read without its hash checked.
+References are taken before a file is looked at (eagerly), are flocks the kernel drops when a
+process dies, and eviction only removes files nobody holds a reference to.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import os
+import re
+import secrets
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Iterator, Protocol
+
+from .manifest import DatasetError
+
+log = logging.getLogger(__name__)
+
+MIN_CACHE_SHARDS = 3
+"""A cache limit must hold this many of a dataset's largest shards: one being read, the next ones
+downloading, on a node shared by several readers."""
+ROOM_POLL_S = 0.05
+ROOM_TIMEOUT_S = 600.0
+"""How long a download waits for other readers to release enough of a full cache before failing."""
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*", re.IGNORECASE)
+
+
+class CachedFile(Protocol):
+    """What the cache needs to know of a file: the manifest's ShardInfo and FileInfo both qualify."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def bytes(self) -> int: ...
+    @property
+    def sha256(self) -> str: ...
+
+
+class Fetcher(Protocol):
+    """Downloads a dataset's files by name (retrying what is transient) and names their URLs."""
+
+    def fetch(self, name: str, dest: Path) -> None: ...
+    def url_of(self, name: str) -> str: ...
+
+
+class Cancelled(Exception):
+    """A lease given up while waiting for room, because its reader stopped."""
+
+
+def parse_size(value: int | str | None) -> int | None:
+    """Bytes from an int or a string like "200GB", "1.5 GiB", "512MB"; None stays None (no limit)."""
+    if value is None or isinstance(value, int):
+        if value is not None and value < 0:
+            raise ValueError(f"cache_limit must not be negative, got {value}")
+        return value
+    match = _SIZE.fullmatch(value)
+    if match is None or match.group(2).lower() not in _UNITS:
+        raise ValueError(f"cache_limit {value!r} is not a size like 200GB, 512MiB or a number of bytes")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def format_size(size: int) -> str:
+    for unit, scale in (("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit} ({size} bytes)"
+    return f"{size} bytes"
+
+
+# Every lock descriptor this process holds: a forked child closes its copies, or they would keep
+# the parent's references (flocks belong to the open file, which fork shares) alive in the child.
+_HELD: set[int] = set()
+_HELD_GUARD = threading.Lock()
+
+
+def _close_inherited() -> None:
+    global _HELD_GUARD
+    _HELD_GUARD = threading.Lock()  # another thread of the parent may have held it at the fork
+    for fd in _HELD:
+        os.close(fd)
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_close_inherited)
+
+
+def _lock(path: Path, *, exclusive: bool, wait: bool = True) -> int | None:
+    """A flock on `path` (created if missing): the descriptor, or None if `wait` is False and it is held.
+
+    The lock is taken on the file the path names when the lock is granted: if the file vanished or
+    was replaced while we waited (an eviction or a finished download removes its lock files), we
+    lock the new one instead, so two processes never both believe they hold it.
+    """
+    operation = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | (0 if wait else fcntl.LOCK_NB)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, operation)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            with _HELD_GUARD:
+                _HELD.add(fd)
+            return fd
+        os.close(fd)
+
+
+def _unlock(fd: int) -> None:
+    """Close a lock descriptor (closing, never LOCK_UN: a forked copy must not unlock the parent's)."""
+    with _HELD_GUARD:
+        if fd not in _HELD:
+            return  # already closed, or closed for us after a fork
+        _HELD.discard(fd)
+    os.close(fd)
+
+
+def _remove_lock(path: Path, fd: int) -> None:
+    """Delete a lock file we hold, then release it: waiters on it notice and lock the new one."""
+    path.unlink(missing_ok=True)
+    _unlock(fd)
+
+
+class Lease:
+    """A reference to one cached file: while it is held, no process on the node evicts the file."""
+
+    def __init__(self, path: Path, fd: int | None = None) -> None:
+        self.path = path
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            _unlock(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> Path:
+        return self.path
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb", buffering=0) as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+        os.fsync(handle.fileno())  # the bytes we hashed are on disk before the rename publishes them
+    return digest.hexdigest()
+
+
+class ShardCache:
+    """Whole files in `root`, at most `limit` bytes (None: no limit), least recently used evicted first."""
+
+    def __init__(self, root: str | os.PathLike[str], limit: int | str | None = None) -> None:
+        self.root = Path(root).expanduser()
+        self.limit = parse_size(limit)
+        self.room_timeout = ROOM_TIMEOUT_S
+        for sub in ("objects", "tmp", "locks"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+
+    def __repr__(self) -> str:
+        limit = "none" if self.limit is None else format_size(self.limit)
+        return f"ShardCache({str(self.root)!r}, limit={limit})"
+
+    def check_limit(self, largest: int) -> None:
+        """Refuse a limit that cannot hold a few of the largest files: it could only stall."""
+        if self.limit is not None and self.limit < MIN_CACHE_SHARDS * largest:
+            raise ValueError(
+                f"cache_limit {format_size(self.limit)} is too small: it must hold at least {MIN_CACHE_SHARDS} "
+                f"of this dataset's largest shard ({format_size(largest)}), "
+                f"{format_size(MIN_CACHE_SHARDS * largest)}"
+            )
+
+    def object_path(self, file: CachedFile) -> Path:
+        return self.root / "objects" / (file.sha256 + Path(file.name).suffix)
+
+    def _lock_path(self, file: CachedFile, kind: str) -> Path:
+        return self.root / "locks" / f"{file.sha256}.{kind}"
+
+    def disk_bytes(self) -> int:
+        """Bytes on disk now: published files plus partial downloads."""
+        total = 0
+        for sub in ("objects", "tmp"):
+            for entry in os.scandir(self.root / sub):
+                try:
+                    total += entry.stat().st_size
+                except FileNotFoundError:
+                    continue
+        return total
+
+    def lease(self, file: CachedFile, fetcher: Fetcher, *, make_room: Callable[[], bool] | None = None,
+              cancelled: Callable[[], bool] | None = None) -> Lease:
+        """The local copy of `file`, downloaded and checked first if needed, held until released.
+
+        `make_room()` is called when the cache is full of files others hold: it may release
+        references of the caller's own and returns True if it did. `cancelled()` True stops a
+        wait for room with `Cancelled`.
+        """
+        use = _lock(self._lock_path(file, "use"), exclusive=False)  # the reference, before anything else
+        assert use is not None
+        try:
+            path = self.object_path(file)
+            if not self._present(path, file):
+                self._download(file, path, fetcher, make_room, cancelled)
+            os.utime(path)  # most recently used
+        except BaseException:
+            _unlock(use)
+            raise
+        return Lease(path, use)
+
+    @staticmethod
+    def _present(path: Path, file: CachedFile) -> bool:
+        try:
+            return path.stat().st_size == file.bytes
+        except FileNotFoundError:
+            return False
+
+    def _download(self, file: CachedFile, path: Path, fetcher: Fetcher, make_room: Callable[[], bool] | None,
+                  cancelled: Callable[[], bool] | None) -> None:
+        get_path = self._lock_path(file, "get")
+        get = _lock(get_path, exclusive=True)  # one download per file per node; others wait here
+        assert get is not None
+        try:
+            if self._present(path, file):
+                return  # downloaded while we waited
+            for stale in (self.root / "tmp").glob(f"{file.sha256}.*.part"):
+                stale.unlink(missing_ok=True)  # a dead downloader's: we hold its lock now
+            part = self._reserve(file, make_room, cancelled)
+            try:
+                url = fetcher.url_of(file.name)
+                for attempt in (1, 2):
+                    fetcher.fetch(file.name, part)
+                    digest = file_sha256(part)
+                    if digest == file.sha256:
+                        break
+                    log.warning("%s: downloaded sha256 %s, index.json says %s (attempt %d of 2)", url, digest,
+                                file.sha256, attempt)
+                else:
+                    raise DatasetError(f"{url}: sha256 {digest} on two downloads, index.json says {file.sha256}")
+                os.replace(part, path)
+                log.debug("%s: cached as %s", url, path)
+            finally:
+                part.unlink(missing_ok=True)
+        finally:
+            _remove_lock(get_path, get)
+
+    def _reserve(self, file: CachedFile, make_room: Callable[[], bool] | None,
+                 cancelled: Callable[[], bool] | None) -> Path:
+        """Create the download's part file once the cache has room for the whole file."""
+        if self.limit is not None and file.bytes > self.limit:
+            raise DatasetError(f"{file.name}: {format_size(file.bytes)} does not fit in cache_limit "
+                               f"{format_size(self.limit)} of {self.root}")
+        deadline = time.monotonic() + self.room_timeout
+        waiting = False
+        while True:
+            with self._cache_lock():
+                used = self._used()
+                if self.limit is None or used + file.bytes <= self.limit or self._evict(used + file.bytes - self.limit):
+                    part = self.root / "tmp" / f"{file.sha256}.{file.bytes}.{os.getpid()}.{secrets.token_hex(4)}.part"
+                    part.touch()
+                    if waiting:
+                        log.info("%s: room for %s after waiting", self.root, file.name)
+                    return part
+            if make_room is not None and make_room():
+                continue
+            if cancelled is not None and cancelled():
+                raise Cancelled(file.name)
+            if time.monotonic() > deadline:
+                raise DatasetError(
+                    f"{self.root}: waited {self.room_timeout:.0f} s for room for {file.name} "
+                    f"({format_size(file.bytes)}); cache_limit {format_size(self.limit)} is all held by readers "
+                    "still using their shards")
+            if not waiting:
+                log.info("%s: cache full (limit %s), waiting for readers to release shards", self.root,
+                         format_size(self.limit))
+                waiting = True
+            time.sleep(ROOM_POLL_S)
+
+    def _cache_lock(self) -> _Held:
+        return _Held(self.root / "locks" / "cache.lock")
+
+    def _used(self) -> int:
+        """Bytes the cache holds or has promised: published files plus the full size of each live
+        download. Downloads whose process died (their lock is free) are deleted here."""
+        used = 0
+        for entry in os.scandir(self.root / "tmp"):
+            sha, _, rest = entry.name.partition(".")
+            if not entry.name.endswith(".part"):
+                continue
+            get_path = self.root / "locks" / f"{sha}.get"
+            get = _lock(get_path, exclusive=True, wait=False)
+            if get is None:
+                used += int(rest.split(".", 1)[0])
+                continue
+            Path(entry.path).unlink(missing_ok=True)  # its downloader is gone: never trusted, never counted
+            _remove_lock(get_path, get)
+        for path, size, _ in self._objects():
+            used += size
+        return used
+
+    def _objects(self) -> Iterator[tuple[Path, int, float]]:
+        for entry in os.scandir(self.root / "objects"):
+            try:
+                stat = entry.stat()
+            except FileNotFoundError:
+                continue
+            yield Path(entry.path), stat.st_size, stat.st_mtime
+
+    def _evict(self, excess: int) -> bool:
+        """Delete unused files, least recently used first, until `excess` bytes are gone; True if they are."""
+        for path, size, _ in sorted(self._objects(), key=lambda item: item[2]):
+            use_path = self.root / "locks" / f"{path.name.split('.', 1)[0]}.use"
+            use = _lock(use_path, exclusive=True, wait=False)
+            if use is None:
+                continue  # someone holds a reference
+            path.unlink(missing_ok=True)
+            _remove_lock(use_path, use)
+            log.debug("%s: evicted %s (%d bytes)", self.root, path.name, size)
+            excess -= size
+            if excess <= 0:
+                return True
+        return False
+
+
+class _Held:
+    """An exclusive flock held for the length of a `with` block."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def __enter__(self) -> None:
+        self._fd = _lock(self.path, exclusive=True)
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._fd is not None
+        _unlock(self._fd)

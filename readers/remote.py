@@ -1,0 +1,193 @@
+"""Where a dataset's files are: a local directory read in place, or an fsspec URL read through a cache.
+
+`RemoteStore` talks to the store (fsspec, imported only for URLs): index.json, and whole files
+downloaded with retries. `LocalFiles` and `CachedFiles` give the readers a local path for each
+file of the manifest and a lease that keeps it there while it is read. Imports no torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import random
+import re
+import time
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+from .cache import CachedFile, Lease, ShardCache
+from .manifest import MANIFEST_NAME, DatasetError, Manifest, load_manifest, parse_manifest
+
+log = logging.getLogger(__name__)
+
+CACHE_DIR_ENV = "PACK_CACHE_DIR"
+DEFAULT_CACHE_HOME = "~/.cache/pack"
+EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "http": "http", "https": "http"}
+"""URL scheme -> the pip extra of pack that installs its fsspec back end."""
+
+
+def is_url(path: str | os.PathLike[str]) -> bool:
+    """True for a URL the readers fetch through the cache; plain paths and file:// are local."""
+    return isinstance(path, str) and "://" in path and not path.startswith("file://")
+
+
+def local_root(path: str | os.PathLike[str]) -> Path:
+    return Path(path[len("file://"):] if isinstance(path, str) and path.startswith("file://") else path)
+
+
+def default_cache_dir(url: str) -> Path:
+    """$PACK_CACHE_DIR, else one folder per dataset URL under ~/.cache/pack."""
+    configured = os.environ.get(CACHE_DIR_ENV)
+    if configured:
+        return Path(configured).expanduser()
+    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", url.split("://", 1)[-1]).strip("_")[-80:]
+    return Path(DEFAULT_CACHE_HOME).expanduser() / f"{readable}-{hashlib.sha256(url.encode()).hexdigest()[:12]}"
+
+
+def http_status(exc: BaseException) -> int | None:
+    """The HTTP status an fsspec back end's exception stands for, where it says."""
+    if isinstance(exc, FileNotFoundError):
+        return 404
+    if isinstance(exc, PermissionError):
+        return 403
+    status = getattr(exc, "status", None)  # aiohttp.ClientResponseError
+    return status if isinstance(status, int) else None
+
+
+def permanent(status: int | None) -> bool:
+    """Client errors other than timeouts and throttling will not change on a retry."""
+    return status is not None and 400 <= status < 500 and status not in (408, 429)
+
+
+_REASONS = {403: "access denied", 404: "not found"}
+
+
+class RemoteStore:
+    """The files of one dataset URL, fetched through fsspec with `storage_options`.
+
+    Picklable: the filesystem is made on first use in each process (never shared across a fork),
+    and storage options, which may hold credentials, are never logged.
+    """
+
+    retries = 5
+    backoff_s = 0.5
+    max_backoff_s = 20.0
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.storage_options = dict(storage_options or {})
+        self._fs: Any = None
+        self._base = ""
+        self._pid = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_fs": None}
+
+    def __repr__(self) -> str:
+        return f"RemoteStore({self.url!r})"
+
+    def _filesystem(self) -> tuple[Any, str]:
+        if self._fs is None or self._pid != os.getpid():
+            scheme = self.url.split("://", 1)[0]
+            try:
+                from fsspec.core import url_to_fs
+
+                self._fs, self._base = url_to_fs(self.url, **self.storage_options)
+            except ImportError as exc:
+                extra = EXTRAS.get(scheme)
+                hint = f"pip install 'pack[{extra}]'" if extra else "install the fsspec back end for it"
+                raise ImportError(f"{self.url}: reading {scheme}:// needs {hint} ({exc})") from None
+            self._pid = os.getpid()
+        return self._fs, self._base
+
+    def url_of(self, name: str) -> str:
+        return f"{self.url}/{name}"
+
+    def manifest(self) -> Manifest:
+        fs, base = self._filesystem()
+        text = self._retry(MANIFEST_NAME, lambda: fs.cat_file(f"{base}/{MANIFEST_NAME}"))
+        return parse_manifest(text, self.url_of(MANIFEST_NAME))
+
+    def fetch(self, name: str, dest: Path) -> None:
+        """The whole file `name` into `dest` (overwritten), retried on transient errors."""
+        fs, base = self._filesystem()
+        self._retry(name, lambda: fs.get_file(f"{base}/{name}", str(dest)))
+
+    def _retry(self, name: str, call: Callable[[], Any]) -> Any:
+        url = self.url_of(name)
+        for attempt in range(self.retries + 1):
+            try:
+                return call()
+            except Exception as exc:  # noqa: BLE001 - each back end raises its own types; the status decides
+                status = http_status(exc)
+                if permanent(status):
+                    reason = _REASONS.get(status, "refused")  # type: ignore[arg-type]
+                    raise DatasetError(f"{url}: {reason} (HTTP {status})") from None
+                if attempt == self.retries:
+                    raise DatasetError(f"{url}: failed {attempt + 1} times, last: {type(exc).__name__}: {exc}") from None
+                delay = min(self.max_backoff_s, self.backoff_s * 2**attempt) * random.uniform(0.5, 1.0)
+                log.warning("%s: %s: %s; retry %d of %d in %.1f s", url, type(exc).__name__, exc, attempt + 1,
+                            self.retries, delay)
+                time.sleep(delay)
+        raise AssertionError("unreachable")
+
+
+class ShardFiles(Protocol):
+    """Where the readers find a dataset's files: `path` of each, valid while a `lease` on it is held."""
+
+    root: str | Path
+
+    def path(self, file: CachedFile) -> Path: ...
+    def lease(self, file: CachedFile, *, make_room: Callable[[], bool] | None = None,
+              cancelled: Callable[[], bool] | None = None) -> Lease: ...
+
+
+class LocalFiles:
+    """A dataset in a local directory: files are read in place, leases hold nothing."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = local_root(root)
+
+    def path(self, file: CachedFile) -> Path:
+        return self.root / file.name
+
+    def lease(self, file: CachedFile, *, make_room: Callable[[], bool] | None = None,
+              cancelled: Callable[[], bool] | None = None) -> Lease:
+        return Lease(self.path(file))
+
+
+class CachedFiles:
+    """A dataset at a URL: each file is downloaded whole into the cache when first leased."""
+
+    def __init__(self, store: RemoteStore, cache: ShardCache) -> None:
+        self.store = store
+        self.cache = cache
+        self.root = store.url
+
+    def path(self, file: CachedFile) -> Path:
+        return self.cache.object_path(file)
+
+    def lease(self, file: CachedFile, *, make_room: Callable[[], bool] | None = None,
+              cancelled: Callable[[], bool] | None = None) -> Lease:
+        return self.cache.lease(file, self.store, make_room=make_room, cancelled=cancelled)
+
+
+def open_files(path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | None,
+               cache_limit: int | str | None, storage_options: dict[str, Any] | None) -> tuple[ShardFiles, Manifest]:
+    """The files of the dataset at `path` (a directory or URL) and its manifest, read first.
+
+    For a URL, the cache limit is checked against the manifest's largest shard before anything
+    is downloaded.
+    """
+    if not is_url(path):
+        local = LocalFiles(path)
+        return local, load_manifest(local.root)
+    url = str(path)
+    store = RemoteStore(url, storage_options)
+    manifest = store.manifest()
+    cache = ShardCache(default_cache_dir(url) if cache_dir is None else cache_dir, cache_limit)
+    cache.check_limit(max((shard.bytes + sum(s.bytes for s in shard.sidecars) for shard in manifest.shards),
+                          default=0))
+    log.info("%s: %d shards through %r", url, len(manifest.shards), cache)
+    return CachedFiles(store, cache), manifest

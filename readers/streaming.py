@@ -1,0 +1,340 @@
+"""Streaming reads: every rank reads whole shards front to back while the next ones download.
+
+The order of an epoch is computed, never observed: shards in `shard_order(seed, epoch)`, each front
+to back (`readers.order.stream_order`); ranks take equal contiguous shares of it (`split_for_rank`,
+the padding rule of the map-style loader); each DataLoader worker streams a contiguous span of
+its rank's share through a shuffle buffer. DataLoader takes one batch from each worker in turn,
+so worker w yields batches w, w+W, w+2W, ... of the rank; spans are laid out so the last,
+possibly partial, batch is yielded last. The shuffle buffer's output order is drawn from
+(seed, epoch, rank, worker) alone, so a resumed epoch skips exactly the batches consumed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data._utils.collate import default_collate
+
+from .base import PackedDataset, Record
+from .cache import CachedFile, Cancelled, Lease
+from .manifest import DatasetError
+from .order import LoaderMode, RankSplit, split_for_rank, stream_order
+from .remote import ShardFiles
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SHUFFLE_BUFFER = 1024
+"""Samples each worker holds to mix the order within and across neighbouring shards."""
+DEFAULT_PREFETCH_SHARDS = 2
+"""Shards each worker downloads ahead of the one it reads."""
+
+
+def distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """Both given, or torch.distributed's when initialised, else (0, 1)."""
+    if (rank is None) != (world_size is None):
+        raise ValueError("pass both rank and world_size, or neither (then torch.distributed decides)")
+    if rank is not None and world_size is not None:
+        return rank, world_size
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def worker_spans(share_len: int, batch_size: int, workers: int) -> list[tuple[int, int]]:
+    """Per worker, the [start, stop) span of the rank's share it streams.
+
+    Worker w yields batches w, w+W, ... of the rank, so it gets ceil((B - w) / W) of the B batches;
+    the worker that yields the last batch gets the end of the share (where a partial batch is).
+    """
+    batches = -(-share_len // batch_size)
+    counts = [(batches - w + workers - 1) // workers for w in range(workers)]
+    last = (batches - 1) % workers
+    spans: list[tuple[int, int]] = [(0, 0)] * workers
+    position = 0
+    for offset in range(1, workers + 1):
+        worker = (last + offset) % workers
+        spans[worker] = (position, min(position + counts[worker] * batch_size, share_len))
+        position += counts[worker] * batch_size
+    return spans
+
+
+def batches_before(consumed: int, worker: int, workers: int) -> int:
+    """How many of the first `consumed` batches of the rank worker `worker` produced."""
+    return (consumed - worker + workers - 1) // workers
+
+
+def buffer_order(count: int, buffer: int, rng: np.random.Generator) -> np.ndarray:
+    """The output order of a shuffle buffer of `buffer` samples over a stream of `count`:
+    output i is input `order[i]`. Depends on the generator only, so it can be replayed without data."""
+    if buffer <= 1 or count <= 1:
+        return np.arange(count, dtype=np.int64)
+    pool = list(range(min(buffer, count)))
+    arriving = len(pool)
+    draws = rng.random(count)
+    order = np.empty(count, dtype=np.int64)
+    for out in range(count):
+        slot = int(draws[out] * len(pool))
+        order[out] = pool[slot]
+        if arriving < count:
+            pool[slot] = arriving
+            arriving += 1
+        else:
+            pool[slot] = pool[-1]
+            pool.pop()
+    return order
+
+
+@dataclass(frozen=True)
+class Run:
+    """Consecutive samples of one shard: local indices [start, stop), at `position` in the stream."""
+
+    shard: int
+    start: int
+    stop: int
+    position: int
+
+
+def shard_runs(indices: np.ndarray, offsets: np.ndarray) -> list[Run]:
+    """Cut a sequence of global sample indices into runs of consecutive samples of one shard."""
+    if len(indices) == 0:
+        return []
+    shards = np.searchsorted(offsets, indices, side="right") - 1
+    cuts = np.flatnonzero((np.diff(shards) != 0) | (np.diff(indices) != 1)) + 1
+    bounds = np.concatenate(([0], cuts, [len(indices)]))
+    runs = []
+    for begin, end in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+        shard = int(shards[begin])
+        local = int(indices[begin] - offsets[shard])
+        runs.append(Run(shard, local, local + end - begin, begin))
+    return runs
+
+
+class ShardPrefetcher:
+    """Leases a worker's shards in reading order in a background thread, up to `ahead` shards past
+    the one being read, so downloads overlap reading. The references are taken when a download is
+    scheduled, not when reading starts."""
+
+    def __init__(self, files: ShardFiles, shards: Sequence[CachedFile], ahead: int) -> None:
+        self._files = files
+        self._shards = shards
+        self._ahead = ahead
+        self._cond = threading.Condition()
+        self._ready: dict[int, Lease] = {}
+        self._reading = 0
+        self._error: BaseException | None = None
+        self._closed = False
+        threading.Thread(target=self._run, name="pack-prefetch", daemon=True).start()
+
+    def _run(self) -> None:
+        for number, file in enumerate(self._shards):
+            with self._cond:
+                self._cond.wait_for(lambda: self._closed or number <= self._reading + self._ahead)
+                if self._closed:
+                    return
+            try:
+                lease = self._files.lease(file, cancelled=lambda: self._closed)
+            except Cancelled:
+                return
+            except BaseException as exc:  # noqa: BLE001 - handed to the reading thread, raised there
+                with self._cond:
+                    self._error = exc
+                    self._cond.notify_all()
+                return
+            with self._cond:
+                if self._closed:
+                    lease.release()
+                    return
+                self._ready[number] = lease
+                self._cond.notify_all()
+
+    def take(self, number: int) -> Lease:
+        """The lease of the `number`-th shard, waiting for its download; the caller releases it."""
+        with self._cond:
+            self._reading = number
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: number in self._ready or self._error is not None)
+            if number in self._ready:
+                return self._ready.pop(number)
+            assert self._error is not None
+            raise self._error
+
+    def close(self) -> None:
+        """Stop scheduling and release what was fetched ahead (a download under way finishes first)."""
+        with self._cond:
+            self._closed = True
+            for lease in self._ready.values():
+                lease.release()
+            self._ready.clear()
+            self._cond.notify_all()
+
+
+class ShardStream(IterableDataset, RankSplit):
+    """One rank's batches (or samples, with `collate_fn=None` and batch_size 1), read shard by shard.
+
+    The epoch and the batches to skip live in a small shared-memory tensor, so persistent
+    DataLoader workers see `set_epoch` and a resume position.
+    """
+
+    state_keys = ("seed", "world_size", "batch_size", "num_samples", "shuffle", "shuffle_buffer", "num_workers",
+                  "drop_last", "mode")
+
+    def __init__(
+        self,
+        dataset: PackedDataset,
+        *,
+        batch_size: int,
+        collate_fn: Callable[[list[Any]], Any] | None = default_collate,
+        seed: int = 0,
+        shuffle: bool = True,
+        shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER,
+        rank: int | None = None,
+        world_size: int | None = None,
+        drop_last: bool = False,
+        mode: LoaderMode = "train",
+        num_workers: int = 0,
+        prefetch_shards: int = DEFAULT_PREFETCH_SHARDS,
+    ) -> None:
+        rank, world_size = distributed(rank, world_size)
+        RankSplit.__init__(self, [shard.num_samples for shard in dataset.manifest.shards], batch_size, rank=rank,
+                           world_size=world_size, seed=seed, shuffle=shuffle, drop_last=drop_last, mode=mode)
+        if shuffle_buffer < 0 or prefetch_shards < 0:
+            raise ValueError(f"shuffle_buffer and prefetch_shards must be >= 0, got {shuffle_buffer}, {prefetch_shards}")
+        self.dataset = dataset
+        self.collate_fn = collate_fn
+        self.shuffle_buffer = shuffle_buffer
+        self.num_workers = num_workers
+        self.prefetch_shards = prefetch_shards
+        self._offsets = np.concatenate(([0], np.cumsum(self.shard_sizes)))
+        self._position = torch.zeros(2, dtype=torch.int64).share_memory_()  # epoch, batches to skip
+
+    @property
+    def epoch(self) -> int:
+        return int(self._position[0])
+
+    def set_epoch(self, epoch: int) -> None:
+        self._position[0] = epoch
+
+    @property
+    def start_batch(self) -> int:
+        return int(self._position[1])
+
+    @start_batch.setter
+    def start_batch(self, batches: int) -> None:
+        self._position[1] = batches
+
+    def __len__(self) -> int:
+        return self.samples_per_rank if self.collate_fn is None else self.num_batches
+
+    def share(self, epoch: int) -> tuple[np.ndarray, int]:
+        """This rank's sample indices in stream order, padding included, and how many are real."""
+        order = stream_order(self.shard_sizes, seed=self.seed, epoch=epoch, shuffle=self.shuffle)
+        return split_for_rank(order, rank=self.rank, world_size=self.world_size, batch_size=self.batch_size,
+                              drop_last=self.drop_last, mode=self.mode)
+
+    def worker_plan(self, epoch: int, worker: int, workers: int) -> tuple[np.ndarray, np.ndarray, int, int]:
+        """A worker's span: its sample indices in reading order, the order they come out of the
+        shuffle buffer (positions in the span), where the span starts in the share, and the share's
+        real sample count."""
+        share, real = self.share(epoch)
+        start, stop = worker_spans(len(share), self.batch_size, workers)[worker]
+        if self.shuffle:
+            rng = np.random.default_rng(np.random.SeedSequence([self.seed, epoch, self.rank, worker]))
+            order = buffer_order(stop - start, self.shuffle_buffer, rng)
+        else:
+            order = np.arange(stop - start, dtype=np.int64)
+        return share[start:stop], order, start, real
+
+    def indices(self) -> tuple[np.ndarray, int]:
+        """This rank's sample indices for the current epoch in the order the loader yields them,
+        and the number of real samples in its share."""
+        workers = max(1, self.num_workers)
+        outputs = []
+        real = 0
+        for worker in range(workers):
+            samples, order, _, real = self.worker_plan(self.epoch, worker, workers)
+            outputs.append(samples[order])
+        size = self.batch_size
+        batches = [outputs[j % workers][j // workers * size:(j // workers + 1) * size] for j in range(self.num_batches)]
+        return np.concatenate(batches) if batches else np.empty(0, dtype=np.int64), real
+
+    def __iter__(self) -> Iterator[Any]:
+        info = get_worker_info()
+        slot, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        epoch, consumed = self._position.tolist()
+        # DataLoader starts every iteration at worker 0: after `consumed` batches, the worker that
+        # produced batch `consumed` of the uninterrupted order must be the one asked first.
+        worker = (slot + consumed) % workers
+        samples, order, start, real = self.worker_plan(epoch, worker, workers)
+        skip = batches_before(consumed, worker, workers) * self.batch_size
+        outputs = self._samples(samples, order, skip)
+        if self.collate_fn is None:
+            yield from (sample for _, sample in outputs)
+            return
+        batch: list[Any] = []
+        positions: list[int] = []
+        for position, sample in outputs:
+            batch.append(sample)
+            positions.append(position)
+            if len(batch) == self.batch_size:
+                yield self._collated(batch, positions, start, real)
+                batch, positions = [], []
+        if batch:
+            yield self._collated(batch, positions, start, real)
+
+    def _collated(self, batch: list[Any], positions: list[int], start: int, real: int) -> Any:
+        assert self.collate_fn is not None
+        collated = self.collate_fn(batch)
+        if self.mode == "eval":  # padding sits at the end of the share
+            return collated, torch.tensor(positions) + start < real
+        return collated
+
+    def _samples(self, samples: np.ndarray, order: np.ndarray, skip: int) -> Iterator[tuple[int, tuple[Any, ...]]]:
+        """(position in the span, decoded sample) in `order`, the first `skip` outputs left out."""
+        wanted = order[skip:]
+        if len(wanted) == 0:
+            return
+        done = np.zeros(len(samples), dtype=bool)
+        done[order[:skip]] = True
+        first = int(wanted.min())
+        runs = [Run(run.shard, run.start, run.stop, run.position + first)
+                for run in shard_runs(samples[first:], self._offsets)]
+        shards = self.dataset.manifest.shards
+        prefetcher = ShardPrefetcher(self.dataset.files, [shards[run.shard] for run in runs], self.prefetch_shards)
+        records = self._records(runs, prefetcher, done)
+        pending: dict[int, Record | DatasetError] = {}
+        try:
+            for position in wanted.tolist():
+                while position not in pending:
+                    read, record = next(records)
+                    pending[read] = record
+                yield position, self._decode(int(samples[position]), pending.pop(position))
+        finally:
+            records.close()
+            prefetcher.close()
+
+    def _records(self, runs: list[Run], prefetcher: ShardPrefetcher,
+                 done: np.ndarray) -> Iterator[tuple[int, Record | DatasetError]]:
+        for number, run in enumerate(runs):
+            lease = prefetcher.take(number)
+            try:
+                for local, record in self.dataset.read_records(run.shard, run.start, run.stop):
+                    position = run.position + local - run.start
+                    if not done[position]:
+                        yield position, record
+            finally:
+                self.dataset.close_shard(run.shard)
+                lease.release()
+
+    def _decode(self, index: int, record: Record | DatasetError) -> tuple[Any, ...]:
+        if not isinstance(record, DatasetError):
+            try:
+                return self.dataset.decode_sample(index, *record)
+            except DatasetError:
+                pass
+        return self.dataset[index]  # on_error decides: raise, or stand in the next readable sample

@@ -1,0 +1,151 @@
+"""Reading from a slow store: loose JPEGs, one GET each, against make_loader(streaming=True) over shards.
+
+    python scripts/bench_remote.py [--images 2000] [--delay-ms 20] [--bandwidth-mb 200] [--workers 2]
+
+A loopback HTTP server (scripts/loopback.py, in a process of its own) answers every request after `--delay-ms` (an object
+store's first-byte latency) and sends at most `--bandwidth-mb` MB/s per response. Both cases use a
+DataLoader with `--workers` workers and hand over the images' bytes undecoded, so the figures are
+what the store delivers, not what a JPEG decoder does with it:
+
+- loose: a Dataset of image URLs, one urllib GET per image (what training on an unpacked bucket does);
+- streaming, cold: the same images packed as tar shards, read with make_loader(streaming=True) into
+  an empty cache; then two more epochs from the warm cache;
+- local: the same shards read with make_loader(streaming=True) from local disk (page cache warm).
+
+Goals (issue 13): streaming >= 20x the loose files' samples/s at 20 ms; the warm epoch within 10% of
+local. The cache's peak size (sampled every 5 ms) is printed against its limit. Pass a
+--cache-limit below the dataset's size to watch eviction keep the cache under it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import shutil
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Iterable
+
+import bench_read
+from loopback import LoopbackHTTP, PeakSampler
+from torch.utils.data import DataLoader, Dataset
+
+import readers
+from packer.pipeline import pack
+from packer.plan import PackOptions
+from packer.scan import scan
+from readers.cache import format_size, parse_size
+
+
+class LooseHTTP(Dataset):
+    """One GET per image."""
+
+    def __init__(self, urls: list[str]) -> None:
+        self.urls = urls
+
+    def __len__(self) -> int:
+        return len(self.urls)
+
+    def __getitem__(self, index: int) -> bytes:
+        with urllib.request.urlopen(self.urls[index]) as response:
+            return response.read()
+
+
+def as_list(batch: list[Any]) -> list[Any]:
+    return batch
+
+
+def serve(directory: Path, delay_s: float, bandwidth: float, urls: multiprocessing.Queue, stop: Any) -> None:
+    """The store, in its own process: it must not compete with the training loop for one GIL."""
+    with LoopbackHTTP(directory, delay_s=delay_s, bandwidth=bandwidth) as server:
+        urls.put(server.url)
+        stop.wait()
+
+
+def rate(batches: Iterable[Any], count: Any) -> tuple[int, float]:
+    started = time.perf_counter()
+    samples = sum(count(batch) for batch in batches)
+    return samples, samples / (time.perf_counter() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", type=int, default=2000, help="images packed and streamed")
+    parser.add_argument("--loose-images", type=int, default=400, help="images fetched one GET each")
+    parser.add_argument("--shard-size", type=int, default=100, help="images per shard")
+    parser.add_argument("--delay-ms", type=float, default=20.0, help="server delay before each response")
+    parser.add_argument("--bandwidth-mb", type=float, default=200.0, help="MB/s per response")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--cache-limit", default=None, help="default: 1.25 x the dataset")
+    parser.add_argument("--work", default="/tmp/pack-bench-remote", help="sources, shards and cache live here")
+    args = parser.parse_args()
+
+    work = Path(args.work)
+    source = work / "src"
+    bench_read.make_source(source, args.images)
+    served = work / "served"
+    packed = served / "packed.wds"
+    options = PackOptions(format="wds", shard_size=args.shard_size)
+    if not (packed / "index.json").exists() or readers.load_manifest(packed).options.get("shard_size") != args.shard_size \
+            or readers.load_manifest(packed).num_samples != args.images:
+        shutil.rmtree(packed, ignore_errors=True)
+        pack(source, packed, options)
+    loose = served / "loose"
+    if not loose.exists():
+        loose.symlink_to(source)
+    manifest = readers.load_manifest(packed)
+    total = sum(shard.bytes for shard in manifest.shards)
+    limit = parse_size(args.cache_limit) if args.cache_limit else int(total * 1.25)
+    loader_args: dict[str, Any] = {"batch_size": args.batch_size, "num_workers": args.workers, "seed": 0,
+                                   "streaming": True}
+    print(f"{args.images} images, {format_size(total)} in {len(manifest.shards)} shards; server: "
+          f"{args.delay_ms:g} ms per request, {args.bandwidth_mb:g} MB/s per response; {args.workers} workers")
+
+    context = multiprocessing.get_context("spawn")
+    url_queue, stop = context.Queue(), context.Event()
+    store = context.Process(target=serve, args=(served, args.delay_ms / 1000, args.bandwidth_mb * 1e6, url_queue, stop))
+    store.start()
+    try:
+        url = url_queue.get(timeout=60)
+        paths = scan(source).paths[: args.loose_images]
+        urls = [f"{url}/loose/{urllib.request.pathname2url(str(path))}" for path in paths]
+        loose_loader = DataLoader(LooseHTTP(urls), batch_size=args.batch_size, num_workers=args.workers,
+                                  collate_fn=as_list)
+        _, loose_rate = rate(loose_loader, len)
+
+        cache_dir = work / "cache"
+        shutil.rmtree(cache_dir, ignore_errors=True)
+        remote = readers.open_dataset(f"{url}/packed.wds", decode="bytes", cache_dir=cache_dir,
+                                      cache_limit=limit)
+        cache = remote.files.cache  # type: ignore[attr-defined]
+        streamed = readers.make_loader(remote, **loader_args)
+        rates = {}
+        with PeakSampler(cache.disk_bytes, 0.005) as size:
+            for epoch, name in ((0, "cold"), (1, "warm"), (2, "warm, next epoch")):
+                streamed.set_epoch(epoch)
+                count, rates[name] = rate(streamed, lambda batch: len(batch[0]))
+                assert count == args.images
+    finally:
+        stop.set()
+        store.join()
+
+    local = readers.make_loader(readers.open_dataset(packed, decode="bytes"), **loader_args)
+    for epoch in (0, 1):  # the first pass warms the page cache and starts the workers
+        local.set_epoch(epoch)
+        _, rates["local"] = rate(local, lambda batch: len(batch[0]))
+
+    print(f"{'case':<28}{'samples/s':>12}")
+    print(f"{'loose, one GET each':<28}{loose_rate:>12.0f}")
+    print(f"{'streaming, cold cache':<28}{rates['cold']:>12.0f}   {rates['cold'] / loose_rate:.1f}x loose (goal 20x)")
+    print(f"{'streaming, warm cache':<28}{rates['warm']:>12.0f}   {rates['warm'] / rates['local']:.2f} of local "
+          "(goal >= 0.90)")
+    print(f"{'streaming, warm, next epoch':<28}{rates['warm, next epoch']:>12.0f}   "
+          f"{rates['warm, next epoch'] / rates['local']:.2f} of local")
+    print(f"{'local shards':<28}{rates['local']:>12.0f}")
+    print(f"cache peak {format_size(size.peak)} of limit {format_size(limit)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,222 @@
+"""The shard cache over a real HTTP server on loopback: whole-file downloads checked by sha256, one
+download per file per node, LRU eviction under a limit that never touches a leased file, retries,
+clear errors, and a killed download that nothing trusts afterwards."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+from pathlib import Path
+from typing import Callable
+
+import pytest
+from loopback import LoopbackHTTP
+
+import readers
+from readers.cache import MIN_CACHE_SHARDS, ShardCache, _lock, _unlock, parse_size
+from readers.manifest import ShardInfo
+from readers.remote import RemoteStore, default_cache_dir
+
+
+def store_and_shards(url: str) -> tuple[RemoteStore, list[ShardInfo]]:
+    store = RemoteStore(url)
+    return store, store.manifest().shards
+
+
+def path_of(url: str, name: str) -> str:
+    """The path the HTTP server sees for file `name` of the dataset at `url`."""
+    return f"{urllib.parse.urlsplit(url).path}/{name}"
+
+
+def test_parse_size() -> None:
+    assert parse_size("200GB") == 200 * 10**9
+    assert parse_size("1.5 GiB") == 3 * 2**29
+    assert parse_size("512mb") == 512 * 10**6
+    assert parse_size(1234) == 1234 and parse_size(None) is None
+    with pytest.raises(ValueError, match="'lots' is not a size"):
+        parse_size("lots")
+
+
+def test_files_download_once_checked_and_named_by_sha256(serve: Callable[[str], str], http_server: LoopbackHTTP,
+                                                          tmp_path: Path) -> None:
+    url = serve("wds")
+    store, shards = store_and_shards(url)
+    cache = ShardCache(tmp_path / "cache")
+    for shard in shards:
+        with cache.lease(shard, store) as path:
+            assert path.name == shard.sha256 + ".tar"
+            assert hashlib.sha256(path.read_bytes()).hexdigest() == shard.sha256
+        with cache.lease(shard, store) as again:
+            assert again == path
+    assert {http_server.gets[path_of(url, shard.name)] for shard in shards} == {1}
+    assert list((tmp_path / "cache" / "tmp").iterdir()) == []
+
+
+def test_corrupt_download_is_fetched_again_then_refused(serve: Callable[[str], str], http_server: LoopbackHTTP,
+                                                         tmp_path: Path) -> None:
+    url = serve("wds")
+    store, shards = store_and_shards(url)
+    cache = ShardCache(tmp_path / "cache")
+    first, second = (path_of(url, shard.name) for shard in shards[:2])
+    http_server.faults[first] = ["corrupt"]
+    with cache.lease(shards[0], store) as path:
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == shards[0].sha256
+    assert http_server.gets[first] == 2
+    http_server.faults[second] = ["corrupt", "corrupt"]
+    with pytest.raises(readers.DatasetError, match=f"{url}/{shards[1].name}: sha256 [0-9a-f]{{64}} on two downloads, "
+                                                    f"index.json says {shards[1].sha256}"):
+        cache.lease(shards[1], store)
+    assert not cache.object_path(shards[1]).exists() and list((tmp_path / "cache" / "tmp").iterdir()) == []
+
+
+def test_transient_errors_are_retried_then_name_the_url(serve: Callable[[str], str], http_server: LoopbackHTTP,
+                                                        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(RemoteStore, "backoff_s", 0.01)
+    monkeypatch.setattr(RemoteStore, "retries", 2)
+    url = serve("lmdb")
+    store, shards = store_and_shards(url)
+    cache = ShardCache(tmp_path / "cache")
+    first, second = (path_of(url, shard.name) for shard in shards[:2])
+    http_server.faults[first] = [503, "truncate"]  # a server error, then a connection cut mid-body
+    with cache.lease(shards[0], store) as path:
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == shards[0].sha256
+    assert http_server.gets[first] == 3
+    http_server.faults[second] = [503, 503, 503]
+    with pytest.raises(readers.DatasetError, match=f"{url}/{shards[1].name}: failed 3 times, last: .*503"):
+        cache.lease(shards[1], store)
+
+
+def test_missing_and_forbidden_are_one_clear_error(serve: Callable[[str], str], http_server: LoopbackHTTP,
+                                                   s3_options: dict, tmp_path: Path) -> None:
+    url = serve("hdf5")
+    with pytest.raises(readers.DatasetError, match=f"^{url}-gone/index.json: not found \\(HTTP 404\\)$"):
+        readers.open_dataset(url + "-gone", cache_dir=tmp_path)
+    http_server.faults[path_of(url, "index.json")] = [403]
+    with pytest.raises(readers.DatasetError, match=f"^{url}/index.json: access denied \\(HTTP 403\\)$"):
+        readers.open_dataset(url, cache_dir=tmp_path)
+    with pytest.raises(readers.DatasetError, match="^s3://pack-test/nothing/index.json: not found \\(HTTP 404\\)$"):
+        readers.open_dataset("s3://pack-test/nothing", cache_dir=tmp_path, storage_options=s3_options)
+    ds = readers.open_dataset(url, cache_dir=tmp_path, decode="bytes")
+    http_server.faults[path_of(url, ds.manifest.shards[0].name)] = [404]
+    with pytest.raises(readers.DatasetError, match=f"^{url}/{ds.manifest.shards[0].name}: not found \\(HTTP 404\\)$"):
+        ds[0]
+
+
+def test_limit_below_a_few_shards_names_both_sizes(serve: Callable[[str], str], tmp_path: Path) -> None:
+    url = serve("lmdb")
+    largest = max(shard.bytes for shard in RemoteStore(url).manifest().shards)
+    need = MIN_CACHE_SHARDS * largest
+    with pytest.raises(ValueError, match=f"cache_limit .*\\({need - 1} bytes\\) is too small: .* largest shard "
+                                         f".*\\({largest} bytes\\).*\\({need} bytes\\)"):
+        readers.open_dataset(url, cache_dir=tmp_path, cache_limit=need - 1)
+    readers.open_dataset(url, cache_dir=tmp_path, cache_limit=need)
+
+
+def test_eviction_is_lru_and_spares_leased_files(serve: Callable[[str], str], http_server: LoopbackHTTP,
+                                                 tmp_path: Path) -> None:
+    url = serve("lmdb")
+    store, shards = store_and_shards(url)
+    sizes = [shard.bytes for shard in shards]
+    limit = sizes[0] + sizes[2] + sizes[3]  # shard 3 fits once shard 1 is gone
+    cache = ShardCache(tmp_path / "cache", limit)
+    held = cache.lease(shards[0], store)  # the oldest, but in use
+    for shard in shards[1:3]:
+        cache.lease(shard, store).release()
+        time.sleep(0.01)  # distinct mtimes for the LRU order
+    cache.lease(shards[3], store).release()  # needs room: shard 1 is the least recently used unleased file
+    assert held.path.exists() and not cache.object_path(shards[1]).exists()
+    assert cache.object_path(shards[2]).exists() and cache.object_path(shards[3]).exists()
+    assert cache.disk_bytes() <= limit
+    held.release()
+    cache.lease(shards[4], store).release()
+    assert not held.path.exists()  # released, it is the least recently used now
+    assert cache.disk_bytes() <= limit and http_server.gets[path_of(url, shards[0].name)] == 1
+
+
+def test_full_cache_waits_for_a_release_then_gives_up(serve: Callable[[str], str], tmp_path: Path) -> None:
+    url = serve("lmdb")
+    store, shards = store_and_shards(url)
+    cache = ShardCache(tmp_path / "cache", sum(shard.bytes for shard in shards[:4]) - 1)  # not 4 at once
+    leases = [cache.lease(shard, store) for shard in shards[:3]]
+    threading.Timer(0.3, leases[0].release).start()
+    started = time.monotonic()
+    leases.append(cache.lease(shards[3], store))  # waits until shard 0 is released
+    assert time.monotonic() - started >= 0.25 and not leases[0].path.exists()
+    cache.room_timeout = 0.2  # shards 1, 2 and 3 are held now
+    with pytest.raises(readers.DatasetError, match="waited 0 s for room for .* all held by readers"):
+        cache.lease(shards[0], store)
+
+
+def test_lock_file_that_vanishes_under_a_waiter(serve: Callable[[str], str], http_server: LoopbackHTTP,
+                                                tmp_path: Path) -> None:
+    """A waiter whose lock file is deleted must lock the new file, not download beside its holder."""
+    url = serve("wds")
+    store, shards = store_and_shards(url)
+    cache = ShardCache(tmp_path / "cache")
+    shard = shards[0]
+    get_lock = cache.root / "locks" / f"{shard.sha256}.get"
+    holder = _lock(get_lock, exclusive=True)  # as if another process were downloading it
+    assert holder is not None
+    http_server.delay_s = 0.5
+    try:
+        waiter = threading.Thread(target=lambda: cache.lease(shard, store).release())
+        waiter.start()
+        time.sleep(0.2)  # the waiter blocks on the lock file
+        get_lock.unlink()  # ... which vanishes
+        newcomer = threading.Thread(target=lambda: cache.lease(shard, store).release())
+        newcomer.start()  # locks a new lock file and downloads (slowly)
+        time.sleep(0.2)
+        _unlock(holder)  # the waiter wakes on the deleted file and must wait for the newcomer
+        waiter.join(10)
+        newcomer.join(10)
+    finally:
+        http_server.delay_s = 0.0
+    assert http_server.gets[path_of(url, shard.name)] == 1
+
+
+def test_killed_download_is_never_trusted(serve: Callable[[str], str], http_server: LoopbackHTTP,
+                                          packed_as: Callable, tmp_path: Path) -> None:
+    url = serve("hdf5")
+    cache_dir = tmp_path / "cache"
+    shard = RemoteStore(url).manifest().shards[0]
+    http_server.faults[path_of(url, shard.name)] = ["stall"]  # half the shard, then nothing
+    code = f"import readers; readers.open_dataset({url!r}, cache_dir={str(cache_dir)!r})[0]"
+    reader = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 60
+        while not any(part.stat().st_size for part in (cache_dir / "tmp").glob("*.part")):
+            assert reader.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        reader.send_signal(signal.SIGKILL)
+        reader.wait()
+    finally:
+        reader.kill()
+    assert not ShardCache(cache_dir).object_path(shard).exists()
+    ds = readers.open_dataset(url, cache_dir=cache_dir, decode="bytes", fields=("image", "path"))
+    local = readers.open_dataset(packed_as("hdf5")[0], decode="bytes", fields=("image", "path"))
+    assert [ds[i] for i in range(len(ds))] == [local[i] for i in range(len(local))]
+    assert list((cache_dir / "tmp").iterdir()) == []
+    for path in (cache_dir / "objects").iterdir():
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == path.name.split(".")[0]
+
+
+def test_default_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PACK_CACHE_DIR", str(tmp_path / "shared"))
+    assert default_cache_dir("s3://bucket/a.wds") == tmp_path / "shared"
+    monkeypatch.delenv("PACK_CACHE_DIR")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    first, second = default_cache_dir("s3://bucket/a.wds"), default_cache_dir("s3://bucket/b.wds")
+    assert first.parent == second.parent == tmp_path / ".cache" / "pack" and first != second
+    assert first.name.startswith("bucket_a.wds-")
+
+
+def test_cache_and_store_import_no_torch_and_no_fsspec() -> None:
+    code = ("import sys, readers.cache, readers.remote; "
+            "assert not {'torch', 'fsspec'} & set(sys.modules), 'imported torch or fsspec'")
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ})

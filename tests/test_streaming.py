@@ -1,0 +1,227 @@
+"""make_loader(streaming=True): whole shards front to back, equal ranks, exact resume, background
+prefetch; the same loader over a URL yields what it yields locally."""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+import shutil
+import time
+import urllib.parse
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+from clirun import run
+from imagefolders import make_caption_folder
+from loopback import LoopbackHTTP
+
+import readers
+from packer.writers import WRITERS
+from readers.order import shard_order, stream_order
+from readers.streaming import batches_before, buffer_order, worker_spans
+
+SIZES = [4, 4, 4, 4, 3]  # the shared packed dataset's shards
+
+
+def streaming(ds: readers.PackedDataset, **kwargs: Any) -> readers.StreamingLoader:
+    args: dict[str, Any] = {"batch_size": 3, "seed": 5, "num_workers": 0, "shuffle_buffer": 4, **kwargs}
+    return readers.make_loader(ds, streaming=True, **args)  # type: ignore[return-value]
+
+
+def flat(loader: readers.PackedLoader) -> list[int]:
+    return [i for batch in loader for i in batch[0].tolist()]
+
+
+def open_indexed(path: str | Path, **kwargs: Any) -> readers.PackedDataset:
+    return readers.open_dataset(path, decode="bytes", fields=("index", "image", "label"), **kwargs)
+
+
+# The order, without data ------------------------------------------------------------------
+
+
+def test_stream_order_reads_whole_shards_in_shard_order() -> None:
+    order = stream_order(SIZES, seed=3, epoch=1)
+    starts = np.concatenate(([0], np.cumsum(SIZES)))
+    expected = [i for shard in shard_order(5, seed=3, epoch=1) for i in range(starts[shard], starts[shard + 1])]
+    assert order.tolist() == expected
+    assert stream_order(SIZES, seed=3, epoch=1, shuffle=False).tolist() == list(range(19))
+
+
+def test_worker_spans_tile_the_share_and_end_with_the_last_batch() -> None:
+    for share in range(0, 30):
+        for batch in (1, 3, 4):
+            for workers in (1, 2, 3):
+                spans = worker_spans(share, batch, workers)
+                bounds = [edge for span in sorted(spans) for edge in span]
+                assert bounds[0] == 0 and bounds[-1] == share and bounds[1:-1:2] == bounds[2::2]  # no gap, no overlap
+                batches = -(-share // batch)
+                if batches:
+                    assert spans[(batches - 1) % workers][1] == share  # the last batch yielded holds the end
+                for worker, (a, b) in enumerate(spans):
+                    assert -(-(b - a) // batch) == batches_before(batches, worker, workers)
+
+
+def test_buffer_order_is_a_permutation_that_mixes_within_the_buffer() -> None:
+    rng = np.random.default_rng(0)
+    order = buffer_order(1000, 16, rng)
+    assert sorted(order.tolist()) == list(range(1000)) and order.tolist() != list(range(1000))
+    # An input comes out no earlier than 15 places before its arrival.
+    assert all(order[i] <= i + 15 for i in range(1000))
+    assert buffer_order(10, 1, rng).tolist() == list(range(10))
+
+
+# One process -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", sorted(WRITERS))
+@pytest.mark.parametrize("workers", [0, 2])
+def test_streaming_reads_every_sample_once_in_the_announced_order(fmt: str, workers: int, packed_as: Callable) -> None:
+    out, files = packed_as(fmt)
+    ds = open_indexed(out)
+    loader = streaming(ds, num_workers=workers)
+    assert isinstance(loader, readers.StreamingLoader) and len(loader) == 7
+    seen = []
+    for epoch in (0, 1):
+        loader.set_epoch(epoch)
+        batches = list(loader)
+        assert len(batches) == len(loader) and [len(b[0]) for b in batches] == [3] * 6 + [1]
+        indexes = [i for b in batches for i in b[0].tolist()]
+        assert indexes == loader.indices().tolist() and sorted(indexes) == list(range(len(files)))
+        for batch in batches:
+            for index, data, label in zip(batch[0].tolist(), batch[1], batch[2].tolist()):
+                assert (data, label) == tuple(ds[index][1:])
+        seen.append(indexes)
+    assert seen[0] != seen[1]
+
+
+def test_streaming_ranks_get_equal_batches(packed_as: Callable) -> None:
+    ds = open_indexed(packed_as("lmdb")[0])
+    world = 3
+    for mode, drop_last in (("train", False), ("train", True), ("eval", False)):
+        loaders = [streaming(ds, rank=r, world_size=world, mode=mode, drop_last=drop_last) for r in range(world)]
+        items = [list(loader) for loader in loaders]
+        assert len({len(loader) for loader in loaders}) == 1 and [len(i) for i in items] == [len(loaders[0])] * world
+        if mode == "eval":
+            real = [i for rank in items for batch, mask in rank for i in batch[0][mask].tolist()]
+            assert sorted(real) == list(range(19))
+            assert sum(loader.num_padding for loader in loaders) == 21 - 19
+        else:
+            everything = [i for rank in items for batch in rank for i in batch[0].tolist()]
+            assert set(everything) == set(range(19)) if not drop_last else len(set(everything)) == len(everything) == 18
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_streaming_resume_mid_epoch_is_exact(workers: int, packed_as: Callable) -> None:
+    ds = open_indexed(packed_as("wds")[0])
+    whole = streaming(ds, num_workers=workers, batch_size=2)
+    whole.set_epoch(1)
+    expected = [batch[0].tolist() for batch in whole]
+    for consumed in (1, 2, 5):
+        first = streaming(ds, num_workers=workers, batch_size=2)
+        first.set_epoch(1)
+        head = []
+        for batch in first:
+            head.append(batch[0].tolist())
+            if len(head) == consumed:
+                break
+        state = first.state_dict()
+        assert state["batches"] == consumed and state["num_workers"] == workers
+        resumed = streaming(ds, num_workers=workers, batch_size=2)
+        resumed.load_state_dict(state)
+        assert head + [batch[0].tolist() for batch in resumed] == expected
+    with pytest.raises(ValueError, match="shuffle_buffer 4 \\(now 8\\)"):
+        streaming(ds, num_workers=workers, batch_size=2, shuffle_buffer=8).load_state_dict(state)
+
+
+def test_persistent_spawned_workers_follow_set_epoch(packed_as: Callable) -> None:
+    ds = open_indexed(packed_as("lmdb")[0])
+    loader = streaming(ds, num_workers=1, multiprocessing_context=multiprocessing.get_context("spawn"))
+    for epoch in (0, 1):
+        loader.set_epoch(epoch)
+        assert flat(loader) == loader.indices().tolist()
+
+
+def test_breaking_out_of_an_epoch_does_not_hang_the_next(packed_as: Callable) -> None:
+    ds = open_indexed(packed_as("hdf5")[0])
+    loader = streaming(ds, num_workers=2, timeout=60)
+    for _ in loader:
+        break
+    loader.set_epoch(1)
+    assert sorted(flat(loader)) == list(range(19))
+
+
+def test_damaged_sample_fails_or_is_skipped(packed_as: Callable, tmp_path: Path) -> None:
+    out, files = packed_as("lmdb")
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    shard = copy / "shard-000001.lmdb"
+    raw = bytearray(shard.read_bytes())
+    victim = readers.open_dataset(out, decode="bytes", fields=("image",))[5][0]
+    at = raw.index(victim) + len(victim) // 2
+    raw[at] ^= 0xFF
+    shard.write_bytes(bytes(raw))
+    with pytest.raises(readers.DatasetError, match="shard-000001.lmdb: sample 1: damaged"):
+        list(streaming(open_indexed(copy)))
+    ds = open_indexed(copy, on_error="skip")
+    batches = list(streaming(ds))
+    indexes = [i for batch in batches for i in batch[0].tolist()]
+    assert len(indexes) == 19 and 5 not in indexes and indexes.count(6) == 2 and ds.skipped == 1
+
+
+# Over HTTP ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", sorted(WRITERS))
+def test_remote_streaming_equals_local(fmt: str, packed_as: Callable, serve: Callable[[str], str],
+                                       tmp_path: Path) -> None:
+    local = streaming(open_indexed(packed_as(fmt)[0]), num_workers=2)
+    remote = streaming(open_indexed(serve(fmt), cache_dir=tmp_path), num_workers=2)
+    for loader in (local, remote):
+        loader.set_epoch(3)
+
+    def digest(batches: list) -> list:
+        return [(b[0].tolist(), [hashlib.sha256(x).hexdigest() for x in b[1]], b[2].tolist()) for b in batches]
+
+    assert digest(list(remote)) == digest(list(local))
+
+
+@pytest.mark.parametrize("fmt", sorted(WRITERS))
+def test_fields_stream_and_read_at_random_over_http(fmt: str, http_server: LoopbackHTTP, tmp_path: Path) -> None:
+    """Per-sample fields through the cache: streamed by 2 workers (tars front to back, fields
+    parsed per sample) and read at random, they equal the local random read of the same dataset."""
+    samples = make_caption_folder(tmp_path / "src", folders=3)
+    out = http_server.directory / f"fields-{fmt}"
+    code, output = run(fmt, tmp_path / "src", out, "--sidecars", "txt,json", "--shard-size", "4", "-q")
+    assert code == 0, output
+    wanted = ("index", "path", "txt", "json")
+    local = readers.open_dataset(out, decode="bytes", fields=wanted)
+    expected = [local[i] for i in range(len(local))]
+    assert [(txt, meta) for _, path, txt, meta in expected] == [samples[path][1:] for path in sorted(samples)]
+    url = f"{http_server.url}/fields-{fmt}"
+    remote = readers.open_dataset(url, decode="bytes", fields=wanted, cache_dir=tmp_path / "cache")
+    assert [remote[i] for i in reversed(range(len(remote)))] == expected[::-1]
+    loader = readers.make_loader(readers.open_dataset(url, decode="bytes", fields=wanted, cache_dir=tmp_path / "cache"),
+                                 streaming=True, batch_size=3, seed=1, num_workers=2, shuffle_buffer=4)
+    streamed = sorted((int(index), path, txt, meta) for indexes, paths, txts, metas in loader
+                      for index, path, txt, meta in zip(indexes, paths, txts, metas))
+    assert streamed == expected
+
+
+def test_next_shards_download_while_the_first_is_read(serve: Callable[[str], str], http_server: LoopbackHTTP,
+                                                     tmp_path: Path) -> None:
+    url = serve("wds")
+    path = urllib.parse.urlsplit(url).path
+    for ahead in (0, 2):
+        ds = open_indexed(url, cache_dir=tmp_path / str(ahead))
+        names = [f"{path}/{shard.name}" for shard in ds.manifest.shards]
+        before = sum(http_server.gets[name] for name in names)
+        batches = iter(streaming(ds, batch_size=1, shuffle=False, prefetch_shards=ahead))
+        next(batches)  # the first sample of shard 0; nothing more is asked for
+        deadline = time.monotonic() + 5
+        while sum(http_server.gets[name] for name in names) - before < 1 + ahead and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)
+        assert sum(http_server.gets[name] for name in names) - before == 1 + ahead
+        del batches
