@@ -301,3 +301,14 @@ def test_column_types_are_inferred_from_every_value() -> None:
     assert typed_column(["1", "2.5e3", "nan"], True)[:2] == [1.0, 2500.0]
     assert typed_column(["TRUE", "false"], True) == [True, False]
     assert typed_column(["1", "x"], True) == ["1", "x"]  # one cell that is not a number: all text
+
+
+def test_job_scripts_carry_the_source_options(tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+    (tmp_path / "m.jsonl").write_text("")
+    code, output = run("slurm-script", "wds", tmp_path / "src", tmp_path / "out", "--tasks", "2",
+                       "--metadata", tmp_path / "m.jsonl", "--sidecars", "txt,json", "--sidecars-optional")
+    assert code == 0, output
+    assert f"--metadata {tmp_path / 'm.jsonl'} --label-column label --sidecars txt,json --sidecars-optional" in output
+    code, output = run("slurm-script", "wds", tmp_path / "src", tmp_path / "out", "--tasks", "2", "--files-from", "-")
+    assert code == 2 and "--files-from - reads standard input, which batch jobs do not have" in output
