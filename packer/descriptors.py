@@ -33,7 +33,7 @@ DESCRIPTOR_NAMES = (TIMM_INFO_NAME, WIDS_NAME, CARD_NAME)
 DEFAULT_SPLIT = "train"
 PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
-# The record meta of every sample (FORMAT.md "Per-sample fields"): the `.pack.json` member's HF type.
+# The record meta of every sample (FORMAT.md "Per-sample record"): the `.pack.json` member's HF type.
 META_FEATURES: dict[str, Any] = {"label": "int64", "path": "string", "format": "string", "crc32": "int64"}
 DECODED_META_FEATURES: dict[str, Any] = {"shape": {"list": "int64"}, "mode": "string"}
 # A field's value as HF types it (readers/fields.py types; `array` below, `json` is HF's Json).

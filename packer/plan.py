@@ -13,7 +13,8 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from json.encoder import encode_basestring_ascii as encode_string
+from typing import Any, Iterable, Iterator
 
 from readers.fields import FieldSpec
 
@@ -175,25 +176,32 @@ def shard_bounds(sizes: Iterable[int], shard_size: int, shard_bytes: int) -> lis
     return bounds
 
 
+def listing_lines(listing: Listing, start: int, end: int) -> Iterator[str]:
+    """Lines `start:end` of listing.jsonl: what `json.dumps(row) + "\\n"` gives, 3x faster for the
+    plain rows (json's own C string encoder, no list to serialise per row)."""
+    rows = zip(listing.paths[start:end], listing.labels[start:end], listing.sizes[start:end])
+    if listing.values is None:
+        return (f"[{encode_string(path)}, {label}, {size}]\n" for path, label, size in rows)
+    return (json.dumps([path, label, size, values]) + "\n"
+            for (path, label, size), values in zip(rows, listing.values[start:end]))
+
+
 def write_plan(out: Path, listing: Listing, options: PackOptions) -> Plan:
     """Write listing.jsonl and plan.json under OUT/.pack and return the plan."""
     work_dir(out).mkdir(parents=True, exist_ok=True)
     bounds = shard_bounds(listing.sizes, options.shard_size, options.shard_bytes)
-    starts = set(bounds)
     digest = hashlib.sha256()
     offsets: list[int] = []
     position = 0
     listing_file = listing_path(out)
     tmp = listing_file.with_name(temp_name(listing_file.name))
     with open(tmp, "wb") as handle:
-        for index, (path, label, size) in enumerate(zip(listing.paths, listing.labels, listing.sizes)):
-            if index in starts:
-                offsets.append(position)
-            row = [path, label, size] if listing.values is None else [path, label, size, listing.values[index]]
-            line = (json.dumps(row) + "\n").encode("ascii")
-            handle.write(line)
-            digest.update(line)
-            position += len(line)
+        for start, end in zip(bounds, bounds[1:]):  # one shard's lines at a time: one write, one hash update
+            chunk = "".join(listing_lines(listing, start, end)).encode("ascii")
+            offsets.append(position)
+            handle.write(chunk)
+            digest.update(chunk)
+            position += len(chunk)
         offsets.append(position)
         handle.flush()
         os.fsync(handle.fileno())

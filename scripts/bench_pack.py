@@ -1,12 +1,22 @@
 """Packing speed and memory, against `tar cf` of the same folder in the same run.
 
-For every format in the registry: time `pack FORMAT SRC OUT` (passthrough store) and `tar cf` on
-the same folder, each from a cold page cache where this machine lets us drop it, and report the
-ratio tar_seconds / pack_seconds plus each run's peak RSS. Goals (issue 5): >= 2x for wds and lmdb,
->= 1.5x for hdf5; peak RSS < 300 MB and not growing with the file count beyond the listing.
+`--suite speed` (default): for every format in the registry, time `pack FORMAT SRC OUT`
+(passthrough store) and `tar cf` on the same folder, each from a cold page cache where this
+machine lets us drop it, and report the ratio tar_seconds / pack_seconds plus each run's peak
+RSS. Goals (issue 5): >= 2x for wds and lmdb, >= 1.5x for hdf5; peak RSS < 300 MB and not
+growing with the file count beyond the listing.
+
+`--suite fields` (issue 20): the same with one caption `.txt` beside every image, packed with
+`--sidecars txt`, against `tar cf` of that folder; then reading `fields=("image", "label", "txt")`
+against `("image", "label")` from each packed dataset (goal: within 1.2x).
+
+`--suite files-from` (issue 20): `pack plan` of `--list-files` empty image files by walking SRC
+and from a `find` list (`--files-from`), same run (goal: planning >= 2x faster than walking).
 
     python scripts/bench_pack.py                      # 20k ImageNet-sized JPEGs
     python scripts/bench_pack.py --files 2000 --rss-files 20000,200000
+    python scripts/bench_pack.py --suite fields --files 20000
+    python scripts/bench_pack.py --suite files-from --list-files 1000000
 """
 
 from __future__ import annotations
@@ -141,6 +151,112 @@ def bench_speed(work: Path, files: int, repeats: int, extra: list[str]) -> bool:
     return ok
 
 
+def make_caption_source(work: Path, files: int) -> Path:
+    """The speed benchmark's folder plus a caption `x.txt` beside every `x.JPEG` (img2dataset style)."""
+    src = make_source(work / "captioned", files)
+    for number, image in enumerate(sorted(src.rglob("*.JPEG"))):
+        caption = image.with_suffix(".txt")
+        if not caption.exists():
+            caption.write_text(f"a photo of sample {number}, a {'large ' * (number % 4)}thing in a place")
+    return src
+
+
+def read_rate(out: Path, fields: tuple[str, ...], order: np.ndarray, decode: str) -> float:
+    """Samples per second reading `order` (random access, one process) with these fields."""
+    import readers  # torch: only for this part
+
+    dataset = readers.open_dataset(out, decode=decode, fields=fields)
+    dataset[0]  # open the first shard outside the timing
+    started = time.perf_counter()
+    for index in order:
+        dataset[int(index)]
+    seconds = time.perf_counter() - started
+    dataset.close()
+    return len(order) / seconds
+
+
+def bench_fields(work: Path, files: int, repeats: int, extra: list[str]) -> bool:
+    """--sidecars txt against tar cf of the folder, then reading the field against not reading it."""
+    src = make_caption_source(work, files)
+    cold = benchlib.drop_page_cache()
+    print(f"{files} JPEGs + {files} captions; page cache {'dropped before each run' if cold else 'NOT dropped: warm runs'}")
+    tar_out = work / "bench.tar"
+    tar = min(timed(["tar", "cf", str(tar_out), "-C", str(src), "."], cold)[0] for _ in range(repeats))
+    tar_out.unlink()
+    print(f"  {'tar cf':8s} {tar:6.2f} s  ({files / tar:7.0f} images/s)")
+    ok = True
+    for fmt in WRITERS:
+        out = work / f"fields-{fmt}"
+        best = min(timed(pack_command(fmt, src, out, ["--sidecars", "txt", *extra]), cold)[0] for _ in range(repeats))
+        print(f"  {fmt:8s} {best:6.2f} s  ({files / best:7.0f} images/s)  {tar / best:4.2f}x tar cf, --sidecars txt")
+    order = np.random.default_rng(0).permutation(files)[:min(files, 2000)]
+    print(f"reading {len(order)} samples at random, one process, warm cache (samples/s, best of {repeats + 2}):")
+    for fmt in WRITERS:
+        for decode in ("bytes", "pil"):
+            rates = {fields: max(read_rate(work / f"fields-{fmt}", fields, order, decode) for _ in range(repeats + 2))
+                     for fields in (("image", "label"), ("image", "label", "txt"))}
+            plain, with_txt = rates.values()
+            ok &= plain / with_txt <= 1.2
+            print(f"  {fmt:5s} decode={decode:5s}  image+label {plain:8.0f}  +txt {with_txt:8.0f}  "
+                  f"({plain / with_txt:4.2f}x the time; goal <= 1.2x: {'met' if plain / with_txt <= 1.2 else 'MISSED'})")
+    return ok
+
+
+def make_empty_tree(root: Path, files: int, per_folder: int = 1000, classes: int = 100) -> Path:
+    """`files` empty .jpg files, `per_folder` to a folder, in `classes` class folders; reused when present."""
+    marker = root / benchlib.SOURCE_MARKER
+    if marker.exists() and marker.read_text() == str(files):
+        return root
+    shutil.rmtree(root, ignore_errors=True)
+    for start in range(0, files, per_folder):
+        folder = root / f"n{start // per_folder % classes:08d}" / f"part{start // per_folder:06d}"
+        folder.mkdir(parents=True)
+        for index in range(start, min(files, start + per_folder)):
+            os.close(os.open(folder / f"img_{index:08d}.jpg", os.O_CREAT | os.O_WRONLY, 0o644))
+    marker.write_text(str(files))
+    return root
+
+
+def bench_files_from(work: Path, files: int, repeats: int) -> bool:
+    """`pack plan` by walking SRC against `pack plan --files-from` a find list of the same files."""
+    src = make_empty_tree(work / f"empty-{files}", files)
+    listing = work / f"empty-{files}.txt"
+    with open(listing, "wb") as handle:  # find's order, not sorted: the packer sorts
+        subprocess.run(["find", ".", "-type", "f", "-name", "*.jpg"], cwd=src, stdout=handle, check=True)
+    print(f"{files} files in {files // 1000} folders, warm cache; best of {repeats}:")
+    times = {}
+    for name, args in (("walk", []), ("files-from", ["--files-from", str(listing)])):
+        command = [sys.executable, "-m", "packer.cli", "plan", str(src), str(work / "plan-out"), "--format", "lmdb",
+                   *args]
+        runs = []
+        for _ in range(repeats):
+            shutil.rmtree(work / "plan-out", ignore_errors=True)
+            runs.append(timed(command, cold=False)[0])
+        times[name] = min(runs)
+    scan_times = scan_seconds(src, listing, repeats)
+    ratio = times["walk"] / times["files-from"]
+    for name in times:
+        print(f"  pack plan, {name:10s} {times[name]:6.2f} s  (listing alone: {scan_times[name]:5.2f} s)")
+    print(f"  files-from plans {ratio:.2f}x faster (goal >= 2x: {'met' if ratio >= 2 else 'MISSED'}); listing alone "
+          f"{scan_times['walk'] / scan_times['files-from']:.2f}x")
+    shutil.rmtree(work / "plan-out", ignore_errors=True)
+    return ratio >= 2
+
+
+def scan_seconds(src: Path, listing: Path, repeats: int) -> dict[str, float]:
+    """The listing step alone, in this process: walk against reading the list (stat included)."""
+    from packer.sources.filelist import list_files
+    from packer.sources.walk import walk
+
+    times: dict[str, list[float]] = {"walk": [], "files-from": []}
+    for _ in range(repeats):
+        for name, run in (("walk", lambda: walk(src)), ("files-from", lambda: list_files(src, str(listing)))):
+            started = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - started)
+    return {name: min(values) for name, values in times.items()}
+
+
 def bench_memory(work: Path, counts: list[int], extra: list[str]) -> None:
     """Peak RSS for tiny-file folders of several sizes: what grows is the listing alone."""
     print("peak RSS by file count (8x8 JPEGs, lmdb):")
@@ -153,7 +269,9 @@ def bench_memory(work: Path, counts: list[int], extra: list[str]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--suite", choices=("speed", "fields", "files-from"), default="speed")
     parser.add_argument("--files", type=int, default=20_000)
+    parser.add_argument("--list-files", type=int, default=1_000_000, help="files for --suite files-from")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--work", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "pack-bench")
     parser.add_argument("--rss-files", default="", help="comma-separated file counts for the memory check, e.g. 20000,200000")
@@ -161,6 +279,10 @@ def main() -> None:
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     extra = args.pack_args.split()
+    if args.suite == "fields":
+        sys.exit(0 if bench_fields(args.work, args.files, args.repeats, extra) else 1)
+    if args.suite == "files-from":
+        sys.exit(0 if bench_files_from(args.work, args.list_files, max(args.repeats, 3)) else 1)
     ok = bench_speed(args.work, args.files, args.repeats, extra)
     if args.rss_files:
         bench_memory(args.work, [int(n) for n in args.rss_files.split(",")], extra)

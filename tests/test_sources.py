@@ -278,3 +278,37 @@ def test_repeated_row_and_bad_encoding_are_errors(image_folder: tuple[Path, dict
     (tmp_path / "m.csv").write_text("name,label\nx.jpg,a\n")
     code, output = run("lmdb", tmp_path / "flat", tmp_path / "out3", "--metadata", tmp_path / "m.csv")
     assert code == 1 and "no file_name or path column naming each image (columns: name, label)" in output
+
+
+def test_column_types_are_inferred_from_every_value() -> None:
+    from packer.sources.metadata import infer_spec, typed_column
+
+    def kind(values: list) -> tuple:
+        spec, _ = infer_spec("c", values)
+        return spec.type, spec.optional, spec.dtype, spec.shape
+
+    assert kind([1, 2, None]) == ("int", True, None, None)
+    assert kind([1, 2.5]) == ("float", False, None, None) and infer_spec("c", [1, 2.5])[1] == [1.0, 2.5]
+    assert kind([2**70, 1]) == ("json", False, None, None)  # past int64: kept exactly, as JSON
+    assert kind([True, 1]) == ("json", False, None, None)
+    assert kind([[[1, 2], [3, 4]], [[5, 6], [7, 8.5]]]) == ("array", False, "float64", (2, 2))
+    assert kind([[1, 2], [3]]) == ("array", False, "int64", None)
+    assert kind([[True], [False]]) == ("array", False, "bool", (1,))
+    assert kind([[1, [2]], [3, 4]]) == ("json", False, None, None)
+    assert kind([{"a": 1}, [1]]) == ("json", False, None, None)
+    assert kind([None, None]) == ("json", True, None, None)
+    assert typed_column(["1", None, "-2"], True) == [1, None, -2]
+    assert typed_column(["1", "2.5e3", "nan"], True)[:2] == [1.0, 2500.0]
+    assert typed_column(["TRUE", "false"], True) == [True, False]
+    assert typed_column(["1", "x"], True) == ["1", "x"]  # one cell that is not a number: all text
+
+
+def test_job_scripts_carry_the_source_options(tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+    (tmp_path / "m.jsonl").write_text("")
+    code, output = run("slurm-script", "wds", tmp_path / "src", tmp_path / "out", "--tasks", "2",
+                       "--metadata", tmp_path / "m.jsonl", "--sidecars", "txt,json", "--sidecars-optional")
+    assert code == 0, output
+    assert f"--metadata {tmp_path / 'm.jsonl'} --label-column label --sidecars txt,json --sidecars-optional" in output
+    code, output = run("slurm-script", "wds", tmp_path / "src", tmp_path / "out", "--tasks", "2", "--files-from", "-")
+    assert code == 2 and "--files-from - reads standard input, which batch jobs do not have" in output

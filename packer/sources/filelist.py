@@ -105,16 +105,16 @@ def stat_sizes(root: Path, paths: list[str], where: str, lines: list[str | None]
     finally:
         os.close(fd)
     if all(isinstance(info, os.stat_result) and stat.S_ISREG(info.st_mode) for info in infos):
-        return [info.st_size for info in infos]  # type: ignore[union-attr]
+        return [info.st_size for info in infos if isinstance(info, os.stat_result)]
     line_of = {path: number for number, path in enumerate(lines, 1) if path is not None}
     sizes = []
     for path, info in zip(paths, infos):
-        reason = info if isinstance(info, str) else None if stat.S_ISREG(info.st_mode) else "not a regular file"
-        if reason is None:
-            sizes.append(info.st_size)  # type: ignore[union-attr]
-        else:
-            listing.rejects.append((path, f"{reason} (listed in {where} line {line_of[path]})"))
-            sizes.append(-1)
+        if isinstance(info, os.stat_result) and stat.S_ISREG(info.st_mode):
+            sizes.append(info.st_size)
+            continue
+        reason = info if isinstance(info, str) else "not a regular file"
+        listing.rejects.append((path, f"{reason} (listed in {where} line {line_of[path]})"))
+        sizes.append(-1)
     return sizes
 
 

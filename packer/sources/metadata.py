@@ -211,12 +211,13 @@ def infer_spec(name: str, values: list[Any]) -> tuple[FieldSpec, list[Any]]:
         return FieldSpec(name, "float", optional), [None if value is None else float(value) for value in values]
     if all(isinstance(value, str) for value in present):
         return FieldSpec(name, "str", optional), values
-    arrays = [_array_kind(value) for value in present] if all(isinstance(value, list) for value in present) else [None]
-    if all(kind is not None for kind in arrays):
-        kinds = {kind for _, kinds_of in arrays for kind in kinds_of}  # type: ignore[misc]
-        shapes = {shape for shape, _ in arrays}  # type: ignore[misc]
-        dtype = "bool" if kinds == {"bool"} else "int64" if kinds <= {"int"} else "float64" if "bool" not in kinds else None
-        if dtype is not None:
+    if all(isinstance(value, list) for value in present):
+        arrays = [_array_kind(value) for value in present]
+        found = [kind for kind in arrays if kind is not None]
+        elements = frozenset().union(*(kinds for _, kinds in found))
+        if len(found) == len(arrays) and not ("bool" in elements and len(elements) > 1):
+            dtype = "bool" if elements == {"bool"} else "float64" if "float" in elements or not elements else "int64"
+            shapes = {shape for shape, _ in found}
             return FieldSpec(name, "array", optional, dtype, shapes.pop() if len(shapes) == 1 else None), values
     return FieldSpec(name, "json", optional), values
 
@@ -226,24 +227,25 @@ def _is_int(value: Any) -> bool:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, float) or _is_int(value)
 
 
 def _array_kind(value: Any) -> tuple[tuple[int, ...], frozenset[str]] | None:
     """(shape, element kinds) of nested lists of numbers of a regular shape; None otherwise."""
-    if isinstance(value, list):
-        inner = [_array_kind(item) for item in value]
-        if any(kind is None for kind in inner) or len({kind[0] for kind in inner}) > 1:  # type: ignore[index]
-            return None
-        shape = inner[0][0] if inner else ()  # type: ignore[index]
-        return (len(value), *shape), frozenset().union(*(kind[1] for kind in inner))  # type: ignore[index]
     if isinstance(value, bool):
         return (), frozenset({"bool"})
     if _is_int(value):
         return (), frozenset({"int"})
     if isinstance(value, float):
         return (), frozenset({"float"})
-    return None
+    if not isinstance(value, list):
+        return None
+    inner = [_array_kind(item) for item in value]
+    found = [kind for kind in inner if kind is not None]
+    shapes = {shape for shape, _ in found}
+    if len(found) < len(inner) or len(shapes) > 1:
+        return None
+    return (len(value), *(shapes.pop() if shapes else ())), frozenset().union(*(kinds for _, kinds in found))
 
 
 def apply_metadata(listing: Listing, metadata: Metadata, label_column: str, classes: ClassMap | None) -> None:
