@@ -85,6 +85,7 @@ def main() -> None:
     dist.all_reduce(totals)
     if dist.get_rank() == 0:
         print(f"accuracy {totals[0] / totals[1]:.3f} on {int(totals[1])} images")
+    dist.barrier()  # no rank tears the process group down while another still uses it
     dist.destroy_process_group()
 
 

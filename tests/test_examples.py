@@ -26,8 +26,9 @@ def test_train_example_with_two_gloo_ranks(packed_as: Callable[[str], tuple[Path
     checkpoint = tmp_path / "checkpoint.pt"
     world = 2
     # What torchrun sets for each rank; no GPU, so the example picks gloo even where CUDA is present.
+    # PYTHONFAULTHANDLER: a rank that aborts (SIGABRT from C++ at exit, seen once in ~150 runs) logs its Python stack.
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world),
-           "LOCAL_WORLD_SIZE": str(world), "CUDA_VISIBLE_DEVICES": ""}
+           "LOCAL_WORLD_SIZE": str(world), "CUDA_VISIBLE_DEVICES": "", "PYTHONFAULTHANDLER": "1"}
     command = [sys.executable, str(TRAIN), str(data), str(data), "--epochs", "2", "--batch-size", "4",
                "--checkpoint", str(checkpoint), "--checkpoint-every", "2"]
     ranks = [subprocess.Popen(command, env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}, cwd=tmp_path,
