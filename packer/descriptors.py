@@ -55,7 +55,11 @@ def wids_descriptor(manifest: Manifest, split: str) -> dict[str, Any]:
             "shardlist": [{"url": shard.name, "nsamples": shard.num_samples} for shard in manifest.shards]}
 
 
-def class_label(classes: list[str]) -> dict[str, Any]:
+def label_type(classes: list[str]) -> dict[str, Any] | str:
+    """A ClassLabel carrying the class names; plain integers when there are none (a flat folder,
+    or metadata with integer labels and no --classes), which a ClassLabel of no names would refuse."""
+    if not classes:
+        return "int64"
     return {"class_label": {"names": {str(index): name for index, name in enumerate(classes)}}}
 
 
@@ -70,7 +74,7 @@ def wds_features(manifest: Manifest, image_extensions: list[str], pixel_shape: t
     if manifest.store == "raw":
         meta["dtype"] = "string"
     fields = [{"name": field_extension(spec), **field_feature(spec)} for spec in manifest.fields]
-    return [*images, {"name": LABEL_EXTENSION, "dtype": class_label(manifest.classes)}, *fields,
+    return [*images, {"name": LABEL_EXTENSION, "dtype": label_type(manifest.classes)}, *fields,
             {"name": META_EXTENSION, "struct": [{"name": name, **typed(kind)} for name, kind in meta.items()]},
             {"name": "__key__", "dtype": "string"}, {"name": "__url__", "dtype": "string"}]
 
@@ -117,7 +121,7 @@ def hdf5_features(manifest: Manifest, pixel_shape: tuple[int, ...]) -> list[dict
     """The per-sample datasets of a fixed-layout HDF5 shard that a reader wants (FORMAT.md); the
     fields group is one struct column."""
     features = [{"name": "images", **pixels_feature(pixel_shape)},
-                {"name": "labels", "dtype": class_label(manifest.classes)}, {"name": "paths", "dtype": "string"}]
+                {"name": "labels", "dtype": label_type(manifest.classes)}, {"name": "paths", "dtype": "string"}]
     if manifest.fields:
         features.append({"name": FIELDS_GROUP,
                          "struct": [{"name": spec.name, **hdf5_field_feature(spec)} for spec in manifest.fields]})

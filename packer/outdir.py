@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 from pathlib import Path
@@ -64,8 +65,19 @@ def final_name(temp: str) -> str:
     return temp.split(TEMP_MARK)[0]
 
 
-def is_pack_output(name: str) -> bool:
-    return name in (MANIFEST_NAME, REJECTS_NAME, WORK_DIR, *DESCRIPTOR_NAMES) or name.startswith(SHARD_PREFIX)
+def pack_outputs(names: list[str]) -> set[str]:
+    """Which of these entries of OUT are pack's: shards, the manifest, rejects and the work folder;
+    the loader descriptors (README.md, _info.json, wids.json) only where pack has written before,
+    so a user's own README.md is never taken for ours; and the temp sibling a run killed while
+    publishing left of one of those (`.index.json.tmp-PID`, see fsutil.atomic_write_text)."""
+    written_before = WORK_DIR in names or MANIFEST_NAME in names
+    ours = {MANIFEST_NAME, REJECTS_NAME, WORK_DIR, *(DESCRIPTOR_NAMES if written_before else ())}
+
+    def is_ours(name: str) -> bool:
+        leftover = re.fullmatch(r"\.(.+)\.tmp-\d+", name)
+        return name in ours or name.startswith(SHARD_PREFIX) or bool(leftover and is_ours(leftover.group(1)))
+
+    return {name for name in names if is_ours(name)}
 
 
 def check_paths(src: Path, out: Path) -> None:
@@ -83,12 +95,12 @@ def prepare_output(out: Path, *, overwrite: bool) -> None:
         out.mkdir(parents=True, exist_ok=True)
         return
     names = os.listdir(out)
-    foreign = sorted(name for name in names if not is_pack_output(name))
+    ours = pack_outputs(names)
+    foreign = sorted(set(names) - ours)
     if overwrite:
-        for name in names:
-            if is_pack_output(name):
-                target = out / name
-                shutil.rmtree(target) if target.is_dir() else target.unlink()
+        for name in ours:
+            target = out / name
+            shutil.rmtree(target) if target.is_dir() else target.unlink()
         return
     if (out / MANIFEST_NAME).exists():
         raise PackError(f"{out}: already holds a packed dataset; pass --overwrite to replace it")

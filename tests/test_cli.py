@@ -120,3 +120,30 @@ def test_overwrite_removes_the_descriptors_and_split_names_the_split(image_folde
     code, output = run("lmdb", root, out, "-q", "--overwrite")
     assert code == 0, output
     assert not {"_info.json", "wids.json", "README.md"} & set(os.listdir(out))  # LMDB gets none
+
+
+def test_a_users_readme_is_not_taken_for_a_dataset_card(image_folder: tuple[Path, dict[str, bytes]],
+                                                        tmp_path: Path) -> None:
+    """README.md, _info.json and wids.json are pack's only where pack has written before."""
+    root, _ = image_folder
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "README.md").write_text("my notes")
+    code, output = run("wds", root, out, "-q")
+    assert code == 1 and output.strip() == f"Error: {out}: not empty and not a pack output (found 'README.md'); choose another OUT"
+    assert (out / "README.md").read_text() == "my notes"
+
+
+def test_a_run_killed_while_publishing_resumes(image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
+    """atomic_write_text's temp sibling of index.json (or of a descriptor), left by a kill -9 in
+    merge, is pack's own leftover: the rerun publishes instead of calling OUT foreign."""
+    root, _ = image_folder
+    out = tmp_path / "out"
+    assert run("wds", root, out, "-q")[0] == 0
+    (out / "index.json").rename(out / ".index.json.tmp-12345")
+    (out / "README.md").rename(out / ".README.md.tmp-12345")
+    code, output = run("wds", root, out, "-q")
+    assert code == 0, output
+    assert (out / "index.json").exists() and (out / "README.md").exists()
+    assert run("wds", root, out, "-q", "--overwrite")[0] == 0
+    assert not [name for name in os.listdir(out) if ".tmp-" in name]  # --overwrite clears the leftovers

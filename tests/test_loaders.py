@@ -5,6 +5,7 @@ class names and keys are compared with the source exactly."""
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import datasets
@@ -16,6 +17,7 @@ import readers
 from packer.pipeline import pack
 from packer.plan import PackOptions
 from clirun import run
+from imagefolders import image_bytes as jpeg_bytes
 from imagefolders import make_caption_folder, make_image_folder
 from readers.layouts.hdf5 import encode_name
 from readers.manifest import sample_key
@@ -168,3 +170,21 @@ def test_hf_hdf5_card_reads_the_fields_group(tmp_path: Path) -> None:
     for row in carded:
         _, caption, meta = samples[row["paths"]]
         assert row["fields"]["txt"] == caption and json.loads(row["fields"]["json"]) == meta
+
+
+def test_hf_loads_integer_labels_without_class_names(tmp_path: Path) -> None:
+    """Metadata with integer labels and no --classes leaves the class list empty: the card types
+    `cls` as int64 (a ClassLabel with no names would refuse every label)."""
+    root = tmp_path / "src"
+    root.mkdir()
+    rng = random.Random(4)
+    lines = []
+    for index in range(4):
+        (root / f"{index}.jpg").write_bytes(jpeg_bytes(rng))
+        lines.append(json.dumps({"file_name": f"{index}.jpg", "label": index * 3}))
+    (tmp_path / "metadata.jsonl").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+    pack(root, out, PackOptions(format="wds", metadata=str(tmp_path / "metadata.jsonl")))
+    assert readers.load_manifest(out).classes == []
+    loaded = datasets.load_dataset(str(out), split="train", cache_dir=str(tmp_path / "cache"))
+    assert [row["cls"] for row in loaded] == [0, 3, 6, 9]
