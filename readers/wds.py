@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Iterator
+from typing import Any, BinaryIO, Iterator, Sequence
 
 import numpy as np
 
@@ -258,7 +258,10 @@ def assemble(key: str, parts: dict[str, bytes], known: set[str], meta_extension:
         if data is None and not spec.optional:
             raise TarError(f"sample {key!r} has no {spec.name!r} field")
         values[spec.name] = data
-    meta = json.loads(parts[meta_extension].decode("utf-8"))
+    try:
+        meta = json.loads(parts[meta_extension].decode("utf-8"))
+    except ValueError as exc:  # not UTF-8, or not JSON
+        raise TarError(f"sample {key!r}: unreadable .{meta_extension} ({exc})") from None
     return meta, image_data(images[0], memoryview(parts[images[0]])), values
 
 

@@ -166,3 +166,19 @@ def test_missing_index_is_repacked_on_resume(image_folder: tuple[Path, dict[str,
     assert (out / "shard-000002.packidx").read_bytes() == before
     ds = readers.open_dataset(out, decode="bytes", fields=("image", "path"))
     assert {path: data for data, path in (ds[i] for i in range(len(ds)))} == files
+
+
+@pytest.mark.parametrize("damage", [b"x", b"\xff"])
+def test_streaming_a_damaged_meta_member_names_the_shard(wds_copy: tuple[Path, dict[str, bytes]], damage: bytes) -> None:
+    """A `.pack.json` that is not JSON (or not UTF-8) read front to back is a DatasetError naming
+    the shard and the sample, as random access reports it, never a bare JSONDecodeError."""
+    out, _ = wds_copy
+    shard = out / "shard-000001.tar"
+    data = bytearray(shard.read_bytes())
+    with tarfile.open(shard) as tar:
+        member = next(member for member in tar.getmembers() if member.name.endswith(".pack.json"))
+    data[member.offset_data] = damage[0]  # the opening brace
+    shard.write_bytes(bytes(data))
+    ds = readers.open_dataset(out, decode="bytes")
+    with pytest.raises(readers.DatasetError, match=rf"{shard}: sample '{member.name.split('.')[0]}': unreadable \.pack\.json"):
+        list(ds)

@@ -37,26 +37,32 @@ def stacks_of(pid: int) -> str:
         dump = subprocess.run([py_spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=30)
         stacks = dump.stdout + dump.stderr
     except (OSError, subprocess.TimeoutExpired) as exc:
-        stacks = f"(no py-spy dump: {exc}); kernel wait channel: {Path(f'/proc/{pid}/wchan').read_text()}\n"
+        try:
+            wait_channel = Path(f"/proc/{pid}/wchan").read_text()
+        except OSError:
+            wait_channel = "(gone)"
+        stacks = f"(no py-spy dump: {exc}); kernel wait channel: {wait_channel}\n"
     return f"{cmdline}\n{stacks}"
 
 
 def time_out(item: pytest.Item, settings: Any) -> None:
     """A test ran past its limit: log the stacks of every process it started, kill them, then let
     pytest-timeout log this process's threads and end the run (os._exit), so CI fails in minutes."""
-    capture = item.config.pluginmanager.getplugin("capturemanager")
-    if capture:
-        capture.suspend_global_capture(item)
-    terminal = item.config.get_terminal_writer()
-    for pid in descendants(os.getpid()):
-        terminal.sep("~", title=f"Stacks of child process {pid}")
-        terminal.write(stacks_of(pid))
-    for pid in descendants(os.getpid()):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    pytest_timeout.timeout_timer(item, settings)
+    try:
+        capture = item.config.pluginmanager.getplugin("capturemanager")
+        if capture:
+            capture.suspend_global_capture(item)
+        terminal = item.config.get_terminal_writer()
+        for pid in descendants(os.getpid()):
+            terminal.sep("~", title=f"Stacks of child process {pid}")
+            terminal.write(stacks_of(pid))
+        for pid in descendants(os.getpid()):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    finally:  # whatever went wrong above, the run still ends
+        pytest_timeout.timeout_timer(item, settings)
 
 
 @pytest.hookimpl(tryfirst=True)
