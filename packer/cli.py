@@ -26,6 +26,7 @@ from .partition import resolve_partition
 from .pipeline import Summary, ensure_plan, merge, pack
 from .plan import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SIZE, PackOptions
 from .scan import ScanError
+from .sources.metadata import DEFAULT_LABEL_COLUMN
 from .slurm import slurm_script
 from .validate import DEFAULT_MAX_PIXELS, VALIDATE_MODES, ErrorPolicy
 from .writers import WRITERS
@@ -121,7 +122,7 @@ def packing_options(command: Callable[..., Any]) -> Callable[..., Any]:
                      help="Labels and fields from FILE (.csv, .tsv, .jsonl, or a .txt of 'name label' lines): "
                           "a file_name (or path) column relative to SRC, a label column, and other columns "
                           "as fields. Folders are then not classes."),
-        click.option("--label-column", default="label", show_default=True,
+        click.option("--label-column", default=DEFAULT_LABEL_COLUMN, show_default=True,
                      help="The --metadata column holding a class name or index."),
         click.option("--classes", type=click.Path(), default=None, metavar="FILE",
                      help="The class list: one name per line, or a packed dataset's index.json, so "

@@ -23,6 +23,7 @@ from .errors import PackError
 from .fsutil import atomic_write_text
 from .outdir import listing_path, plan_path, temp_name, work_dir
 from .sources.listing import Listing
+from .sources.metadata import DEFAULT_LABEL_COLUMN
 from .sources.sidecars import extension_problem
 from .validate import DEFAULT_MAX_PIXELS, VALIDATE_MODES
 
@@ -49,7 +50,7 @@ class PackOptions:
     files_from: str | None = None  # "-": standard input
     null: bool = False
     metadata: str | None = None
-    label_column: str = "label"
+    label_column: str = DEFAULT_LABEL_COLUMN
     classes: str | None = None
     no_classes: bool = False
     sidecars: tuple[str, ...] = ()
@@ -100,7 +101,7 @@ class PackOptions:
             raise PackError("only --files-from reads standard input (-)")
         if self.null and self.files_from is None:
             raise PackError("--null needs --files-from")
-        if self.label_column != "label" and self.metadata is None:
+        if self.label_column != DEFAULT_LABEL_COLUMN and self.metadata is None:
             raise PackError("--label-column needs --metadata")
         if self.no_classes and (self.metadata is not None or self.classes is not None):
             raise PackError("--no-classes contradicts " + ("--metadata (its labels come from the label column)"

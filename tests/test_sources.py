@@ -312,3 +312,23 @@ def test_job_scripts_carry_the_source_options(tmp_path: Path) -> None:
     assert f"--metadata {tmp_path / 'm.jsonl'} --label-column label --sidecars txt,json --sidecars-optional" in output
     code, output = run("slurm-script", "wds", tmp_path / "src", tmp_path / "out", "--tasks", "2", "--files-from", "-")
     assert code == 2 and "--files-from - reads standard input, which batch jobs do not have" in output
+
+
+def test_metadata_columns_keep_leading_zeros_and_name_their_problems(image_folder: tuple[Path, dict[str, bytes]],
+                                                                      tmp_path: Path) -> None:
+    """Numbers with leading zeros (IDs, zip codes) stay text; a repeated column or a --label-column
+    the file does not have is one line naming the file."""
+    root, _ = image_folder
+    copy_images(root, tmp_path / "flat", {"x.jpg": "class_00/img 000.jpg", "y.jpg": "class_00/img 001.jpg"})
+    (tmp_path / "zips.csv").write_text("path,zip,score\nx.jpg,02139,00.5\ny.jpg,10001,0.25\n")
+    code, output = run("lmdb", tmp_path / "flat", tmp_path / "out", "--metadata", tmp_path / "zips.csv", "-q")
+    assert code == 0, output
+    ds = readers.open_dataset(tmp_path / "out", fields=("zip", "score"))
+    assert list(ds) == [("02139", "00.5"), ("10001", "0.25")]
+    (tmp_path / "twice.csv").write_text("path,zip,zip\nx.jpg,1,2\n")
+    code, output = run("lmdb", tmp_path / "flat", tmp_path / "out2", "--metadata", tmp_path / "twice.csv", "-q")
+    assert (code, output.strip()) == (1, f"Error: {tmp_path / 'twice.csv'}: line 1: column 'zip' appears more than once")
+    code, output = run("lmdb", tmp_path / "flat", tmp_path / "out3", "--metadata", tmp_path / "zips.csv",
+                       "--label-column", "cls", "-q")
+    assert (code, output.strip()) == (1, f"Error: {tmp_path / 'zips.csv'}: no column 'cls' (--label-column); "
+                                         "columns: zip, score")

@@ -25,9 +25,11 @@ from .listing import Listing, ScanError
 
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".txt": "names"}
 PATH_COLUMNS = ("file_name", "path")
+DEFAULT_LABEL_COLUMN = "label"
 INT64 = (-(2**63), 2**63 - 1)
-_INTEGER = re.compile(r"[+-]?\d+")
-_FLOAT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?|[+-]?(nan|inf|infinity)", re.IGNORECASE)
+# No leading zeros: "007" or "02139" (IDs, zip codes) stay text instead of losing digits.
+_INTEGER = re.compile(r"[+-]?(0|[1-9]\d*)")
+_FLOAT = re.compile(r"[+-]?((0|[1-9]\d*)(\.\d*)?|\.\d+)([eE][+-]?\d+)?|[+-]?(nan|inf|infinity)", re.IGNORECASE)
 
 
 @dataclass
@@ -73,6 +75,8 @@ def read_metadata(path: str, label_column: str) -> Metadata:
     for line, name, record in rows(text, kind, metadata, label_column):
         _add_row(metadata, line, name, record, label_column)
     metadata.has_labels = label_column in metadata.columns
+    if label_column != DEFAULT_LABEL_COLUMN and not metadata.has_labels:
+        raise ScanError(f"{path}: no column {label_column!r} (--label-column); columns: {', '.join(metadata.columns)}")
     return metadata
 
 
@@ -88,6 +92,9 @@ def _table_rows(text: str, kind: str, metadata: Metadata, label_column: str) -> 
     except csv.Error as exc:
         raise ScanError(f"{metadata.path}: line 1: malformed header ({exc})") from None
     metadata.text_cells = True
+    repeated = sorted({name for name in header if header.count(name) > 1})
+    if repeated:
+        raise ScanError(f"{metadata.path}: line 1: column {repeated[0]!r} appears more than once")
     path_column = _path_column(metadata, header)
     metadata.columns = [name for name in header if name != path_column]
     while True:
