@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import signal
 import sys
 from dataclasses import fields
@@ -15,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import click
 from tqdm import tqdm
 
+from readers.cache import parse_size
 from readers.manifest import DECODE_MODES, MANIFEST_NAME, ON_ERROR_MODES, REJECTS_NAME, DatasetError, load_manifest
 
 from . import __version__
@@ -34,24 +34,17 @@ from .writers import WRITERS
 if TYPE_CHECKING:
     from readers.bench import BenchResult
 
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
-          "t": 1000**4, "tb": 1000**4, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
-
-
 class ByteSize(click.ParamType):
-    """Sizes like 4GB, 512MiB or 1000000."""
+    """Sizes like 4GB, 512MiB or 1000000: the readers' size syntax (readers.cache.parse_size)."""
 
     name = "size"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
-        if isinstance(value, int):
-            return value
-        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(value))
-        unit = match.group(2).lower() if match else ""
-        if not match or unit not in _UNITS:
-            self.fail(f"{value!r} is not a size (examples: 4GB, 512MiB, 1000000)", param, ctx)
-        size = int(float(match.group(1)) * _UNITS[unit])
-        if size < 1:
+        try:
+            size = parse_size(value if isinstance(value, int) else str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+        if not size:
             self.fail(f"{value!r} must be positive", param, ctx)
         return size
 

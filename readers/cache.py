@@ -39,8 +39,8 @@ ROOM_POLL_S = 0.05
 ROOM_TIMEOUT_S = 600.0
 """How long a download waits for other readers to release enough of a full cache before failing."""
 
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+          "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*", re.IGNORECASE)
 
 
@@ -67,14 +67,15 @@ class Cancelled(Exception):
 
 
 def parse_size(value: int | str | None) -> int | None:
-    """Bytes from an int or a string like "200GB", "1.5 GiB", "512MB"; None stays None (no limit)."""
+    """Bytes from an int or a string like "200GB", "1.5 GiB", "512MB", "4G"; None stays None (no
+    limit). The one size syntax of pack: `--shard-bytes` on the command line uses it too."""
     if value is None or isinstance(value, int):
         if value is not None and value < 0:
-            raise ValueError(f"cache_limit must not be negative, got {value}")
+            raise ValueError(f"{value} is negative; a size is a number of bytes")
         return value
     match = _SIZE.fullmatch(value)
     if match is None or match.group(2).lower() not in _UNITS:
-        raise ValueError(f"cache_limit {value!r} is not a size like 200GB, 512MiB or a number of bytes")
+        raise ValueError(f"{value!r} is not a size (examples: 200GB, 512MiB, 1000000)")
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
 
 

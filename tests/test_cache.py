@@ -38,7 +38,7 @@ def test_parse_size() -> None:
     assert parse_size("200GB") == 200 * 10**9
     assert parse_size("1.5 GiB") == 3 * 2**29
     assert parse_size("512mb") == 512 * 10**6
-    assert parse_size(1234) == 1234 and parse_size(None) is None
+    assert parse_size(1234) == 1234 and parse_size(None) is None and parse_size("4G") == 4 * 10**9
     with pytest.raises(ValueError, match="'lots' is not a size"):
         parse_size("lots")
 
