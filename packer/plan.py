@@ -17,6 +17,7 @@ from json.encoder import encode_basestring_ascii as encode_string
 from typing import Any, Iterable, Iterator
 
 from readers.fields import FieldSpec
+from readers.manifest import FORMAT_VERSION
 
 from .encode import DEFAULT_QUALITY, ENCODE_OPTIONS, PIXEL_MODES, STORES
 from .errors import PackError
@@ -157,8 +158,9 @@ class Plan:
 
     @property
     def fingerprint(self) -> str:
-        """Identifies what this plan would produce: same fingerprint, same shards."""
-        key = json.dumps([asdict(self.options), self.listing_sha256], sort_keys=True)
+        """Identifies what this plan would produce: same fingerprint, same shards. The layout version
+        is part of it, so a run started by an older pack is not finished with shards of another layout."""
+        key = json.dumps([FORMAT_VERSION, asdict(self.options), self.listing_sha256], sort_keys=True)
         return hashlib.sha256(key.encode()).hexdigest()
 
 

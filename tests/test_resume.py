@@ -164,3 +164,18 @@ def test_changed_options_on_unfinished_run_is_an_error(image_folder: tuple[Path,
         pack(root, out, PackOptions(format="lmdb", shard_size=6))
     pack(root, out, PackOptions(format="lmdb", shard_size=6), overwrite=True)
     assert json.loads((out / "index.json").read_text())["options"]["shard_size"] == 6
+
+
+def test_shards_of_another_layout_version_are_not_resumed(image_folder: tuple[Path, dict[str, bytes]],
+                                                          tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan's fingerprint includes the layout version: an unfinished run of an older pack is
+    packed again, never finished with shards of two layouts under one manifest."""
+    root, _ = image_folder
+    out = tmp_path / "out"
+    options = PackOptions(format="lmdb", shard_size=5)
+    pack(root, out, options)
+    (out / "index.json").unlink()
+    assert pack(root, out, options).resumed_shards == 4
+    (out / "index.json").unlink()
+    monkeypatch.setattr("packer.plan.FORMAT_VERSION", 3)  # in this process only: no worker processes
+    assert pack(root, out, options, workers=1).resumed_shards == 0
