@@ -47,8 +47,9 @@ def verify(out: Path, *, full: bool = False, progress: Callable[[int], None] | N
             start += info.num_samples
             path = out / info.name
             shard_problem = file_problem(out, FileInfo(info.name, info.bytes, info.sha256))
-            sidecar_problems = [problem for sidecar in info.sidecars if (problem := file_problem(out, sidecar))]
-            problems += [problem for problem in (shard_problem, *sidecar_problems) if problem]
+            sidecar_problems = {sidecar.name: problem for sidecar in info.sidecars
+                                if (problem := file_problem(out, sidecar))}
+            problems += [problem for problem in (shard_problem, *sidecar_problems.values()) if problem]
             if not path.is_file():
                 continue
             try:
@@ -58,7 +59,8 @@ def verify(out: Path, *, full: bool = False, progress: Callable[[int], None] | N
                 continue
             if stored != info.num_samples:
                 problems.append(f"{path}: holds {stored} samples, the manifest says {info.num_samples}")
-            if (full or shard_problem) and not sidecar_problems:
+            readable = not any(sidecar.name in sidecar_problems for sidecar in dataset.read_sidecars(shard))
+            if (full or shard_problem) and readable:
                 problems += damaged_samples(dataset, samples)
             if progress:
                 progress(info.num_samples)

@@ -13,7 +13,7 @@ from torch.utils.data import Dataset
 from .cache import Lease
 from .decode import get_decoder
 from .fields import BUILTIN_FIELDS, FieldSpec
-from .manifest import ON_ERROR_MODES, DatasetError, Manifest, load_manifest, payload_crc32
+from .manifest import ON_ERROR_MODES, DatasetError, FileInfo, Manifest, load_manifest, payload_crc32
 from .remote import LocalFiles, ShardFiles
 
 Fields = dict[str, Any]  # a sample's stored fields, by name: the values of `PackedDataset.wanted`
@@ -114,13 +114,17 @@ class PackedDataset(Dataset):
                 raise
         return handle
 
+    def read_sidecars(self, shard: int) -> tuple[FileInfo, ...]:
+        """The shard's sidecar files this reader opens (a format may keep some for other tools)."""
+        return self.manifest.shards[shard].sidecars
+
     def _lease(self, shard: int) -> list[Lease]:
-        """Leases on the shard's file and sidecars; when the cache is full, this process's own
-        oldest open shards are closed first."""
+        """Leases on the shard's file and the sidecars it reads; when the cache is full, this
+        process's own oldest open shards are closed first."""
         info = self.manifest.shards[shard]
         leases: list[Lease] = []
         try:
-            for file in (info, *info.sidecars):
+            for file in (info, *self.read_sidecars(shard)):
                 leases.append(self.files.lease(file, make_room=lambda: self._close_oldest(keep=shard)))
         except BaseException:
             for lease in leases:

@@ -91,6 +91,10 @@ class WdsDataset(PackedDataset):
                 return sidecar
         raise DatasetError(f"{self.root / 'index.json'}: no {extension} index listed for {info.name}")
 
+    def read_sidecars(self, shard: int) -> tuple[FileInfo, ...]:
+        """Only pack's offset index: the DALI `.idx` beside it is for DALI, never fetched or read here."""
+        return (self.index_file(shard),)
+
     def _open(self, shard: int) -> TarShard:
         index_path = str(self.files.path(self.index_file(shard)))
         index = read_index(index_path, self.manifest.shards[shard].num_samples, len(self.manifest.fields))

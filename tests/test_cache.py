@@ -220,3 +220,14 @@ def test_cache_and_store_import_no_torch_and_no_fsspec() -> None:
     code = ("import sys, readers.cache, readers.remote; "
             "assert not {'torch', 'fsspec'} & set(sys.modules), 'imported torch or fsspec'")
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ})
+
+
+def test_a_remote_wds_read_fetches_pack_index_not_dalis(serve: Callable[[str], str], http_server: LoopbackHTTP,
+                                                        tmp_path: Path) -> None:
+    """Random access needs each shard and its .packidx; the DALI .idx beside them is never downloaded."""
+    url = serve("wds")
+    ds = readers.open_dataset(url, decode="bytes", cache_dir=tmp_path / "cache")
+    assert len([ds[index] for index in range(len(ds))]) == len(ds)
+    sidecars = [sidecar.name for shard in ds.manifest.shards for sidecar in shard.sidecars]
+    assert {http_server.gets[path_of(url, name)] for name in sidecars if name.endswith(".packidx")} == {1}
+    assert {http_server.gets[path_of(url, name)] for name in sidecars if name.endswith(".idx")} == {0}

@@ -150,3 +150,19 @@ def test_verify_covers_the_loader_descriptors(packed_as, tmp_path: Path, name: s
     assert code == 1
     assert output.strip().splitlines() == [f"{out / name}: sha256 does not match the manifest (the file is damaged)",
                                            f"Error: {out}: 1 problems found"]
+
+
+def test_a_damaged_dali_index_does_not_hide_a_damaged_sample(packed_as, tmp_path: Path) -> None:
+    """The samples are read through pack's .packidx: a broken DALI .idx beside a damaged shard is
+    reported, and the damaged sample is still named."""
+    source, files = packed_as("wds")
+    out = tmp_path / "out"
+    shutil.copytree(source, out)
+    flip_byte_in_sample(out, 1, files)
+    shard = readers.load_manifest(out).shards[1]
+    (dali,) = [s for s in shard.sidecars if s.name.endswith(".idx")]
+    damage_sidecar(out / dali.name, "deleted")
+    code, output = run("verify", out, "-q")
+    assert code == 1
+    assert f"{out / dali.name}: missing" in output
+    assert f"{out / shard.name}: sample 1: damaged (checksum mismatch)" in output
