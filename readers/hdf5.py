@@ -124,7 +124,7 @@ def open_shard(path: str, num_samples: int, fields: Sequence[FieldSpec] = ()) ->
     except KeyError as exc:
         file.close()
         raise DatasetError(f"{path}: damaged HDF5 shard (missing {exc})") from None
-    except DatasetError:
+    except BaseException:  # DatasetError, or an OSError reading a column: never leave the file open
         file.close()
         raise
     counts = {"labels": len(shard.labels), "formats": len(shard.codecs), "crc32": len(shard.crcs),

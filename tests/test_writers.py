@@ -35,3 +35,12 @@ def test_an_error_inside_with_releases_every_handle(fmt: str, tmp_path: Path) ->
             assert open_files(tmp_path), "the writer holds its file open while writing"
             raise RuntimeError("stop")
     assert not open_files(tmp_path)
+
+
+def test_a_writer_that_fails_half_way_through_opening_releases_what_it_opened(tmp_path: Path) -> None:
+    """The tar opens but its index cannot (a directory stands in its place): the constructor
+    raises before `with` could abort it, and must close the tar itself."""
+    (tmp_path / "shard.packidx").mkdir()
+    with pytest.raises(IsADirectoryError):
+        WRITERS["wds"](tmp_path / "shard", expected_bytes=100, classes=["a"])
+    assert not open_files(tmp_path)

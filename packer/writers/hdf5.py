@@ -259,15 +259,19 @@ class HDF5Writer(ShardWriter):
         self._mode: str | None = None
         with h5py_errors_as_oserror():
             self._file = h5py.File(path, "w")
-            if sample_shape is None:
-                self._payloads = FlatPayloads(self._file, expected_bytes, path.parent)
-            else:
-                self._payloads = FixedPixels(self._file, sample_shape, path.parent)
-            self._labels = Column(self._file, "labels", np.int64)
-            self._codecs = Column(self._file, "formats", h5py.string_dtype("ascii", CODEC_WIDTH))
-            self._crcs = Column(self._file, "crc32", np.uint32)
-            self._paths = StringColumn(self._file, "paths")
-            self._fields = [FieldColumn(self._file, spec) for spec in self.fields]
+            try:
+                if sample_shape is None:
+                    self._payloads = FlatPayloads(self._file, expected_bytes, path.parent)
+                else:
+                    self._payloads = FixedPixels(self._file, sample_shape, path.parent)
+                self._labels = Column(self._file, "labels", np.int64)
+                self._codecs = Column(self._file, "formats", h5py.string_dtype("ascii", CODEC_WIDTH))
+                self._crcs = Column(self._file, "crc32", np.uint32)
+                self._paths = StringColumn(self._file, "paths")
+                self._fields = [FieldColumn(self._file, spec) for spec in self.fields]
+            except BaseException:  # not yet inside `with`, so abort() will not run: close it here
+                self._file.close()
+                raise
         self._count = 0
 
     def add(self, sample: Sample) -> None:

@@ -57,7 +57,11 @@ class WdsWriter(ShardWriter):
         self._field_suffixes = [(spec.name, b"." + field_extension(spec).encode("ascii")) for spec in self.fields]
         self._index_row = index_row(len(self.fields))
         self._tar: BinaryIO = open(path, "wb", buffering=WRITE_BUFFER)
-        self._index: BinaryIO = open(sidecar_path(path, INDEX_EXTENSION), "wb", buffering=WRITE_BUFFER)
+        try:
+            self._index: BinaryIO = open(sidecar_path(path, INDEX_EXTENSION), "wb", buffering=WRITE_BUFFER)
+        except BaseException:  # not yet inside `with`, so abort() will not run: close the tar here
+            self._tar.close()
+            raise
         self._index.write(encode_index_header(0, len(self.fields)))  # the count is set by close()
         self._dali_samples: list[str] = []  # DALI's index starts with the count: written by close()
         self._position = 0
