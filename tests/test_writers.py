@@ -41,6 +41,7 @@ def test_a_writer_that_fails_half_way_through_opening_releases_what_it_opened(tm
     """The tar opens but its index cannot (a directory stands in its place): the constructor
     raises before `with` could abort it, and must close the tar itself."""
     (tmp_path / "shard.packidx").mkdir()
-    with pytest.raises(IsADirectoryError):
+    with pytest.raises(IsADirectoryError) as caught:
         WRITERS["wds"](tmp_path / "shard", expected_bytes=100, classes=["a"])
-    assert not open_files(tmp_path)
+    assert not open_files(tmp_path)  # while the traceback (and the half-made writer in it) is still alive
+    del caught
