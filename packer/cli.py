@@ -49,6 +49,20 @@ class ByteSize(click.ParamType):
         return size
 
 
+class PathOrURL(click.ParamType):
+    """A local path, or a URL (s3://bucket/x, any fsspec URL) kept as written: a Path would fold its //."""
+
+    name = "path"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Path | str:
+        return value if isinstance(value, str) and "://" in value else Path(value)
+
+
+def joined(root: Path | str, name: str) -> str:
+    """`root/name` for a folder or a URL."""
+    return f"{str(root).rstrip('/')}/{name}"
+
+
 class ExtensionList(click.ParamType):
     """`txt,json` -> ("txt", "json")."""
 
@@ -77,7 +91,7 @@ def print_summary(summary: Summary) -> None:
     click.echo(
         f"packed {summary.num_samples} samples ({human_bytes(summary.bytes)}{ratio}) into {shards}{resumed} "
         f"in {summary.elapsed:.1f}s ({summary.files_per_second:.0f} files/s); {summary.rejects} rejected "
-        f"(see {Path(summary.out) / REJECTS_NAME}), {summary.ignored} non-image entries ignored"
+        f"(see {joined(summary.out, REJECTS_NAME)}), {summary.ignored} non-image entries ignored"
         + ("" if summary.published else f"; run `pack merge {summary.out}` when every task is done")
     )
 
@@ -174,8 +188,8 @@ def split_option(command: Callable[..., Any]) -> Callable[..., Any]:
 
 def make_pack_command(fmt: str) -> click.Command:
     @click.command(name=fmt, help=f"Pack the images under SRC into {fmt} shards in directory OUT.")
-    @click.argument("src", type=click.Path(path_type=Path))
-    @click.argument("out", type=click.Path(path_type=Path))
+    @click.argument("src", type=PathOrURL())
+    @click.argument("out", type=PathOrURL())
     @packing_options
     @error_policy_options
     @split_option
@@ -188,16 +202,20 @@ def make_pack_command(fmt: str) -> click.Command:
     @click.option("--engine", type=click.Choice(tuple(ENGINES)), default="local", show_default=True,
                   help="Where shard tasks run.")
     @click.option("--scheduler", default=None, help="For --engine dask: 'local' or a scheduler address.")
+    @click.option("--staging", type=click.Path(file_okay=False, path_type=Path), default=None,
+                  help="A URL OUT: the local folder where shards are written before upload (a few shards' "
+                       "worth at once); default: a temporary folder.")
     @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-    def command(src: Path, out: Path, workers: int | None, overwrite: bool, task_index: int | None,
+    def command(src: Path | str, out: Path | str, workers: int | None, overwrite: bool, task_index: int | None,
                 task_count: int | None, engine: str, scheduler: str | None, quiet: bool, on_error: str,
-                max_errors: int | None, split: str, **params: Any) -> None:
+                max_errors: int | None, split: str, staging: Path | None, **params: Any) -> None:
         options = pack_options_from(fmt, params)
         policy = ErrorPolicy(on_error=on_error, max_errors=max_errors)
         partition = resolve_partition(task_index, task_count)
         with progress_bar(f"pack {fmt}", quiet) as bar:
             summary = pack(src, out, options, overwrite=overwrite, workers=workers, partition=partition,
-                           engine=engine, scheduler=scheduler, progress=bar.update, policy=policy, split=split)
+                           engine=engine, scheduler=scheduler, progress=bar.update, policy=policy, split=split,
+                           staging=staging)
         print_summary(summary)
 
     return command
@@ -240,37 +258,38 @@ def main(ctx: click.Context, verbose: bool) -> None:
 
 
 @main.command("plan")
-@click.argument("src", type=click.Path(path_type=Path))
-@click.argument("out", type=click.Path(path_type=Path))
+@click.argument("src", type=PathOrURL())
+@click.argument("out", type=PathOrURL())
 @click.option("--format", "fmt", type=click.Choice(sorted(WRITERS)), required=True, help="The format tasks will pack.")
 @packing_options
-def plan_command(src: Path, out: Path, fmt: str, **params: Any) -> None:
+def plan_command(src: Path | str, out: Path | str, fmt: str, **params: Any) -> None:
     """Scan SRC once and write the shard plan into OUT, for the tasks of a batch job to share."""
     plan = ensure_plan(src, out, pack_options_from(fmt, params))
     click.echo(f"planned {plan.num_listed} files into {plan.num_shards} shards in {out}")
 
 
 @main.command("merge")
-@click.argument("out", type=click.Path(path_type=Path))
+@click.argument("out", type=PathOrURL())
 @error_policy_options
 @split_option
-def merge_command(out: Path, on_error: str, max_errors: int | None, split: str) -> None:
+def merge_command(out: Path | str, on_error: str, max_errors: int | None, split: str) -> None:
     """Publish index.json once every planned shard in OUT is finished; name what is missing if not."""
     manifest = merge(out, ErrorPolicy(on_error=on_error, max_errors=max_errors), split=split)
-    click.echo(f"merged {len(manifest.shards)} shards, {manifest.num_samples} samples: {out / MANIFEST_NAME}")
+    click.echo(f"merged {len(manifest.shards)} shards, {manifest.num_samples} samples: {joined(out, MANIFEST_NAME)}")
 
 
 @main.command("verify")
-@click.argument("out", type=click.Path(path_type=Path))
+@click.argument("out", type=PathOrURL())
 @click.option("--full", is_flag=True, help="Also decode every sample.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def verify_command(out: Path, full: bool, quiet: bool) -> None:
+def verify_command(out: Path | str, full: bool, quiet: bool) -> None:
     """Check OUT's shards against index.json: presence, size, sha256, sample counts."""
-    from .verify import (
-        verify,  # reads through `readers`, which imports torch: only when asked
+    from .verify import (  # reads through `readers`, which imports torch: only when asked
+        read_manifest,
+        verify,
     )
 
-    total = load_manifest(out).num_samples
+    total = read_manifest(out).num_samples
     with progress_bar("verify", quiet) as bar:
         bar.total = total
         problems = verify(out, full=full, progress=bar.update)
@@ -282,9 +301,9 @@ def verify_command(out: Path, full: bool, quiet: bool) -> None:
 
 
 @main.command("info")
-@click.argument("out", type=click.Path(path_type=Path))
+@click.argument("out", type=PathOrURL())
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
-def info_command(out: Path, as_json: bool) -> None:
+def info_command(out: Path | str, as_json: bool) -> None:
     """Describe a packed dataset: format, store, counts, classes, shard and image sizes, options."""
     from .info import (
         describe,  # reads through `readers`, which imports torch: only when asked
@@ -352,7 +371,7 @@ def slurm_script_command(fmt: str, src: Path, out: Path, tasks: int, cpus_per_ta
 
 
 @main.command(help="Measure loader throughput on the packed dataset OUT and recommend num_workers.")
-@click.argument("out", type=click.Path(path_type=Path))
+@click.argument("out", type=PathOrURL())
 @click.option("--batch-size", "batch_sizes", type=click.IntRange(min=1), multiple=True, default=(32, 128),
               show_default=True, help="Batch size to try; repeat the option for several.")
 @click.option("--max-workers", type=click.IntRange(min=0), default=None,

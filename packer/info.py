@@ -3,26 +3,33 @@
 from __future__ import annotations
 
 import io
+import os
 import statistics
-from pathlib import Path
+import tempfile
 from typing import Any
 
 from PIL import Image
 
 from readers.datasets import open_dataset
-from readers.manifest import load_manifest
+from readers.remote import is_url
+
+from .verify import read_manifest
 
 SIZE_SAMPLE = 1000
 
 
-def describe(out: Path) -> dict[str, Any]:
-    """A JSON-ready description; image sizes come from up to SIZE_SAMPLE evenly spaced samples."""
-    manifest = load_manifest(out)
+def describe(out: str | os.PathLike[str]) -> dict[str, Any]:
+    """A JSON-ready description; image sizes come from up to SIZE_SAMPLE evenly spaced samples
+    (of a URL, read shard by shard through a temporary cache of three shards)."""
+    manifest = read_manifest(out)
     shard_bytes = [shard.bytes for shard in manifest.shards]
     total = sum(shard_bytes)
     classes = manifest.classes
     counts = manifest.class_counts or [0] * len(classes)
-    sizes = image_sizes(out, manifest.num_samples)
+    largest = max((shard.bytes + sum(s.bytes for s in shard.sidecars) for shard in manifest.shards), default=1)
+    with tempfile.TemporaryDirectory(prefix="pack-info-") as cache_dir:
+        remote = {"cache_dir": cache_dir, "cache_limit": 3 * max(largest, 1)} if is_url(out) else {}
+        sizes = image_sizes(out, manifest.num_samples, **remote)
     return {
         "path": str(out),
         "format": manifest.format,
@@ -42,11 +49,11 @@ def describe(out: Path) -> dict[str, Any]:
     }
 
 
-def image_sizes(out: Path, num_samples: int) -> dict[str, Any]:
+def image_sizes(out: str | os.PathLike[str], num_samples: int, **remote: Any) -> dict[str, Any]:
     """min/median/max of width, height and pixels, read from image headers (no full decode)."""
     if not num_samples:
         return {}
-    dataset = open_dataset(out, decode="bytes", fields=("image",))
+    dataset = open_dataset(out, decode="bytes", fields=("image",), **remote)
     step = max(1, num_samples // SIZE_SAMPLE)
     widths, heights = [], []
     try:

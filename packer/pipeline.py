@@ -15,7 +15,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from readers.cpus import available_cpus
 from readers.formats import ALIASES, FORMATS
@@ -27,11 +27,12 @@ from .descriptors import DEFAULT_SPLIT, descriptor_texts, write_descriptors
 from .engines import get_engine
 from .errors import PackError
 from .fsutil import atomic_write_text
-from .outdir import check_paths, lock_path, prepare_output, tmp_dir, work_dir
+from .outdir import WORK_DIR, check_paths, lock_path, prepare_output, tmp_dir, work_dir
 from .partition import Partition
 from .plan import PackOptions, Plan, load_plan, write_plan
-from .scan import scan
-from .shard import Progress, ShardResult, check_rejects, clean_tmp, finished_shard, shard_file_name
+from .remote_out import RemoteOut, is_remote, output_for, staging_dir
+from .scan import Listing, scan
+from .shard import Progress, ShardResult, check_rejects, clean_tmp, finished_shards, shard_file_name
 from .validate import ErrorPolicy
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,8 @@ def pack(
     progress: Progress | None = None,
     policy: ErrorPolicy = ErrorPolicy(),
     split: str = DEFAULT_SPLIT,
+    staging: str | os.PathLike[str] | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> Summary:
     """Pack the images under `src` into shards in `out`.
 
@@ -82,9 +85,25 @@ def pack(
     command resumes: finished shards are kept, the others are packed again. `policy` says
     whether a rejected file stops the run, and how many rejects are too many; `split` names the
     split in the loader descriptors written at publish.
+
+    `out` may be a URL (`s3://bucket/x.wds`, any writable fsspec URL): shards are then written in
+    `staging` (default: a temporary folder) and uploaded one by one, `index.json` last;
+    `storage_options` go to fsspec (endpoint, credentials).
     """
+    target = output_for(out, staging=staging, storage_options=storage_options)
+    try:
+        return pack_into(src, target, options, overwrite=overwrite, workers=workers, partition=partition,
+                         engine=engine, scheduler=scheduler, progress=progress, policy=policy, split=split)
+    finally:
+        if isinstance(target, RemoteOut):
+            target.remove_staging()
+
+
+def pack_into(src: str | os.PathLike[str], out_path: Path | RemoteOut, options: PackOptions, *, overwrite: bool,
+              workers: int | None, partition: Partition, engine: str, scheduler: str | None,
+              progress: Progress | None, policy: ErrorPolicy, split: str) -> Summary:
     started = time.monotonic()
-    src_path, out_path = Path(src), Path(out)
+    src_path = source_path(src)
     if engine != "local" and not partition.is_whole:
         raise PackError(f"--engine {engine} runs every shard itself; drop --task-index/--task-count")
     if overwrite and not partition.is_whole:
@@ -93,14 +112,14 @@ def pack(
     if policy.on_error == "fail":
         check_rejects(out_path, plan, plan.scan_rejects, policy)
     mine = partition.shards(plan.num_shards)
-    done = {shard: finished_shard(out_path, plan, shard) for shard in mine}
+    done = finished_shards(out_path, plan, mine)
     pending = [shard for shard, result in done.items() if result is None]
     if progress:
         progress(sum(plan.bounds[k + 1] - plan.bounds[k] for k, result in done.items() if result is not None))
     clean_tmp(out_path, plan, pending)
     get_engine(engine)(out_path, plan, pending, workers=workers or available_cpus(), scheduler=scheduler,
                        progress=progress, policy=policy)
-    results = [finished_shard(out_path, plan, shard, check_hash=False) for shard in mine]
+    results = list(finished_shards(out_path, plan, mine, check_hash=False).values())
     published = partition.is_whole
     if published:
         merge(out_path, policy, split=split)
@@ -119,6 +138,11 @@ def pack(
         elapsed=time.monotonic() - started,
         published=published,
     )
+
+
+def source_path(src: str | os.PathLike[str]) -> Path | str:
+    """SRC as the scan takes it: a URL stays a string (a Path would fold its `//`)."""
+    return str(src) if is_remote(str(src)) else Path(src)
 
 
 def canonical_options(options: PackOptions) -> PackOptions:
@@ -145,47 +169,80 @@ def wait_for_lock(lock: IO[str], path: Path, timeout: float = PLAN_LOCK_SECONDS)
             time.sleep(LOCK_POLL_SECONDS)
 
 
-def ensure_plan(src: Path, out: Path, options: PackOptions, *, overwrite: bool = False) -> Plan:
+def ensure_plan(src: str | os.PathLike[str], out: str | os.PathLike[str] | RemoteOut, options: PackOptions, *,
+                overwrite: bool = False) -> Plan:
     """The plan in OUT, written once: the first process scans SRC, the others (and reruns) reuse it.
 
     A file lock serialises concurrent tasks on a shared filesystem, so N tasks do not all walk
     millions of files; a plan made with other options is an error, never silently replaced.
+    A remote OUT has no lock: see `RemoteOut.publish_plan`.
     """
     options = canonical_options(options)
-    check_paths(src, out)
+    src = source_path(src)
+    if isinstance(out, str) and is_remote(out):
+        out = output_for(out)
+    if isinstance(out, RemoteOut):
+        return ensure_remote_plan(src, out, options, overwrite=overwrite)
+    out = Path(out)
+    check_paths(Path(src), out)
     prepare_output(out, overwrite=overwrite)
     work_dir(out).mkdir(exist_ok=True)
     with open(lock_path(out), "a") as lock:
         wait_for_lock(lock, lock_path(out))
         plan = load_plan(out)
         if plan is not None:
-            if plan.options != options or plan.source != os.path.abspath(src):
-                raise PackError(
-                    f"{out}: holds an unfinished run of {plan.source} with options {asdict(plan.options)}; "
-                    "rerun with those, or pass --overwrite to start over"
-                )
-            log.info("%s: reusing the plan (%d shards)", out, plan.num_shards)
-            return plan
-        listing = scan(src, options)
-        if not len(listing):
-            raise PackError(f"{src}: no image files found")
-        return write_plan(out, listing, options)
+            return reuse_plan(plan, src, out, options)
+        return write_plan(out, scan_source(src, options), options)
 
 
-def merge(out: Path, policy: ErrorPolicy = ErrorPolicy(), *, split: str = DEFAULT_SPLIT) -> Manifest:
+def source_name(src: Path | str) -> str:
+    return src if isinstance(src, str) else os.path.abspath(src)
+
+
+def reuse_plan(plan: Plan, src: Path | str, out: Path | RemoteOut, options: PackOptions) -> Plan:
+    if plan.options != options or plan.source != source_name(src):
+        raise PackError(
+            f"{out}: holds an unfinished run of {plan.source} with options {asdict(plan.options)}; "
+            "rerun with those, or pass --overwrite to start over"
+        )
+    log.info("%s: reusing the plan (%d shards)", out, plan.num_shards)
+    return plan
+
+
+def scan_source(src: Path | str, options: PackOptions) -> Listing:
+    listing = scan(src, options)
+    if not len(listing):
+        raise PackError(f"{src}: no image files found")
+    return listing
+
+
+def ensure_remote_plan(src: Path | str, out: RemoteOut, options: PackOptions, *, overwrite: bool) -> Plan:
+    """The plan in a remote OUT, mirrored in staging; written there by whichever task comes first."""
+    out.prepare(overwrite=overwrite)
+    plan = out.mirror_plan()
+    if plan is not None:
+        return reuse_plan(plan, src, out, options)
+    return out.publish_plan(write_plan(out.staging, scan_source(src, options), options))
+
+
+def merge(out: str | os.PathLike[str] | RemoteOut, policy: ErrorPolicy = ErrorPolicy(), *,
+          split: str = DEFAULT_SPLIT) -> Manifest:
     """Publish rejects.jsonl, the loader descriptors (`packer.descriptors`, `split` named there)
     and, last, index.json, once every planned shard has its marker.
 
     The authoritative --max-errors check (all shards, scan-time rejects included): rejects.jsonl
-    is still written so the bad files can be looked at, but index.json is not.
+    is still written so the bad files can be looked at, but index.json is not. A remote OUT gets
+    the same files, written in staging and uploaded, index.json last.
     """
-    plan = load_plan(out)
+    if not isinstance(out, RemoteOut):
+        out = output_for(out)
+    folder = staging_dir(out)
+    plan = out.mirror_plan() if isinstance(out, RemoteOut) else load_plan(out)
     if plan is None:
-        raise PackError(f"{work_dir(out)}: no plan; nothing was packed here")
+        raise PackError(f"{out / WORK_DIR}: no plan; nothing was packed here")
     results: list[ShardResult] = []
     missing: list[str] = []
-    for shard in range(plan.num_shards):
-        result = finished_shard(out, plan, shard, check_hash=False)
+    for shard, result in finished_shards(out, plan, list(range(plan.num_shards)), check_hash=False).items():
         if result is None:
             missing.append(shard_file_name(plan, shard))
         else:
@@ -197,7 +254,9 @@ def merge(out: Path, policy: ErrorPolicy = ErrorPolicy(), *, split: str = DEFAUL
         plan.scan_rejects + [reject for result in results for reject in result.rejects],
         key=lambda reject: reject["path"],
     )
-    atomic_write_text(out / REJECTS_NAME, "".join(json.dumps(reject) + "\n" for reject in rejects))
+    atomic_write_text(folder / REJECTS_NAME, "".join(json.dumps(reject) + "\n" for reject in rejects))
+    if isinstance(out, RemoteOut):
+        out.upload(folder / REJECTS_NAME, REJECTS_NAME)
     check_rejects(out, plan, rejects, policy)
     manifest = Manifest(
         format=plan.options.format,
@@ -214,7 +273,14 @@ def merge(out: Path, policy: ErrorPolicy = ErrorPolicy(), *, split: str = DEFAUL
     )
     extensions = sorted({image_extension(extension) for result in results for extension in result.extensions})
     manifest.descriptors = write_descriptors(
-        out, descriptor_texts(manifest, split, extensions, plan.options.sample_shape))
-    atomic_write_text(out / MANIFEST_NAME, manifest.to_json())
-    shutil.rmtree(tmp_dir(out), ignore_errors=True)
+        folder, descriptor_texts(manifest, split, extensions, plan.options.sample_shape))
+    if isinstance(out, RemoteOut):
+        out.upload_all([(folder / info.name, info.name) for info in manifest.descriptors])
+        out.upload_text(MANIFEST_NAME, manifest.to_json())
+        out.clean_uploads()
+        for name in (REJECTS_NAME, *(info.name for info in manifest.descriptors)):
+            (folder / name).unlink(missing_ok=True)
+    else:
+        atomic_write_text(out / MANIFEST_NAME, manifest.to_json())
+    shutil.rmtree(tmp_dir(folder), ignore_errors=True)
     return manifest

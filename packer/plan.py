@@ -210,7 +210,7 @@ def write_plan(out: Path, listing: Listing, options: PackOptions) -> Plan:
         os.fsync(handle.fileno())
     os.replace(tmp, listing_file)
     plan = Plan(
-        source=os.path.abspath(listing.root),
+        source=listing.root if "://" in listing.root else os.path.abspath(listing.root),  # a URL SRC stays one
         options=options,
         classes=listing.classes,
         num_listed=len(listing),

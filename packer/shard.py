@@ -20,8 +20,9 @@ from readers.manifest import FileInfo, ShardInfo, sample_key, shard_name
 from .errors import PackError, RejectedFile
 from .fsutil import atomic_write_text, free_bytes, publish, sha256_file, sync_and_hash
 from .load import READ_THREADS, load_samples
-from .outdir import final_name, marker_path, temp_name, tmp_dir
-from .plan import Plan, read_shard_entries
+from .outdir import DONE_DIR, WORK_DIR, final_name, marker_path, temp_name, tmp_dir
+from .plan import Plan, load_plan, read_shard_entries
+from .remote_out import RemoteOut, staging_dir
 from .validate import ErrorPolicy
 from .writers import Sample, get_writer, sidecar_path
 
@@ -90,28 +91,70 @@ def finished_shard(out: Path, plan: Plan, shard: int, *, check_hash: bool = True
     return result
 
 
-def clean_tmp(out: Path, plan: Plan, shards: list[int]) -> None:
-    """Remove leftovers of interrupted attempts at these shards (and only these: other tasks run)."""
-    folder = tmp_dir(out)
+def finished_shards(out: Path | RemoteOut, plan: Plan, shards: list[int], *,
+                    check_hash: bool = True) -> dict[int, ShardResult | None]:
+    """`finished_shard` of each of `shards`; for a remote OUT from one listing of OUT and of the
+    markers, each file checked by size (its hash is checked on upload, and by `pack verify`)."""
+    if not isinstance(out, RemoteOut):
+        return {shard: finished_shard(out, plan, shard, check_hash=check_hash) for shard in shards}
+    names = {shard: shard_file_name(plan, shard) for shard in shards}
+    there = out.marker_names()
+    markers = out.read_texts([f"{WORK_DIR}/{DONE_DIR}/{name}.json" for name in names.values() if f"{name}.json" in there])
+    sizes = out.names() if markers else {}
+    done: dict[int, ShardResult | None] = {}
+    for shard, name in names.items():
+        text = markers.get(f"{WORK_DIR}/{DONE_DIR}/{name}.json")
+        result = parse_marker(text) if text is not None else None
+        if result is not None and (result.fingerprint != plan.fingerprint
+                                   or any(sizes.get(file) != size for file, size, _ in result.files())):
+            result = None
+        done[shard] = result
+    return done
+
+
+def parse_marker(text: str) -> ShardResult | None:
+    try:
+        return ShardResult(**json.loads(text))
+    except (ValueError, TypeError):
+        return None
+
+
+def clean_tmp(out: Path | RemoteOut, plan: Plan, shards: list[int]) -> None:
+    """Remove leftovers of interrupted attempts at these shards (and only these: other tasks run):
+    temp files in OUT (or staging), and a remote OUT's temporary uploads."""
+    names = {shard_file_name(plan, shard) for shard in shards}
+    if isinstance(out, RemoteOut):
+        out.clean_uploads({name for shard in shards for name in shard_files(plan, shard)})
+    folder = tmp_dir(staging_dir(out))
     if not folder.is_dir():
         return
-    names = {shard_file_name(plan, shard) for shard in shards}
     for leftover in os.listdir(folder):
         if final_name(leftover) in names:
             (folder / leftover).unlink(missing_ok=True)
 
 
-def run_shard(out: Path, plan: Plan, shard: int, *, threads: int = READ_THREADS,
+def shard_files(plan: Plan, shard: int) -> list[str]:
+    """The names a shard's files (the shard and its sidecars) and its marker have in OUT."""
+    name = shard_file_name(plan, shard)
+    sidecars = [shard_name(shard, extension) for extension in get_writer(plan.options.format).sidecars]
+    return [name, *sidecars, f"{name}.json"]
+
+
+def run_shard(out: Path | RemoteOut, plan: Plan, shard: int, *, threads: int = READ_THREADS,
               progress: Progress | None = None, policy: ErrorPolicy = ErrorPolicy()) -> ShardResult:
     """Pack one planned shard: temp files, renamed when synced (sidecars first), then the marker.
+    For a remote OUT all that happens in staging; the files are then uploaded, the marker last.
 
     Under `policy` the shard stops early, publishing nothing, at its first reject (fail) or when
     its own rejects alone exceed --max-errors; the total over all shards is checked in `merge`.
     """
     name = shard_file_name(plan, shard)
-    entries = read_shard_entries(out, plan, shard)
+    local = staging_dir(out)
+    if isinstance(out, RemoteOut) and getattr(load_plan(local), "fingerprint", None) != plan.fingerprint:
+        out.mirror_plan()  # a worker on another machine (Dask): its staging has no listing yet
+    entries = read_shard_entries(local, plan, shard)
     writer_cls = get_writer(plan.options.format)
-    folder = tmp_dir(out)
+    folder = tmp_dir(local)
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / temp_name(name)
     tmp_sidecars = {extension: sidecar_path(tmp, extension) for extension in writer_cls.sidecars}
@@ -120,7 +163,7 @@ def run_shard(out: Path, plan: Plan, shard: int, *, threads: int = READ_THREADS,
     sidecars: list[dict[str, Any]] = []
     extensions: set[str] = set()
     count = source_bytes = 0
-    final = out / name
+    final = local / name
     try:
         with writer_cls(tmp, expected_bytes=sum(entry.size for entry in entries), classes=plan.classes,
                         sample_shape=plan.options.sample_shape, fields=plan.fields) as writer:
@@ -142,28 +185,41 @@ def run_shard(out: Path, plan: Plan, shard: int, *, threads: int = READ_THREADS,
         # A writer that hashed its file on the way is synced by `publish`; the others are hashed while they sync.
         digest = writer.sha256 if writer.sha256 else sync_and_hash([tmp, *tmp_sidecars.values()], tmp)
         for extension, tmp_sidecar in tmp_sidecars.items():
-            sidecar = out / shard_name(shard, extension)
+            sidecar = local / shard_name(shard, extension)
             publish(tmp_sidecar, sidecar)
             sidecars.append({"name": sidecar.name, "bytes": sidecar.stat().st_size, "sha256": sha256_file(sidecar)})
         publish(tmp, final)
         result = ShardResult(name=name, num_samples=count, bytes=final.stat().st_size, sha256=digest,
                              fingerprint=plan.fingerprint, rejects=rejects, label_counts=label_counts,
                              source_bytes=source_bytes, sidecars=sidecars, extensions=sorted(extensions))
-        marker = marker_path(out, name)
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(marker, json.dumps(asdict(result)) + "\n")
+        if isinstance(out, RemoteOut):
+            upload_shard(out, local, result)
+        else:
+            marker = marker_path(out, name)
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(marker, json.dumps(asdict(result)) + "\n")
     except (OSError, *writer_cls.write_errors) as exc:
         # Without its marker a published shard would be packed again anyway: take it back too.
-        remove_files(tmp, *tmp_sidecars.values(), final, *(out / sidecar["name"] for sidecar in sidecars))
+        remove_files(tmp, *tmp_sidecars.values(), final, *(local / sidecar["name"] for sidecar in sidecars))
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        if disk_full(out) and os.strerror(errno.ENOSPC) not in reason:  # some libraries say EIO
+        if disk_full(local) and os.strerror(errno.ENOSPC) not in reason:  # some libraries say EIO
             reason = f"{os.strerror(errno.ENOSPC)}: {reason}"
         raise PackError(f"{out}: cannot write {name} ({reason}); nothing was published") from None
     except BaseException:
         remove_files(tmp, *tmp_sidecars.values())
         raise
-    log.info("%s: %d samples, %d rejected", final, count, len(rejects))
+    log.info("%s: %d samples, %d rejected", out / name, count, len(rejects))
     return result
+
+
+def upload_shard(out: RemoteOut, local: Path, result: ShardResult) -> None:
+    """Upload a shard staged in `local` (files side by side, then its marker) and free its staging space."""
+    files = [local / file for file, _, _ in result.files()]
+    try:
+        out.upload_all([(path, path.name) for path in files])
+        out.upload_text(f"{WORK_DIR}/{DONE_DIR}/{result.name}.json", json.dumps(asdict(result)) + "\n")
+    finally:
+        remove_files(*files)
 
 
 def remove_files(*paths: Path) -> None:

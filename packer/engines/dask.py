@@ -13,14 +13,15 @@ from typing import Any, Callable
 from ..errors import PackError
 from ..shard import run_shard
 from ..plan import Plan
+from ..remote_out import RemoteOut
 from ..validate import ErrorPolicy
 
 log = logging.getLogger(__name__)
 RETRIES = 2
 
 
-def _run(out: str, plan: Plan, shard: int, policy: ErrorPolicy) -> int:
-    result = run_shard(Path(out), plan, shard, policy=policy)
+def _run(out: Path | RemoteOut, plan: Plan, shard: int, policy: ErrorPolicy) -> int:
+    result = run_shard(out, plan, shard, policy=policy)
     return result.num_samples + len(result.rejects)
 
 
@@ -39,7 +40,7 @@ def _client(scheduler: str | None, workers: int) -> tuple[Any, Any]:
         raise PackError(f"{scheduler}: cannot reach the Dask scheduler ({exc})") from None
 
 
-def run_dask(out: Path, plan: Plan, shards: list[int], *, workers: int, scheduler: str | None,
+def run_dask(out: Path | RemoteOut, plan: Plan, shards: list[int], *, workers: int, scheduler: str | None,
              progress: Callable[[int], None] | None = None, policy: ErrorPolicy = ErrorPolicy()) -> None:
     if not shards:
         return
@@ -48,7 +49,7 @@ def run_dask(out: Path, plan: Plan, shards: list[int], *, workers: int, schedule
     client, cluster = _client(scheduler, min(workers, len(shards)))
     try:
         futures = [
-            client.submit(_run, str(out.resolve()), plan, shard, policy, retries=RETRIES, pure=False,
+            client.submit(_run, out.resolve() if isinstance(out, Path) else out, plan, shard, policy, retries=RETRIES, pure=False,
                           key=f"pack-{plan.fingerprint[:12]}-shard-{shard:06d}")
             for shard in shards
         ]

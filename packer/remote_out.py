@@ -1,0 +1,321 @@
+"""OUT in an object store (`s3://bucket/x.wds`, `gs://...`, any fsspec URL that can write).
+
+Shards are written, synced and hashed in a local staging folder exactly as for a local OUT
+(`staging` mirrors OUT's layout: `.pack/plan.json`, `listing.jsonl`, `tmp/`, the shard being
+uploaded), then uploaded; the remote keys are the local names, so the remote layout is the
+local one. An object store has no rename and no flock, so:
+
+- a file goes to a temporary key (`.pack/tmp/<name>.tmp-<host>-<pid>`) first, is checked by size
+  (and by the store's checksum where it offers one: S3's ETag), then copied to its final key on
+  the server. A final key is only ever a whole, checked object; two tasks racing on one shard
+  copy the same bytes (packing is deterministic);
+- a shard's marker is uploaded after its files, `index.json` after every marker;
+- concurrent tasks agree on the plan by writing the same bytes: a plan is deterministic given SRC
+  and the options, and a task that finds a different plan in the bucket after writing its own stops.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import shutil
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+from readers.remote import EXTRAS
+
+from readers.manifest import MANIFEST_NAME
+
+from .errors import PackError
+from .fsutil import atomic_write_text, sha256_file
+from .outdir import DONE_DIR, LISTING_NAME, PLAN_NAME, TMP_DIR, WORK_DIR, final_name, listing_path, pack_outputs, \
+    plan_path, temp_name
+from .plan import Plan, load_plan
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+UPLOAD_THREADS = 4
+"""Files of one shard (the shard and its sidecars) uploaded at once; parts of one file are s3fs's business."""
+
+
+def is_remote(out: str | os.PathLike[str]) -> bool:
+    """True for a URL OUT is uploaded to; plain paths and file:// stay local (rename-based publish)."""
+    return isinstance(out, str) and "://" in out and not out.startswith("file://")
+
+
+def store_error(url: str, exc: BaseException) -> PackError:
+    """One line naming `url` and what the store (or the way to it) said."""
+    name = type(exc).__name__
+    if isinstance(exc, FileNotFoundError):
+        cause = f"not found ({exc})" if "bucket" in str(exc).lower() else "not found"
+    elif isinstance(exc, PermissionError):
+        cause = f"access denied ({exc})"
+    elif "Credentials" in name:
+        cause = "no credentials (set AWS_ACCESS_KEY_ID/AWS_PROFILE, GOOGLE_APPLICATION_CREDENTIALS or storage options)"
+    elif "Connect" in name or "Endpoint" in name or isinstance(exc, (ConnectionError, TimeoutError)):
+        cause = f"cannot reach the store ({name}: {exc})"
+    else:
+        cause = f"{name}: {exc}"
+    return PackError(f"{url}: {cause}; finished shards are kept: rerun the same command to resume")
+
+
+def output_for(out: str | os.PathLike[str], *, staging: str | os.PathLike[str] | None = None,
+               storage_options: dict[str, Any] | None = None) -> Path | RemoteOut:
+    """OUT as the pipeline takes it: a local folder, or a remote one staged locally."""
+    if is_remote(out):
+        return RemoteOut(str(out), staging=staging, storage_options=storage_options)
+    return Path(str(out)[len("file://"):] if str(out).startswith("file://") else out)
+
+
+def staging_dir(out: Path | RemoteOut) -> Path:
+    """Where shards are written: OUT itself, or a remote OUT's staging folder."""
+    return out.staging if isinstance(out, RemoteOut) else out
+
+
+def md5_etags(path: Path, part_bytes: int | None) -> set[str]:
+    """The S3 ETags a correct upload of `path` can have: the md5 of the whole, and (multipart, in
+    parts of `part_bytes`) the md5 of the parts' md5s with the part count."""
+    whole = hashlib.md5()  # noqa: S324 - S3's checksum, not a security hash
+    parts: list[bytes] = []
+    with open(path, "rb") as handle:
+        while chunk := handle.read(part_bytes or 1 << 24):
+            whole.update(chunk)
+            parts.append(hashlib.md5(chunk).digest())  # noqa: S324
+    etags = {whole.hexdigest()}
+    if part_bytes and len(parts) > 1:
+        etags.add(f"{hashlib.md5(b''.join(parts)).hexdigest()}-{len(parts)}")  # noqa: S324
+    return etags
+
+
+class RemoteOut:
+    """A remote OUT and the local staging folder that mirrors it.
+
+    Picklable (it travels to worker processes and Dask workers): the filesystem is made on first
+    use in each process; storage options, which may hold credentials, are never logged.
+    `part_bytes`: the multipart part size for S3 (None: s3fs's default, 50 MiB).
+    """
+
+    def __init__(self, url: str, *, staging: str | os.PathLike[str] | None = None,
+                 storage_options: dict[str, Any] | None = None, part_bytes: int | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.storage_options = dict(storage_options or {})
+        self.part_bytes = part_bytes
+        self.owns_staging = staging is None
+        root = Path(tempfile.mkdtemp(prefix="pack-staging-")) if staging is None else Path(staging)
+        readable = re.sub(r"[^A-Za-z0-9._-]+", "_", self.url.split("://", 1)[-1]).strip("_")[-60:]
+        self.staging = root.resolve() / f"{readable}-{hashlib.sha256(self.url.encode()).hexdigest()[:8]}"
+        self._fs: Any = None
+        self._base = ""
+        self._pid = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_fs": None}
+
+    def __str__(self) -> str:
+        return self.url
+
+    def __repr__(self) -> str:
+        return f"RemoteOut({self.url!r})"
+
+    def __truediv__(self, name: str) -> str:
+        """The URL of `name` in OUT, for messages (`out / name` reads as for a local OUT)."""
+        return f"{self.url}/{name}"
+
+    # --- the store ---------------------------------------------------------------------------
+
+    def filesystem(self) -> tuple[Any, str]:
+        if self._fs is None or self._pid != os.getpid():
+            scheme = self.url.split("://", 1)[0]
+            try:
+                from fsspec.core import url_to_fs
+
+                self._fs, self._base = url_to_fs(self.url, **self.storage_options)
+            except ImportError as exc:
+                extra = EXTRAS.get(scheme)
+                hint = f"pip install 'pack[{extra}]'" if extra else "install the fsspec back end for it"
+                raise PackError(f"{self.url}: writing {scheme}:// needs {hint} ({exc})") from None
+            self._pid = os.getpid()
+        return self._fs, self._base.rstrip("/")
+
+    def key(self, name: str) -> str:
+        return f"{self.filesystem()[1]}/{name}"
+
+    def call(self, name: str, action: Callable[[], T]) -> T:
+        """Run one store request; any failure becomes a one-line PackError naming the URL of `name`."""
+        try:
+            return action()
+        except PackError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - every back end raises its own types
+            raise store_error(self / name if name else self.url, exc) from None
+
+    def names(self, folder: str = "") -> dict[str, int]:
+        """name -> size of the entries directly in `folder` of OUT (-1 for folders); empty when there is none."""
+        fs, _ = self.filesystem()
+        prefix = self.key(folder) if folder else self.filesystem()[1]
+
+        def listing() -> dict[str, int]:
+            try:
+                entries = fs.ls(prefix, detail=True, refresh=True)
+            except FileNotFoundError as exc:
+                if "bucket" in str(exc).lower():
+                    raise
+                return {}
+            return {entry["name"].rstrip("/").rsplit("/", 1)[-1]:
+                    -1 if entry.get("type") == "directory" else int(entry.get("size") or 0) for entry in entries}
+
+        return self.call(folder, listing)
+
+    def read_text(self, name: str) -> str | None:
+        """`name`'s text, or None when there is no such file."""
+        fs, _ = self.filesystem()
+
+        def read() -> str | None:
+            try:
+                return fs.cat_file(self.key(name)).decode("utf-8")
+            except FileNotFoundError as exc:
+                if "bucket" in str(exc).lower():
+                    raise
+                return None
+
+        return self.call(name, read)
+
+    def read_texts(self, names: list[str]) -> dict[str, str]:
+        """Several small files at once (markers): one concurrent batch of GETs; missing ones left out."""
+        if not names:
+            return {}
+        fs, _ = self.filesystem()
+        keys = {self.key(name): name for name in names}
+        found = self.call(names[0], lambda: fs.cat(list(keys), on_error="return"))
+        return {keys[key]: data.decode("utf-8") for key, data in found.items()
+                if isinstance(data, bytes) and key in keys}
+
+    def download(self, name: str, dest: Path) -> None:
+        """`name` into `dest`, through a temporary sibling renamed when complete."""
+        fs, _ = self.filesystem()
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(temp_name(dest.name))
+        try:
+            self.call(name, lambda: fs.get_file(self.key(name), str(tmp)))
+            os.replace(tmp, dest)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def upload(self, local: Path, name: str) -> None:
+        """`local` to `name`: to a temporary key, checked, copied on the server to its final key, checked."""
+        fs, _ = self.filesystem()
+        size = local.stat().st_size
+        temp = f"{WORK_DIR}/{TMP_DIR}/{temp_name(name)}"
+        s3 = "s3" in (fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,))
+        extra = {"chunksize": self.part_bytes} if s3 and self.part_bytes else {}
+        etags = md5_etags(local, self.part_bytes) if s3 else set()
+        self.call(name, lambda: fs.put_file(str(local), self.key(temp), **extra))
+        try:
+            self.check_upload(temp, name, size, etags)
+            self.call(name, lambda: fs.copy(self.key(temp), self.key(name)))
+            self.check_upload(name, name, size, etags)
+        finally:
+            try:
+                fs.rm_file(self.key(temp))
+            except Exception as exc:  # noqa: BLE001 - a leftover temp key is removed by merge
+                log.warning("%s: cannot remove the temporary upload (%s)", self / temp, type(exc).__name__)
+
+    def check_upload(self, key_name: str, name: str, size: int, etags: set[str]) -> None:
+        fs, _ = self.filesystem()
+        info = self.call(key_name, lambda: fs.info(self.key(key_name), refresh=True))
+        etag = str(info.get("ETag") or "").strip('"')
+        if int(info.get("size") or 0) != size:
+            raise PackError(f"{self / name}: uploaded {info.get('size')} bytes of {size}; rerun to upload it again")
+        if etags and re.fullmatch(r"[0-9a-f]{32}(-\d+)?", etag) and etag not in etags:
+            raise PackError(f"{self / name}: the store's checksum {etag} does not match the staged file; "
+                            "rerun to upload it again")
+
+    def upload_text(self, name: str, text: str) -> None:
+        path = self.staging / WORK_DIR / TMP_DIR / temp_name(Path(name).name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.write_text(text, encoding="utf-8")
+            self.upload(path, name)
+        finally:
+            path.unlink(missing_ok=True)
+
+    def upload_all(self, files: list[tuple[Path, str]]) -> None:
+        """Upload (local, name) pairs side by side; the first error is raised once all have stopped."""
+        if len(files) == 1:
+            self.upload(*files[0])
+            return
+        with ThreadPoolExecutor(max_workers=UPLOAD_THREADS, thread_name_prefix="pack-upload") as pool:
+            for future in [pool.submit(self.upload, local, name) for local, name in files]:
+                future.result()
+
+    def remove(self, names: list[str]) -> None:
+        fs, _ = self.filesystem()
+        if names:
+            self.call(names[0], lambda: fs.rm([self.key(name) for name in names], recursive=True))
+
+    def clean_uploads(self, finals: set[str] | None = None) -> None:
+        """Remove temporary keys left by killed uploads (of files named in `finals`; None: all)."""
+        folder = f"{WORK_DIR}/{TMP_DIR}"
+        leftovers = [f"{folder}/{name}" for name in self.names(folder)
+                     if finals is None or final_name(name) in finals]
+        self.remove(leftovers)
+
+    def marker_names(self) -> set[str]:
+        return set(self.names(f"{WORK_DIR}/{DONE_DIR}"))
+
+    # --- OUT's layout --------------------------------------------------------------------------
+
+    def prepare(self, *, overwrite: bool) -> None:
+        """As `outdir.prepare_output`: refuse a finished dataset or foreign keys; with overwrite, remove ours."""
+        names = self.names()
+        ours = pack_outputs(list(names))
+        if overwrite:
+            self.remove(sorted(ours))
+            return
+        if MANIFEST_NAME in names:
+            raise PackError(f"{self.url}: already holds a packed dataset; pass --overwrite to replace it")
+        foreign = sorted(set(names) - ours)
+        if foreign:
+            raise PackError(f"{self.url}: not empty and not a pack output (found {foreign[0]!r}); choose another OUT")
+
+    def mirror_plan(self) -> Plan | None:
+        """OUT's plan, with its listing mirrored in staging (downloaded unless staging has this plan already)."""
+        text = self.read_text(f"{WORK_DIR}/{PLAN_NAME}")
+        if text is None:
+            return None
+        local_plan, local_listing = plan_path(self.staging), listing_path(self.staging)
+        if not (local_plan.is_file() and local_listing.is_file() and local_plan.read_text(encoding="utf-8") == text):
+            local_plan.unlink(missing_ok=True)
+            self.download(f"{WORK_DIR}/{LISTING_NAME}", local_listing)
+            atomic_write_text(local_plan, text)
+            plan = load_plan(self.staging)
+            if plan is not None and sha256_file(local_listing) != plan.listing_sha256:
+                local_plan.unlink()
+                raise PackError(f"{self / WORK_DIR}/{LISTING_NAME}: does not match {PLAN_NAME} (another task is "
+                                "writing a different plan: same SRC and options in every task?)")
+        return load_plan(self.staging)
+
+    def publish_plan(self, plan: Plan) -> Plan:
+        """Upload the plan written in staging (listing first) and read back what the bucket holds.
+
+        Tasks starting together each scan and upload; identical plans are the same bytes, so
+        whichever copy lands is the same. A task that reads back another plan than its own stops.
+        """
+        self.upload(listing_path(self.staging), f"{WORK_DIR}/{LISTING_NAME}")
+        self.upload(plan_path(self.staging), f"{WORK_DIR}/{PLAN_NAME}")
+        mine = plan_path(self.staging).read_text(encoding="utf-8")
+        there = self.read_text(f"{WORK_DIR}/{PLAN_NAME}")
+        if there != mine:
+            raise PackError(f"{self / WORK_DIR}/{PLAN_NAME}: another task wrote a different plan at the same "
+                            "time (same SRC and options in every task?)")
+        return plan
+
+    def remove_staging(self) -> None:
+        """The staging folder, when this process made it (a --staging folder is the user's)."""
+        if self.owns_staging:
+            shutil.rmtree(self.staging.parent, ignore_errors=True)
