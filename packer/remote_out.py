@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 UPLOAD_THREADS = 4
 """Files of one shard (the shard and its sidecars) uploaded at once; parts of one file are s3fs's business."""
+MAX_PARTS = 10_000
 
 
 def is_remote(out: str | os.PathLike[str]) -> bool:
@@ -77,6 +78,16 @@ def staging_dir(out: Path | RemoteOut) -> Path:
     return out.staging if isinstance(out, RemoteOut) else out
 
 
+def multipart_part_bytes(fs: Any, size: int) -> int | None:
+    """S3's multipart part size for a file of `size`: the filesystem's block size (storage option
+    `default_block_size`, s3fs's default 50 MiB), grown to stay within S3's 10,000 parts.
+    s3fs uploads a file of two parts or more in parts, several at once. None: not S3."""
+    protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+    if "s3" not in protocols:
+        return None
+    return max(int(getattr(fs, "default_block_size", 0) or 50 << 20), -(-size // MAX_PARTS))
+
+
 def md5_etags(path: Path, part_bytes: int | None) -> set[str]:
     """The S3 ETags a correct upload of `path` can have: the md5 of the whole, and (multipart, in
     parts of `part_bytes`) the md5 of the parts' md5s with the part count."""
@@ -97,14 +108,12 @@ class RemoteOut:
 
     Picklable (it travels to worker processes and Dask workers): the filesystem is made on first
     use in each process; storage options, which may hold credentials, are never logged.
-    `part_bytes`: the multipart part size for S3 (None: s3fs's default, 50 MiB).
     """
 
     def __init__(self, url: str, *, staging: str | os.PathLike[str] | None = None,
-                 storage_options: dict[str, Any] | None = None, part_bytes: int | None = None) -> None:
+                 storage_options: dict[str, Any] | None = None) -> None:
         self.url = url.rstrip("/")
         self.storage_options = dict(storage_options or {})
-        self.part_bytes = part_bytes
         self.owns_staging = staging is None
         root = Path(tempfile.mkdtemp(prefix="pack-staging-")) if staging is None else Path(staging)
         readable = re.sub(r"[^A-Za-z0-9._-]+", "_", self.url.split("://", 1)[-1]).strip("_")[-60:]
@@ -211,10 +220,12 @@ class RemoteOut:
         fs, _ = self.filesystem()
         size = local.stat().st_size
         temp = f"{WORK_DIR}/{TMP_DIR}/{temp_name(name)}"
-        s3 = "s3" in (fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,))
-        extra = {"chunksize": self.part_bytes} if s3 and self.part_bytes else {}
-        etags = md5_etags(local, self.part_bytes) if s3 else set()
-        self.call(name, lambda: fs.put_file(str(local), self.key(temp), **extra))
+        part_bytes = multipart_part_bytes(fs, size)
+        extra = {"chunksize": part_bytes} if part_bytes else {}
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="pack-md5") as pool:  # hashed while it uploads
+            expected = pool.submit(md5_etags, local, part_bytes) if part_bytes else None
+            self.call(name, lambda: fs.put_file(str(local), self.key(temp), **extra))
+            etags = expected.result() if expected else set()
         try:
             self.check_upload(temp, name, size, etags)
             self.call(name, lambda: fs.copy(self.key(temp), self.key(name)))

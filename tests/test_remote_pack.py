@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,10 +17,9 @@ import pytest
 from conftest import S3_BUCKET
 
 import readers
-from packer.cli import main
-from packer.pipeline import merge, pack
+from clirun import run
+from packer.pipeline import pack
 from packer.plan import PackOptions
-from packer.remote_out import RemoteOut
 from packer.writers import WRITERS
 
 FIELDS = ("image", "label", "path", "index")
@@ -66,3 +64,130 @@ def test_remote_pack_equals_local_pack(fmt: str, image_folder: tuple[Path, dict[
                                   storage_options=s3_options)
     local = readers.open_dataset(tmp_path / "local", decode="bytes", fields=FIELDS)
     assert list(remote) == list(local)
+
+
+@pytest.fixture
+def s3_conf(s3_options: dict, monkeypatch: pytest.MonkeyPatch) -> dict:
+    """The loopback S3 as fsspec's configuration, as a user's ~/.config/fsspec would give it: for
+    in-process CLI runs, which take no storage options."""
+    import fsspec.config
+
+    monkeypatch.setitem(fsspec.config.conf, "s3", s3_options)
+    return s3_options
+
+
+def test_large_shards_go_up_in_parts(image_folder: tuple[Path, dict[str, bytes]], s3_options: dict,
+                                     tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over two parts of `default_block_size`, s3fs uploads a shard in parts; the result is the same."""
+    import moto.s3.models
+    import s3fs
+
+    monkeypatch.setattr(moto.s3.models, "S3_UPLOAD_PART_MIN_SIZE", 256)  # S3 wants 5 MiB parts; these are tiny
+    calls: list[str] = []
+    call_s3 = s3fs.S3FileSystem._call_s3
+
+    async def counting(self: Any, method: str, *args: Any, **kwargs: Any) -> Any:
+        calls.append(method)
+        return await call_s3(self, method, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", counting)
+    src, _ = image_folder
+    pack(src, tmp_path / "local", PackOptions(format="wds", shard_size=10), workers=1)
+    url = f"s3://{S3_BUCKET}/multipart"
+    pack(src, url, PackOptions(format="wds", shard_size=10), workers=1,
+         storage_options={**s3_options, "default_block_size": 4096})
+    assert calls.count("complete_multipart_upload") >= 2 and calls.count("upload_part") > 4
+    assert bucket_files(s3_options, "multipart") == local_files(tmp_path / "local")
+
+
+def test_tasks_then_merge_on_the_bucket_equal_one_run(image_folder: tuple[Path, dict[str, bytes]], s3_conf: dict,
+                                                      tmp_path: Path) -> None:
+    src, _ = image_folder
+    pack(src, tmp_path / "local", PackOptions(format="lmdb", shard_size=3), workers=1)
+    url = f"s3://{S3_BUCKET}/tasks"
+    assert run("plan", src, url, "--format", "lmdb", "--shard-size", "3")[0] == 0
+    for task in (2, 0, 1):
+        code, output = run("lmdb", src, url, "--shard-size", "3", "--task-index", task, "--task-count", 3,
+                           "--workers", 1, "--staging", tmp_path / f"staging-{task}", "-q")
+        assert code == 0, output
+        assert "this task's" in output and f"pack merge {url}" in output
+    assert "index.json" not in bucket_files(s3_conf, "tasks")
+    code, output = run("merge", url)
+    assert code == 0 and output.startswith("merged 7 shards") and f"{url}/index.json" in output, output
+    assert bucket_files(s3_conf, "tasks") == local_files(tmp_path / "local")
+    assert not s3fs_of(s3_conf).find(f"{S3_BUCKET}/tasks/.pack/tmp")
+    count = readers.load_manifest(tmp_path / "local").num_samples
+    code, output = run("verify", url, "-q")
+    assert code == 0 and output.strip() == f"{url}: OK, {count} samples", output
+    code, output = run("info", url, "--json")
+    assert code == 0 and json.loads(output)["num_samples"] == count and json.loads(output)["image_sizes"]["sampled"] == count
+
+
+def test_a_different_plan_in_the_bucket_is_refused(image_folder: tuple[Path, dict[str, bytes]], s3_conf: dict) -> None:
+    src, _ = image_folder
+    url = f"s3://{S3_BUCKET}/other-plan"
+    assert run("plan", src, url, "--format", "wds", "--shard-size", "3")[0] == 0
+    code, output = run("wds", src, url, "--shard-size", "4", "-q")
+    assert code == 1 and f"{url}: holds an unfinished run of" in output and len(output.strip().splitlines()) == 1
+
+
+def test_verify_names_a_damaged_remote_shard(image_folder: tuple[Path, dict[str, bytes]], s3_conf: dict,
+                                            tmp_path: Path) -> None:
+    src, _ = image_folder
+    url = f"s3://{S3_BUCKET}/damaged"
+    pack(src, url, PackOptions(format="hdf5", shard_size=4), workers=1)
+    fs = s3fs_of(s3_conf)
+    key = f"{S3_BUCKET}/damaged/shard-000002.h5"
+    data = bytearray(fs.cat_file(key))
+    data[len(data) // 2] ^= 0xFF
+    fs.pipe_file(key, bytes(data))
+    fs.rm_file(f"{S3_BUCKET}/damaged/shard-000004.h5")
+    code, output = run("verify", url, "-q")
+    assert code == 1 and f"{url}: 2 problems found" in output
+    assert f"{url}/shard-000004.h5: missing" in output
+    assert f"{url}/shard-000002.h5: sha256" in output
+
+
+def test_no_bucket_is_one_line(image_folder: tuple[Path, dict[str, bytes]], s3_conf: dict) -> None:
+    code, output = run("wds", image_folder[0], "s3://no-such-bucket/x.wds", "-q")
+    assert code == 1 and len(output.strip().splitlines()) == 1, output
+    assert output.startswith("Error: s3://no-such-bucket/x.wds") and "bucket does not exist" in output
+
+
+def test_no_credentials_is_one_line(image_folder: tuple[Path, dict[str, bytes]], s3_options: dict,
+                                    tmp_path: Path) -> None:
+    options = {"client_kwargs": s3_options["client_kwargs"]}  # no key, no secret
+    env = {key: value for key, value in cli_env(options).items() if not key.startswith("AWS_")}
+    env.update(AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"), AWS_CONFIG_FILE=str(tmp_path / "none"),
+               AWS_EC2_METADATA_DISABLED="true")
+    result = subprocess.run([sys.executable, "-m", "packer.cli", "wds", str(image_folder[0]),
+                             f"s3://{S3_BUCKET}/nocreds", "-q"], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(f"Error: s3://{S3_BUCKET}/nocreds") and "no credentials" in result.stderr
+
+
+def test_kill_9_mid_upload_then_rerun_gives_the_same_bytes(image_folder: tuple[Path, dict[str, bytes]],
+                                                           s3_options: dict, tmp_path: Path) -> None:
+    src, _ = image_folder
+    pack(src, tmp_path / "local", PackOptions(format="wds", shard_size=2), workers=1)
+    url = f"s3://{S3_BUCKET}/killed"
+    fs = s3fs_of(s3_options)
+    args = [sys.executable, "-m", "packer.cli", "wds", str(src), url, "--shard-size", "2", "--workers", "1", "-q",
+            "--staging", str(tmp_path / "staging")]
+    process = subprocess.Popen(args, env=cli_env(s3_options), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while process.poll() is None and time.monotonic() < deadline:
+        if fs.find(f"{S3_BUCKET}/killed/.pack/done"):  # a shard is up: the next one is being packed or sent
+            break
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert process.returncode == -signal.SIGKILL, process.stderr.read()  # killed before the end
+    assert not fs.exists(f"{S3_BUCKET}/killed/index.json")
+    # What a kill during a copy or a temporary upload can leave: neither is taken for a finished shard.
+    fs.pipe_file(f"{S3_BUCKET}/killed/.pack/tmp/shard-000008.tar.tmp-host-1", b"half a shard")
+    fs.pipe_file(f"{S3_BUCKET}/killed/shard-000009.tar", b"a shard with no marker")
+    result = subprocess.run(args[:-2], env=cli_env(s3_options), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "resumed" in result.stdout, result.stderr
+    assert bucket_files(s3_options, "killed") == local_files(tmp_path / "local")
+    assert not fs.find(f"{S3_BUCKET}/killed/.pack/tmp")
