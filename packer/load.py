@@ -15,6 +15,7 @@ from readers.fields import FieldSpec, encode_value
 from .encode import Encoded, encode
 from .errors import RejectedFile
 from .plan import Entry, PackOptions
+from .sources.remote import fetch_files
 from .sources.sidecars import read_sidecars
 from .validate import check_image
 
@@ -62,11 +63,15 @@ def listed_fields(entry: Entry, specs: Sequence[FieldSpec]) -> dict[str, bytes]:
 
 
 def load_sample(root: str, entry: Entry, validate: str, max_pixels: int, encoding: dict[str, Any],
-                listed: Sequence[FieldSpec], sidecars: Sequence[str], sidecars_optional: bool) -> Loaded | RejectedFile:
-    """Read, check and encode one file, and its fields: the `listed` ones from its entry, the
-    others from its sidecars. Runs in a reader thread (Pillow's codecs release the GIL)."""
+                listed: Sequence[FieldSpec], sidecars: Sequence[str], sidecars_optional: bool,
+                fetched: bytes | OSError | None = None) -> Loaded | RejectedFile:
+    """Read (unless `fetched` from a remote SRC already), check and encode one file, and its fields:
+    the `listed` ones from its entry, the others from its sidecars. Runs in a reader thread
+    (Pillow's codecs release the GIL)."""
     try:
-        data = read_file(os.path.join(root, entry.path), entry.size)
+        if isinstance(fetched, OSError):
+            raise fetched
+        data = read_file(os.path.join(root, entry.path), entry.size) if fetched is None else fetched
         codec = check_image(data, validate=validate, max_pixels=max_pixels)
         encoded = encode(data, codec=codec, **encoding)
         return encoded, {**listed_fields(entry, listed), **read_sidecars(root, entry.path, sidecars, sidecars_optional)}
@@ -76,7 +81,7 @@ def load_sample(root: str, entry: Entry, validate: str, max_pixels: int, encodin
         return RejectedFile(f"cannot read: {exc.strerror or exc}")
 
 
-def load_samples(root: Path, entries: list[Entry], options: PackOptions, threads: int,
+def load_samples(root: Path | str, entries: list[Entry], options: PackOptions, threads: int,
                  fields: Sequence[FieldSpec] = ()) -> Iterator[tuple[Entry, Loaded | RejectedFile]]:
     """Samples in listing order, loaded by a thread pool with a read-ahead bounded in bytes and files.
 
@@ -89,6 +94,8 @@ def load_samples(root: Path, entries: list[Entry], options: PackOptions, threads
                              sidecars=options.sidecars, sidecars_optional=options.sidecars_optional)
 
     def load_run(run: list[Entry]) -> list[Loaded | RejectedFile]:
+        if isinstance(root, str) and "://" in root:  # a remote SRC: the run's files in one concurrent batch
+            return [load(entry, fetched=data) for entry, data in zip(run, fetch_files(root, [e.path for e in run]))]
         return [load(entry) for entry in run]
 
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="pack-read") as pool:

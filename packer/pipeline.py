@@ -196,7 +196,7 @@ def ensure_plan(src: str | os.PathLike[str], out: str | os.PathLike[str] | Remot
 
 
 def source_name(src: Path | str) -> str:
-    return src if isinstance(src, str) else os.path.abspath(src)
+    return src.rstrip("/") if isinstance(src, str) else os.path.abspath(src)
 
 
 def reuse_plan(plan: Plan, src: Path | str, out: Path | RemoteOut, options: PackOptions) -> Plan:

@@ -15,6 +15,7 @@ from .sources.classes import ClassMap, read_classes, relabel_folders
 from .sources.filelist import list_files
 from .sources.listing import UNLABELLED, Listing, ScanError
 from .sources.metadata import apply_metadata, read_metadata
+from .sources.remote import walk_url
 from .sources.sidecars import sidecar_specs
 from .sources.walk import walk
 
@@ -27,7 +28,11 @@ def scan(src: str | os.PathLike[str], options: PackOptions | None = None) -> Lis
         return walk(src)
     companions = frozenset("." + extension for extension in options.sidecars)
     folders_are_classes = options.metadata is None and not options.no_classes
-    if options.files_from is not None:
+    if "://" in str(src):
+        if options.files_from is not None or options.sidecars:
+            raise ScanError(f"{src}: --files-from and --sidecars need a local SRC")
+        listing = walk_url(str(src), folders_are_classes=folders_are_classes, companions=companions)
+    elif options.files_from is not None:
         listing = list_files(src, options.files_from, null=options.null, folders_are_classes=folders_are_classes,
                              companions=companions)
     else:

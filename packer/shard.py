@@ -167,7 +167,7 @@ def run_shard(out: Path | RemoteOut, plan: Plan, shard: int, *, threads: int = R
     try:
         with writer_cls(tmp, expected_bytes=sum(entry.size for entry in entries), classes=plan.classes,
                         sample_shape=plan.options.sample_shape, fields=plan.fields) as writer:
-            for entry, loaded in load_samples(Path(plan.source), entries, plan.options, threads, plan.fields):
+            for entry, loaded in load_samples(plan.source if "://" in plan.source else Path(plan.source), entries, plan.options, threads, plan.fields):
                 if isinstance(loaded, RejectedFile):
                     rejects.append({"path": entry.path, "reason": str(loaded)})
                     check_rejects(out, plan, rejects, policy)

@@ -18,6 +18,7 @@ from conftest import S3_BUCKET
 
 import readers
 from clirun import run
+from imagefolders import make_image_folder
 from packer.pipeline import pack
 from packer.plan import PackOptions
 from packer.writers import WRITERS
@@ -191,3 +192,20 @@ def test_kill_9_mid_upload_then_rerun_gives_the_same_bytes(image_folder: tuple[P
     assert result.returncode == 0 and "resumed" in result.stdout, result.stderr
     assert bucket_files(s3_options, "killed") == local_files(tmp_path / "local")
     assert not fs.find(f"{S3_BUCKET}/killed/.pack/tmp")
+
+
+def test_remote_src_equals_local_src(tmp_path: Path, s3_conf: dict) -> None:
+    src = tmp_path / "src"
+    make_image_folder(src)  # hidden and non-image entries too (S3 keys must be UTF-8: no undecodable name)
+    fs = s3fs_of(s3_conf)
+    fs.put(str(src), f"{S3_BUCKET}/raw", recursive=True)
+    assert fs.exists(f"{S3_BUCKET}/raw/class_02/.hidden.jpg") and fs.exists(f"{S3_BUCKET}/raw/class_00/notes.txt")
+    pack(src, tmp_path / "local", PackOptions(format="wds", shard_size=4), workers=1)
+    pack(f"s3://{S3_BUCKET}/raw/", tmp_path / "from-bucket", PackOptions(format="wds", shard_size=4), workers=1)
+    assert local_files(tmp_path / "from-bucket") == local_files(tmp_path / "local")
+    code, output = run("wds", f"s3://{S3_BUCKET}/raw", f"s3://{S3_BUCKET}/raw-packed", "--shard-size", 4,
+                       "--workers", 1, "-q")
+    assert code == 0, output
+    assert bucket_files(s3_conf, "raw-packed") == local_files(tmp_path / "local")
+    code, output = run("wds", f"s3://{S3_BUCKET}/raw", tmp_path / "x", "--sidecars", "txt", "-q")
+    assert code == 1 and "--sidecars need a local SRC" in output
