@@ -5,10 +5,11 @@ Shards are written, synced and hashed in a local staging folder exactly as for a
 uploaded), then uploaded; the remote keys are the local names, so the remote layout is the
 local one. An object store has no rename and no flock, so:
 
-- a file goes to a temporary key (`.pack/tmp/<name>.tmp-<host>-<pid>`) first, is checked by size
-  (and by the store's checksum where it offers one: S3's ETag), then copied to its final key on
-  the server. A final key is only ever a whole, checked object; two tasks racing on one shard
-  copy the same bytes (packing is deterministic);
+- on an object store a key is only ever one whole upload (a cut-off PUT or multipart upload
+  leaves the old object or none), so each file is put straight to its key, then checked by size
+  and by the store's checksum where it offers one (S3's ETag); on other filesystems it goes to a
+  temporary key (`.pack/tmp/<name>.tmp-<host>-<pid>`) first and is moved into place once checked.
+  Two tasks racing on one shard upload the same bytes (packing is deterministic);
 - a shard's marker is uploaded after its files, `index.json` after every marker;
 - concurrent tasks agree on the plan by writing the same bytes: a plan is deterministic given SRC
   and the options, and a task that finds a different plan in the bucket after writing its own stops.
@@ -42,6 +43,8 @@ T = TypeVar("T")
 UPLOAD_THREADS = 4
 """Files of one shard (the shard and its sidecars) uploaded at once; parts of one file are s3fs's business."""
 MAX_PARTS = 10_000
+ATOMIC_PUT = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "oss"})
+"""Object stores where a key is always one whole upload (old or new, never a mix, never a part)."""
 
 
 def is_remote(out: str | os.PathLike[str]) -> bool:
@@ -49,11 +52,16 @@ def is_remote(out: str | os.PathLike[str]) -> bool:
     return isinstance(out, str) and "://" in out and not out.startswith("file://")
 
 
+def no_bucket(exc: BaseException) -> bool:
+    """A FileNotFoundError for the bucket itself, not for a key in it (S3's and GCS's words)."""
+    return re.search(r"no\s*such\s*bucket|bucket does not exist", str(exc), re.IGNORECASE) is not None
+
+
 def store_error(url: str, exc: BaseException) -> PackError:
     """One line naming `url` and what the store (or the way to it) said."""
     name = type(exc).__name__
     if isinstance(exc, FileNotFoundError):
-        cause = f"not found ({exc})" if "bucket" in str(exc).lower() else "not found"
+        cause = f"not found ({exc})" if no_bucket(exc) else "not found"
     elif isinstance(exc, PermissionError):
         cause = f"access denied ({exc})"
     elif "Credentials" in name:
@@ -78,12 +86,15 @@ def staging_dir(out: Path | RemoteOut) -> Path:
     return out.staging if isinstance(out, RemoteOut) else out
 
 
+def protocols(fs: Any) -> set[str]:
+    return set(fs.protocol) if isinstance(fs.protocol, (tuple, list)) else {fs.protocol}
+
+
 def multipart_part_bytes(fs: Any, size: int) -> int | None:
     """S3's multipart part size for a file of `size`: the filesystem's block size (storage option
     `default_block_size`, s3fs's default 50 MiB), grown to stay within S3's 10,000 parts.
     s3fs uploads a file of two parts or more in parts, several at once. None: not S3."""
-    protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
-    if "s3" not in protocols:
+    if "s3" not in protocols(fs):
         return None
     return max(int(getattr(fs, "default_block_size", 0) or 50 << 20), -(-size // MAX_PARTS))
 
@@ -172,7 +183,7 @@ class RemoteOut:
             try:
                 entries = fs.ls(prefix, detail=True, refresh=True)
             except FileNotFoundError as exc:
-                if "bucket" in str(exc).lower():
+                if no_bucket(exc):
                     raise
                 return {}
             return {entry["name"].rstrip("/").rsplit("/", 1)[-1]:
@@ -188,7 +199,7 @@ class RemoteOut:
             try:
                 return fs.cat_file(self.key(name)).decode("utf-8")
             except FileNotFoundError as exc:
-                if "bucket" in str(exc).lower():
+                if no_bucket(exc):
                     raise
                 return None
 
@@ -216,29 +227,35 @@ class RemoteOut:
             tmp.unlink(missing_ok=True)
 
     def upload(self, local: Path, name: str) -> None:
-        """`local` to `name`: to a temporary key, checked, copied on the server to its final key, checked."""
+        """`local` to `name`, checked by size and, on S3, by ETag.
+
+        Object stores (`ATOMIC_PUT`) replace a key whole or not at all, even when a PUT or a
+        multipart upload is cut off, so the file goes straight to its key. Elsewhere it goes to a
+        temporary key first and is moved into place once checked.
+        """
         fs, _ = self.filesystem()
         size = local.stat().st_size
-        temp = f"{WORK_DIR}/{TMP_DIR}/{temp_name(name)}"
+        direct = not ATOMIC_PUT.isdisjoint(protocols(fs))
+        target = name if direct else f"{WORK_DIR}/{TMP_DIR}/{temp_name(name)}"
         part_bytes = multipart_part_bytes(fs, size)
         extra = {"chunksize": part_bytes} if part_bytes else {}
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="pack-md5") as pool:  # hashed while it uploads
             expected = pool.submit(md5_etags, local, part_bytes) if part_bytes else None
-            self.call(name, lambda: fs.put_file(str(local), self.key(temp), **extra))
+            self.call(name, lambda: fs.put_file(str(local), self.key(target), **extra))
             etags = expected.result() if expected else set()
+        if direct:
+            self.check_upload(name, size, etags)
+            return
         try:
-            self.check_upload(temp, name, size, etags)
-            self.call(name, lambda: fs.copy(self.key(temp), self.key(name)))
-            self.check_upload(name, name, size, etags)
+            self.check_upload(target, size, etags)
+            self.call(name, lambda: fs.mv(self.key(target), self.key(name)))
         finally:
-            try:
-                fs.rm_file(self.key(temp))
-            except Exception as exc:  # noqa: BLE001 - a leftover temp key is removed by merge
-                log.warning("%s: cannot remove the temporary upload (%s)", self / temp, type(exc).__name__)
+            if fs.exists(self.key(target)):
+                fs.rm_file(self.key(target))
 
-    def check_upload(self, key_name: str, name: str, size: int, etags: set[str]) -> None:
+    def check_upload(self, name: str, size: int, etags: set[str]) -> None:
         fs, _ = self.filesystem()
-        info = self.call(key_name, lambda: fs.info(self.key(key_name), refresh=True))
+        info = self.call(name, lambda: fs.info(self.key(name), refresh=True))
         etag = str(info.get("ETag") or "").strip('"')
         if int(info.get("size") or 0) != size:
             raise PackError(f"{self / name}: uploaded {info.get('size')} bytes of {size}; rerun to upload it again")

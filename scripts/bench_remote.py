@@ -1,6 +1,10 @@
-"""Reading from a slow store: loose JPEGs, one GET each, against make_loader(streaming=True) over shards.
+"""Remote storage benchmarks: reading from a slow store (`--suite stream`, the default) and packing
+into one (`--suite pack`).
 
     python scripts/bench_remote.py [--images 2000] [--delay-ms 20] [--bandwidth-mb 200] [--workers 2]
+    python scripts/bench_remote.py --suite pack [--images 2000] [--shard-size 100] [--delay-ms 20] [--repeats 3]
+
+Stream suite: loose JPEGs, one GET each, against make_loader(streaming=True) over shards.
 
 A loopback HTTP server (scripts/loopback.py, in a process of its own) answers every request after `--delay-ms` (an object
 store's first-byte latency) and sends at most `--bandwidth-mb` MB/s per response. Both cases use a
@@ -15,20 +19,28 @@ what the store delivers, not what a JPEG decoder does with it:
 Goals (issue 13): streaming >= 20x the loose files' samples/s at 20 ms; the warm epoch within 10% of
 local. The cache's peak size (sampled every 5 ms) is printed against its limit. Pass a
 --cache-limit below the dataset's size to watch eviction keep the cache under it.
+
+Pack suite: a folder packed straight into a loopback S3 (moto, in a process of its own, `--delay-ms`
+before each request, request bodies at `--bandwidth-mb` MB/s) against the same folder packed to local
+disk and then uploaded with fsspec's recursive `put` (what `aws s3 cp --recursive` does), the two
+interleaved `--repeats` times in one run, with `--workers` packing processes each. Goal (issue 14):
+packing to the bucket within 1.3x of packing locally plus the upload.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import multiprocessing
 import shutil
+import statistics
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import bench_read
-from loopback import LoopbackHTTP, PeakSampler
+from loopback import LoopbackHTTP, LoopbackS3, PeakSampler
 from torch.utils.data import DataLoader, Dataset
 
 import readers
@@ -69,8 +81,74 @@ def rate(batches: Iterable[Any], count: Any) -> tuple[int, float]:
     return samples, samples / (time.perf_counter() - started)
 
 
+def serve_s3(delay_s: float, bandwidth: float, urls: multiprocessing.Queue, stop: Any) -> None:
+    """The bucket, in its own process (see `serve`)."""
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
+    with LoopbackS3(delay_s=delay_s, bandwidth=bandwidth) as server:
+        urls.put(server.storage_options)
+        stop.wait()
+
+
+def timed(action: Callable[[], Any]) -> float:
+    started = time.perf_counter()
+    action()
+    return time.perf_counter() - started
+
+
+def pack_suite(args: argparse.Namespace) -> None:
+    import s3fs
+
+    work = Path(args.work)
+    source = work / "src"
+    bench_read.make_source(source, args.images)
+    options = PackOptions(format=args.format, shard_size=args.shard_size)
+    context = multiprocessing.get_context("spawn")
+    queue, stop = context.Queue(), context.Event()
+    store = context.Process(target=serve_s3, args=(args.delay_ms / 1000, args.bandwidth_mb * 1e6, queue, stop))
+    store.start()
+    times: dict[str, list[float]] = {"local + put": [], "into the bucket": []}
+    try:
+        storage = queue.get(timeout=60)
+        fs = s3fs.S3FileSystem(**storage, skip_instance_cache=True)
+        fs.call_s3("create_bucket", Bucket="bench")
+        local = work / "packed-local"
+        print(f"{args.images} images -> {args.format} shards of {args.shard_size}; bucket: {args.delay_ms:g} ms per "
+              f"request, {args.bandwidth_mb:g} MB/s per request body; {args.workers} workers; {args.repeats} repeats")
+        for repeat in range(args.repeats):
+            shutil.rmtree(local, ignore_errors=True)
+            order = ("local + put", "into the bucket") if repeat % 2 == 0 else ("into the bucket", "local + put")
+            for case in order:
+                prefix = f"bench/{case.replace(' ', '-').replace('+', 'and')}-{repeat}"
+                if case == "local + put":
+                    def run() -> None:
+                        pack(source, local, options, workers=args.workers)
+                        fs.put(str(local), prefix, recursive=True)
+                else:
+                    def run() -> None:
+                        pack(source, f"s3://{prefix}", options, workers=args.workers, storage_options=storage)
+                times[case].append(timed(run))
+                print(f"  repeat {repeat}: {case:<16} {times[case][-1]:6.2f} s")
+            sizes = [{key.split("/", 2)[2]: info["size"] for key, info in fs.find(f"bench/{name}-{repeat}",
+                                                                                   detail=True).items()
+                      if "/.pack/" not in key} for name in ("local-and-put", "into-the-bucket")]
+            assert sizes[0] == sizes[1], "the two cases uploaded different files"
+            fs.rm("bench", recursive=True)
+            fs.call_s3("create_bucket", Bucket="bench")
+    finally:
+        stop.set()
+        store.join()
+    local_time, remote_time = (statistics.median(times[case]) for case in ("local + put", "into the bucket"))
+    print(f"{'case':<28}{'median s':>10}{'images/s':>10}")
+    for case, median in (("pack locally, then put", local_time), ("pack into the bucket", remote_time)):
+        print(f"{case:<28}{median:>10.2f}{args.images / median:>10.0f}")
+    print(f"into the bucket / (local + put) = {remote_time / local_time:.2f} (goal <= 1.3)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--suite", choices=("stream", "pack"), default="stream")
+    parser.add_argument("--format", default="wds", help="pack suite: the format packed")
+    parser.add_argument("--repeats", type=int, default=3, help="pack suite: interleaved runs of each case")
     parser.add_argument("--images", type=int, default=2000, help="images packed and streamed")
     parser.add_argument("--loose-images", type=int, default=400, help="images fetched one GET each")
     parser.add_argument("--shard-size", type=int, default=100, help="images per shard")
@@ -81,7 +159,13 @@ def main() -> None:
     parser.add_argument("--cache-limit", default=None, help="default: 1.25 x the dataset")
     parser.add_argument("--work", default="/tmp/pack-bench-remote", help="sources, shards and cache live here")
     args = parser.parse_args()
+    if args.suite == "pack":
+        pack_suite(args)
+    else:
+        stream_suite(args)
 
+
+def stream_suite(args: argparse.Namespace) -> None:
     work = Path(args.work)
     source = work / "src"
     bench_read.make_source(source, args.images)

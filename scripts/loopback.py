@@ -128,3 +128,41 @@ class PeakSampler:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+
+
+class LoopbackS3:
+    """moto's S3 (the real protocol, objects in memory) on 127.0.0.1, answering every request after
+    `delay_s` (an object store's first-byte latency) and taking request bodies at most at
+    `bandwidth` bytes per second each (None: as fast as loopback goes). Run it in a process of
+    its own in benchmarks: it must not compete with the packer for one GIL."""
+
+    def __init__(self, *, delay_s: float = 0.0, bandwidth: float | None = None) -> None:
+        from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+        from werkzeug.serving import make_server
+
+        app = DomainDispatcherApplication(create_backend_app)
+
+        def slowed(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+            wait = delay_s + (int(environ.get("CONTENT_LENGTH") or 0) / bandwidth if bandwidth else 0.0)
+            if wait:
+                time.sleep(wait)
+            return app(environ, start_response)
+
+        self._server = make_server("127.0.0.1", 0, slowed, threaded=True, request_handler=MotoRequestHandler)
+        self.url = f"http://127.0.0.1:{self._server.server_port}"
+        threading.Thread(target=self._server.serve_forever, name="loopback-s3", daemon=True).start()
+
+    @property
+    def storage_options(self) -> dict[str, Any]:
+        return {"key": "testing", "secret": "testing",
+                "client_kwargs": {"endpoint_url": self.url, "region_name": "us-east-1"}}
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def __enter__(self) -> LoopbackS3:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
