@@ -209,3 +209,24 @@ def test_remote_src_equals_local_src(tmp_path: Path, s3_conf: dict) -> None:
     assert bucket_files(s3_conf, "raw-packed") == local_files(tmp_path / "local")
     code, output = run("wds", f"s3://{S3_BUCKET}/raw", tmp_path / "x", "--sidecars", "txt", "-q")
     assert code == 1 and "--sidecars need a local SRC" in output
+
+
+def test_a_filesystem_without_atomic_puts_gets_files_moved_into_place(
+        image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any writable fsspec URL works; where a write is not all-or-nothing (here fsspec's memory
+    filesystem), each file is uploaded to a temporary key and moved to its name once checked."""
+    import fsspec
+
+    memory = fsspec.filesystem("memory")
+    moves: list[tuple[str, str]] = []
+    mv = type(memory).mv
+    monkeypatch.setattr(type(memory), "mv", lambda self, a, b, **kw: (moves.append((a, b)), mv(self, a, b, **kw))[1])
+    src, _ = image_folder
+    pack(src, tmp_path / "local", PackOptions(format="hdf5", shard_size=4), workers=1)
+    pack(src, "memory://packed/hdf5", PackOptions(format="hdf5", shard_size=4), workers=1)
+    stored = {key.split("/packed/hdf5/", 1)[1]: memory.cat_file(key) for key in memory.find("/packed/hdf5")
+              if "/.pack/" not in key}
+    assert stored == local_files(tmp_path / "local")
+    assert ("/packed/hdf5/shard-000000.h5" in {b for _, b in moves}
+            and all("/.pack/tmp/" in a and ".tmp-" in a for a, _ in moves))
+    assert not memory.find("/packed/hdf5/.pack/tmp")

@@ -1,6 +1,6 @@
 """Run shard tasks on a Dask distributed cluster: one task per shard, retried on failure.
 
-Every worker must see SRC and OUT at the same paths (a shared filesystem) and have `pack`
+Every worker must see SRC and OUT at the same paths (a shared filesystem, or URLs) and have `pack`
 installed. Shard tasks are idempotent, so a retry or a duplicate run writes the same files.
 """
 
