@@ -30,7 +30,7 @@ from .fsutil import atomic_write_text
 from .outdir import WORK_DIR, check_paths, lock_path, prepare_output, tmp_dir, work_dir
 from .partition import Partition
 from .plan import PackOptions, Plan, load_plan, write_plan
-from .remote_out import RemoteOut, is_remote, output_for, staging_dir
+from .remote_out import RemoteOut, is_remote, opened_output, output_for, staging_dir
 from .scan import Listing, scan
 from .shard import Progress, ShardResult, check_rejects, clean_tmp, finished_shards, shard_file_name
 from .validate import ErrorPolicy
@@ -122,7 +122,7 @@ def pack_into(src: str | os.PathLike[str], out_path: Path | RemoteOut, options: 
     results = list(finished_shards(out_path, plan, mine, check_hash=False).values())
     published = partition.is_whole
     if published:
-        merge(out_path, policy, split=split)
+        publish(out_path, policy, split)
     finished = [result for result in results if result is not None]
     return Summary(
         out=str(out_path),
@@ -179,11 +179,13 @@ def ensure_plan(src: str | os.PathLike[str], out: str | os.PathLike[str] | Remot
     """
     options = canonical_options(options)
     src = source_path(src)
-    if isinstance(out, str) and is_remote(out):
-        out = output_for(out)
-    if isinstance(out, RemoteOut):
-        return ensure_remote_plan(src, out, options, overwrite=overwrite)
-    out = Path(out)
+    with opened_output(out) as target:
+        if isinstance(target, RemoteOut):
+            return ensure_remote_plan(src, target, options, overwrite=overwrite)
+        return ensure_local_plan(src, target, options, overwrite=overwrite)
+
+
+def ensure_local_plan(src: Path | str, out: Path, options: PackOptions, *, overwrite: bool) -> Plan:
     check_paths(Path(src), out)
     prepare_output(out, overwrite=overwrite)
     work_dir(out).mkdir(exist_ok=True)
@@ -234,8 +236,11 @@ def merge(out: str | os.PathLike[str] | RemoteOut, policy: ErrorPolicy = ErrorPo
     is still written so the bad files can be looked at, but index.json is not. A remote OUT gets
     the same files, written in staging and uploaded, index.json last.
     """
-    if not isinstance(out, RemoteOut):
-        out = output_for(out)
+    with opened_output(out) as target:
+        return publish(target, policy, split)
+
+
+def publish(out: Path | RemoteOut, policy: ErrorPolicy, split: str) -> Manifest:
     folder = staging_dir(out)
     plan = out.mirror_plan() if isinstance(out, RemoteOut) else load_plan(out)
     if plan is None:

@@ -24,8 +24,9 @@ import re
 import shutil
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 from readers.remote import EXTRAS
 
@@ -79,6 +80,21 @@ def output_for(out: str | os.PathLike[str], *, staging: str | os.PathLike[str] |
     if is_remote(out):
         return RemoteOut(str(out), staging=staging, storage_options=storage_options)
     return Path(str(out)[len("file://"):] if str(out).startswith("file://") else out)
+
+
+@contextmanager
+def opened_output(out: str | os.PathLike[str] | RemoteOut) -> Iterator[Path | RemoteOut]:
+    """OUT for one call: a RemoteOut passed in is the caller's; one made here from a URL has its
+    temporary staging folder removed afterwards."""
+    if isinstance(out, RemoteOut):
+        yield out
+        return
+    target = output_for(out)
+    try:
+        yield target
+    finally:
+        if isinstance(target, RemoteOut):
+            target.remove_staging()
 
 
 def staging_dir(out: Path | RemoteOut) -> Path:
