@@ -142,6 +142,9 @@ def pack_suite(args: argparse.Namespace) -> None:
     for case, median in (("pack locally, then put", local_time), ("pack into the bucket", remote_time)):
         print(f"{case:<28}{median:>10.2f}{args.images / median:>10.0f}")
     print(f"into the bucket / (local + put) = {remote_time / local_time:.2f} (goal <= 1.3)")
+    paired = [remote / local for remote, local in zip(times["into the bucket"], times["local + put"])]
+    print(f"the same ratio per repeat (each pair run back to back): {', '.join(f'{r:.2f}' for r in paired)}; "
+          f"median {statistics.median(paired):.2f}")
 
 
 def main() -> None:
