@@ -230,3 +230,38 @@ def test_a_filesystem_without_atomic_puts_gets_files_moved_into_place(
     assert ("/packed/hdf5/shard-000000.h5" in {b for _, b in moves}
             and all("/.pack/tmp/" in a and ".tmp-" in a for a, _ in moves))
     assert not memory.find("/packed/hdf5/.pack/tmp")
+
+
+def test_a_store_gone_mid_run_is_one_line_and_the_rerun_resumes(image_folder: tuple[Path, dict[str, bytes]],
+                                                                 s3_options: dict, tmp_path: Path) -> None:
+    """The bucket's endpoint stops answering after the first shard: one line naming the URL and the
+    cause, the finished shard stays, and a rerun (another endpoint to the same store) finishes the
+    same bytes. moto keeps its buckets per process, so a second server serves the same ones."""
+    from loopback import LoopbackS3
+
+    from packer.errors import PackError
+
+    src, _ = image_folder
+    pack(src, tmp_path / "local", PackOptions(format="lmdb", shard_size=5), workers=1)
+    url = f"s3://{S3_BUCKET}/gone"
+    no_retries = {"config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 2}}
+    first = LoopbackS3()
+    packed = 0
+
+    def progress(count: int) -> None:
+        nonlocal packed
+        packed += count
+        if packed == 6:  # the first shard (5 files) is up; the second is being packed
+            first.close()
+
+    with pytest.raises(PackError) as error:
+        pack(src, url, PackOptions(format="lmdb", shard_size=5), workers=1, progress=progress,
+             storage_options={**first.storage_options, **no_retries})
+    message = str(error.value)
+    assert message.startswith(f"{url}/") and "cannot reach the store" in message and "\n" not in message
+    assert s3fs_of(s3_options).exists(f"{S3_BUCKET}/gone/.pack/done/shard-000000.lmdb.json")
+    with LoopbackS3() as second:
+        summary = pack(src, url, PackOptions(format="lmdb", shard_size=5), workers=1,
+                       storage_options=second.storage_options)
+    assert summary.resumed_shards == 1
+    assert bucket_files(s3_options, "gone") == local_files(tmp_path / "local")
