@@ -99,7 +99,8 @@ def finished_shards(out: Path | RemoteOut, plan: Plan, shards: list[int], *,
         return {shard: finished_shard(out, plan, shard, check_hash=check_hash) for shard in shards}
     names = {shard: shard_file_name(plan, shard) for shard in shards}
     there = out.marker_names()
-    markers = out.read_texts([f"{WORK_DIR}/{DONE_DIR}/{name}.json" for name in names.values() if f"{name}.json" in there])
+    markers = out.read_texts([f"{WORK_DIR}/{DONE_DIR}/{name}.json" for name in names.values()
+                              if f"{name}.json" in there])
     sizes = out.names() if markers else {}
     done: dict[int, ShardResult | None] = {}
     for shard, name in names.items():
@@ -164,10 +165,11 @@ def run_shard(out: Path | RemoteOut, plan: Plan, shard: int, *, threads: int = R
     extensions: set[str] = set()
     count = source_bytes = 0
     final = local / name
+    source = plan.source if "://" in plan.source else Path(plan.source)  # a URL SRC stays a string
     try:
         with writer_cls(tmp, expected_bytes=sum(entry.size for entry in entries), classes=plan.classes,
                         sample_shape=plan.options.sample_shape, fields=plan.fields) as writer:
-            for entry, loaded in load_samples(plan.source if "://" in plan.source else Path(plan.source), entries, plan.options, threads, plan.fields):
+            for entry, loaded in load_samples(source, entries, plan.options, threads, plan.fields):
                 if isinstance(loaded, RejectedFile):
                     rejects.append({"path": entry.path, "reason": str(loaded)})
                     check_rejects(out, plan, rejects, policy)

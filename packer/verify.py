@@ -117,7 +117,8 @@ def check_shards(dataset: PackedDataset, manifest: Manifest, files: LocalFiles, 
         try:
             stored = dataset.stored_samples(shard)
         except Exception as exc:  # noqa: BLE001 - a damaged file may fail to open at all
-            problems.append(str(exc) if isinstance(exc, DatasetError) else f"{files.where(info.name)}: unreadable ({exc})")
+            problems.append(str(exc) if isinstance(exc, DatasetError)
+                            else f"{files.where(info.name)}: unreadable ({exc})")
             continue
         if stored != info.num_samples:
             problems.append(f"{files.where(info.name)}: holds {stored} samples, the manifest says {info.num_samples}")

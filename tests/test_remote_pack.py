@@ -121,7 +121,8 @@ def test_tasks_then_merge_on_the_bucket_equal_one_run(image_folder: tuple[Path, 
     code, output = run("verify", url, "-q")
     assert code == 0 and output.strip() == f"{url}: OK, {count} samples", output
     code, output = run("info", url, "--json")
-    assert code == 0 and json.loads(output)["num_samples"] == count and json.loads(output)["image_sizes"]["sampled"] == count
+    info = json.loads(output)
+    assert code == 0 and info["num_samples"] == count and info["image_sizes"]["sampled"] == count
 
 
 def test_a_different_plan_in_the_bucket_is_refused(image_folder: tuple[Path, dict[str, bytes]], s3_conf: dict) -> None:
@@ -265,3 +266,56 @@ def test_a_store_gone_mid_run_is_one_line_and_the_rerun_resumes(image_folder: tu
                        storage_options=second.storage_options)
     assert summary.resumed_shards == 1
     assert bucket_files(s3_options, "gone") == local_files(tmp_path / "local")
+
+
+def test_dask_workers_upload_their_shards(image_folder: tuple[Path, dict[str, bytes]], s3_options: dict,
+                                             tmp_path: Path) -> None:
+    """Dask workers get OUT (with its storage options) pickled and upload the shards they pack.
+    (On another machine a worker would also mirror the plan into its staging first: not tested here.)"""
+    pytest.importorskip("dask.distributed")
+    src, _ = image_folder
+    pack(src, tmp_path / "local", PackOptions(format="wds", shard_size=5), workers=1)
+    url = f"s3://{S3_BUCKET}/dask"
+    summary = pack(src, url, PackOptions(format="wds", shard_size=5), engine="dask", scheduler="local", workers=2,
+                   storage_options=s3_options)
+    assert summary.published and summary.num_shards == 4
+    assert bucket_files(s3_options, "dask") == local_files(tmp_path / "local")
+
+
+def test_a_task_on_another_machine_mirrors_the_plan_first(image_folder: tuple[Path, dict[str, bytes]],
+                                                          s3_options: dict, tmp_path: Path) -> None:
+    """A shard task whose staging folder is empty (a Dask worker elsewhere) downloads the plan's
+    listing from the bucket, checks it against the plan's hash, and packs its shard."""
+    from packer.pipeline import ensure_plan
+    from packer.remote_out import RemoteOut
+    from packer.shard import finished_shards, run_shard
+
+    src, _ = image_folder
+    url = f"s3://{S3_BUCKET}/elsewhere"
+    planner = RemoteOut(url, staging=tmp_path / "planner", storage_options=s3_options)
+    plan = ensure_plan(src, planner, PackOptions(format="lmdb", shard_size=5))
+    worker = RemoteOut(url, staging=tmp_path / "worker", storage_options=s3_options)
+    assert not worker.staging.exists()
+    result = run_shard(worker, plan, 2)
+    listing = Path(".pack", "listing.jsonl")
+    assert (worker.staging / listing).read_bytes() == (planner.staging / listing).read_bytes()
+    assert finished_shards(worker, plan, [1, 2]) == {1: None, 2: result}
+    assert not list(worker.staging.glob("shard-*"))  # uploaded, then freed
+
+
+def test_a_listing_that_does_not_match_its_plan_is_refused(image_folder: tuple[Path, dict[str, bytes]],
+                                                           s3_options: dict, tmp_path: Path) -> None:
+    """Two tasks writing different plans at once can leave one's listing beside the other's plan:
+    the listing's sha256 in plan.json catches it."""
+    from packer.errors import PackError
+    from packer.pipeline import ensure_plan
+    from packer.remote_out import RemoteOut
+
+    url = f"s3://{S3_BUCKET}/mixed-plan"
+    ensure_plan(image_folder[0], RemoteOut(url, staging=tmp_path / "a", storage_options=s3_options),
+                PackOptions(format="wds", shard_size=5))
+    fs = s3fs_of(s3_options)
+    key = f"{S3_BUCKET}/mixed-plan/.pack/listing.jsonl"
+    fs.pipe_file(key, fs.cat_file(key).replace(b", 0, ", b", 1, ", 1))
+    with pytest.raises(PackError, match=r"listing.jsonl: does not match plan.json \(another task"):
+        RemoteOut(url, staging=tmp_path / "b", storage_options=s3_options).mirror_plan()

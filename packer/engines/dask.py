@@ -49,7 +49,8 @@ def run_dask(out: Path | RemoteOut, plan: Plan, shards: list[int], *, workers: i
     client, cluster = _client(scheduler, min(workers, len(shards)))
     try:
         futures = [
-            client.submit(_run, out.resolve() if isinstance(out, Path) else out, plan, shard, policy, retries=RETRIES, pure=False,
+            client.submit(_run, out.resolve() if isinstance(out, Path) else out, plan, shard, policy,
+                          retries=RETRIES, pure=False,
                           key=f"pack-{plan.fingerprint[:12]}-shard-{shard:06d}")
             for shard in shards
         ]
