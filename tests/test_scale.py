@@ -125,3 +125,38 @@ def test_listing_lines_are_json_dumps(odd: str) -> None:
     listing.values = [{"t": "x"}, {}, {"t": 'q"'}]
     assert list(listing_lines(listing, 0, 3)) == [json.dumps([p, lab, s, v]) + "\n" for p, lab, s, v in
                                                   zip(paths, [0, 0, 1], [10, 0, 1 << 40], listing.values)]
+
+
+@pytest.fixture
+def parallel_walk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hand every class folder after the first to the process pool, as a large SRC would."""
+    import packer.sources.walk as walk_module
+
+    monkeypatch.setattr(walk_module, "PARALLEL_AFTER_SECONDS", 0.0)
+    monkeypatch.setattr(walk_module, "available_cpus", lambda: 2)
+
+
+def class_tree(root: Path) -> None:
+    make_tree(root, [f"c{k}/{name}" for k in range(6) for name in ("b.jpg", "a/x.png", "a.jpg", "n.txt", ".h.jpg")])
+    os.mkfifo(root / "c3" / "pipe.jpg")
+
+
+@pytest.mark.usefixtures("parallel_walk")
+def test_parallel_walk_lists_what_the_walk_lists(tmp_path: Path) -> None:
+    class_tree(tmp_path / "src")
+    listing = walk(tmp_path / "src")
+    assert list(listing.paths) == sorted(f"c{k}/{name}" for k in range(6) for name in ("b.jpg", "a/x.png", "a.jpg"))
+    assert [listing.classes[label] for label in listing.labels] == [path[:2] for path in listing.paths]
+    assert list(listing.sizes) == [len(path) % 7 for path in listing.paths]
+    assert (listing.ignored_hidden, listing.ignored_other) == (6, 6)
+    assert listing.rejects == [("c3/pipe.jpg", "not a regular file")]
+
+
+@pytest.mark.usefixtures("parallel_walk")
+def test_parallel_walk_visits_an_aliased_directory_once(tmp_path: Path) -> None:
+    """c4/alias is c1/a: the walk in order keeps c1/a's files and skips the alias, pool or not."""
+    class_tree(tmp_path / "src")
+    (tmp_path / "src" / "c4" / "alias").symlink_to(tmp_path / "src" / "c1" / "a", target_is_directory=True)
+    (tmp_path / "src" / "c5" / "up").symlink_to(tmp_path / "src", target_is_directory=True)
+    listing = walk(tmp_path / "src")
+    assert list(listing.paths) == sorted(f"c{k}/{name}" for k in range(6) for name in ("b.jpg", "a/x.png", "a.jpg"))

@@ -3,20 +3,29 @@
 ImageFolder layout: each top-level directory is a class (sorted names, the same indexes as
 torchvision's ImageFolder) and everything beneath it belongs to that class. A folder with no
 subdirectories is a flat, unlabelled set (label -1). Hidden entries and non-image files are
-skipped and counted. The listing keeps only strings and compact integer arrays per file.
+skipped and counted. The listing keeps no Python object per file (a PathList and integer arrays),
+and a large SRC's class folders are walked by one process per CPU.
 """
 
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import stat
+import time
 from array import array
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+
+from readers.cpus import available_cpus
 
 from .listing import IMAGE_EXTENSIONS, UNLABELLED, Listing, ScanError
 
 log = logging.getLogger(__name__)
+
+PARALLEL_AFTER_SECONDS = 1.0
+"""How long the walk runs in this process before it hands the remaining class folders to a pool."""
 
 
 def walk(src: str | os.PathLike[str], *, folders_are_classes: bool = True,
@@ -36,10 +45,10 @@ def walk(src: str | os.PathLike[str], *, folders_are_classes: bool = True,
     class_dirs = folders if folders_are_classes else []
     listing = Listing(root=os.fspath(root), classes=[e.name for e in class_dirs])
     if class_dirs:
-        seen_dirs = {_dir_id(root)}
         # In path order, which puts "a/..." after "a-b/..." ("/" sorts after "-"), unlike the class order.
-        for label, entry in sorted(enumerate(class_dirs), key=lambda item: item[1].name + "/"):
-            _walk(entry.path, entry.name, label, listing, seen_dirs, companions)
+        order = sorted(enumerate(class_dirs), key=lambda item: item[1].name + "/")
+        _walk_classes([(entry.path, entry.name, label) for label, entry in order], listing, {_dir_id(root)},
+                      companions)
         top = list(os.scandir(root))
         listing.ignored_other += sum(1 for e in top if not e.name.startswith(".") and not _is_dir(e))
         listing.ignored_hidden += sum(1 for e in top if e.name.startswith("."))
@@ -50,6 +59,54 @@ def walk(src: str | os.PathLike[str], *, folders_are_classes: bool = True,
         root, len(listing), len(listing.classes), listing.ignored_hidden, listing.ignored_other,
     )
     return listing
+
+
+ClassTask = tuple[str, str, int]  # a class folder's path, its name, its label
+
+
+def _walk_classes(classes: list[ClassTask], listing: Listing, seen_dirs: set[tuple[int, int]],
+                  companions: frozenset[str]) -> None:
+    """Walk the class folders in order: here, and once that has taken PARALLEL_AFTER_SECONDS (a
+    large SRC), the rest in one process per CPU, since stat costs a system call per file.
+
+    A process's class is walked as it would be here, unless it reached a directory that another
+    class also reached (an alias): from that class on, the walk continues here, where the first
+    visit wins as it always does.
+    """
+    started = time.monotonic()
+    position = 0
+    while position < len(classes) and (time.monotonic() - started < PARALLEL_AFTER_SECONDS
+                                       or len(classes) - position < 2 or available_cpus() < 2):
+        _walk(*classes[position], listing, seen_dirs, companions)
+        position += 1
+    if position == len(classes):
+        return
+    tasks = [(task, frozenset(seen_dirs), companions) for task in classes[position:]]
+    workers = min(available_cpus(), len(tasks))
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        for part, visited in pool.map(_walk_class, tasks):  # one class a task: a small reply each
+            if visited & seen_dirs:
+                pool.shutdown(wait=False, cancel_futures=True)
+                break
+            seen_dirs |= visited
+            listing.paths.extend(part.paths)
+            listing.labels.extend(part.labels)
+            listing.sizes.extend(part.sizes)
+            listing.ignored_hidden += part.ignored_hidden
+            listing.ignored_other += part.ignored_other
+            listing.rejects += part.rejects
+            position += 1
+    for task in classes[position:]:
+        _walk(*task, listing, seen_dirs, companions)
+
+
+def _walk_class(task: tuple[ClassTask, frozenset[tuple[int, int]], frozenset[str]]) -> tuple[Listing, set[tuple[int, int]]]:
+    """One class folder, walked in a pool process: its listing, and the directories it visited."""
+    (path, name, label), seen, companions = task
+    part = Listing(root=path, classes=[])
+    seen_dirs = set(seen)
+    _walk(path, name, label, part, seen_dirs, companions)
+    return part, seen_dirs - seen
 
 
 def class_folders(root: Path) -> list[os.DirEntry[str]]:
@@ -157,6 +214,8 @@ def _stat_files(fd: int, names: list[str], prefix: str, listing: Listing) -> Fil
         infos: list[os.stat_result | str] = [os.stat(name, dir_fd=fd) for name in names]
     except OSError:
         infos = [_stat_or_reason(name, fd) for name in names]
+    if all(not isinstance(info, str) and stat.S_ISREG(info.st_mode) for info in infos):  # the usual case, in bulk
+        return [prefix + name for name in names], [info.st_size for info in infos]  # type: ignore[union-attr]
     rels, sizes = [], []
     for name, info in zip(names, infos):
         if isinstance(info, str):
