@@ -132,7 +132,7 @@ def parallel_walk(monkeypatch: pytest.MonkeyPatch) -> None:
     """Hand every class folder after the first to the process pool, as a large SRC would."""
     import packer.sources.walk as walk_module
 
-    monkeypatch.setattr(walk_module, "PARALLEL_AFTER_SECONDS", 0.0)
+    monkeypatch.setattr(walk_module, "PARALLEL_ABOVE_SECONDS", -1.0)
     monkeypatch.setattr(walk_module, "available_cpus", lambda: 2)
 
 

@@ -24,8 +24,9 @@ from .listing import IMAGE_EXTENSIONS, UNLABELLED, Listing, ScanError
 
 log = logging.getLogger(__name__)
 
-PARALLEL_AFTER_SECONDS = 1.0
-"""How long the walk runs in this process before it hands the remaining class folders to a pool."""
+PARALLEL_ABOVE_SECONDS = 2.0
+"""The walk hands the remaining class folders to a pool of processes when walking them here looks
+like taking longer than this (starting the pool takes a fraction of a second)."""
 
 
 def walk(src: str | os.PathLike[str], *, folders_are_classes: bool = True,
@@ -66,8 +67,9 @@ ClassTask = tuple[str, str, int]  # a class folder's path, its name, its label
 
 def _walk_classes(classes: list[ClassTask], listing: Listing, seen_dirs: set[tuple[int, int]],
                   companions: frozenset[str]) -> None:
-    """Walk the class folders in order: here, and once that has taken PARALLEL_AFTER_SECONDS (a
-    large SRC), the rest in one process per CPU, since stat costs a system call per file.
+    """Walk the class folders in order: here, and once the rest look like taking more than
+    PARALLEL_ABOVE_SECONDS (a large SRC), those in one process per CPU, since stat costs a system
+    call per file.
 
     A process's class is walked as it would be here, unless it reached a directory that another
     class also reached (an alias): from that class on, the walk continues here, where the first
@@ -75,8 +77,12 @@ def _walk_classes(classes: list[ClassTask], listing: Listing, seen_dirs: set[tup
     """
     started = time.monotonic()
     position = 0
-    while position < len(classes) and (time.monotonic() - started < PARALLEL_AFTER_SECONDS
-                                       or len(classes) - position < 2 or available_cpus() < 2):
+    parallel = available_cpus() > 1
+    while position < len(classes):
+        elapsed = time.monotonic() - started
+        if parallel and position and len(classes) - position > 1 and \
+                elapsed / position * (len(classes) - position) > PARALLEL_ABOVE_SECONDS:
+            break
         _walk(*classes[position], listing, seen_dirs, companions)
         position += 1
     if position == len(classes):
