@@ -153,9 +153,9 @@ def bench_scale(work: Path, counts: list[int], fmt: str, repeats: int, extra: li
 
 
 def small_pool(count: int, seed: int) -> list[bytes]:
-    """Noisy 288x216 JPEGs, ~33 KB each: downsampled-ImageNet-sized files."""
+    """Noisy 296x222 JPEGs, ~33 KB each: downsampled-ImageNet-sized files."""
     rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:216, 0:288]
+    y, x = np.mgrid[0:222, 0:296]
     pool = []
     for _ in range(count):
         base = np.stack([(x * rng.uniform(0.2, 1) + rng.integers(256)) % 256,
@@ -173,7 +173,7 @@ def small_source(work: Path, files: int) -> Path:
         yield from copies(small_pool(DISTINCT_IMAGES, 0), 0)
 
     return benchlib.make_source(work / f"small-{files}", files, images(), classes=100,
-                                recipe={"images": "small_pool", "seed": 0})
+                                recipe={"images": "small_pool-296x222", "seed": 0})
 
 
 def bench_small(work: Path, files: int, repeats: int, extra: list[str]) -> bool:
