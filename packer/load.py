@@ -1,8 +1,8 @@
 """Source files in, encoded samples and their fields' stored bytes out, in listing order.
 
 Passthrough (`--store original`) loads in the calling thread, with the next files opened ahead
-and the kernel asked to read them (`ReadAhead`): the kernel supplies the I/O depth, and no GIL
-passes between threads per file. Stores that decode use reader threads with a bounded read-ahead,
+by a few threads and the kernel asked to read them (`ReadAhead`): the kernel supplies the I/O
+depth, and the data never passes through another thread. Stores that decode use reader threads with a bounded read-ahead,
 since Pillow's codecs release the GIL.
 """
 
@@ -32,6 +32,8 @@ INLINE_STORES = ("original",)
 """Stores loaded in the calling thread: no decoding, so threads would only pass the GIL around."""
 OPEN_AHEAD_FILES = 128
 """Files `ReadAhead` keeps open ahead of their turn (within READAHEAD_BYTES): the I/O depth."""
+OPEN_THREADS = 4
+"""`ReadAhead`'s opener threads: cold inodes are read while a file is opened, one at a time per thread."""
 
 
 def read_file(path: str, size: int) -> bytes:
@@ -58,43 +60,60 @@ def read_fd(fd: int, size: int) -> bytes:
     return data
 
 
-class ReadAhead:
-    """Reads `entries`' files in order, each opened ahead of its turn and announced to the kernel
-    with posix_fadvise(WILLNEED), which starts reading it in the background: a cold folder is read
-    with up to OPEN_AHEAD_FILES requests in flight from one thread. An open that fails is raised
-    at that file's turn. `close` closes what is still open."""
+def open_run(paths: list[tuple[str, int]]) -> list[int | OSError]:
+    """Open each file and ask the kernel to start reading it (posix_fadvise WILLNEED); an error
+    is returned in its place, to be raised at that file's turn."""
+    opened: list[int | OSError] = []
+    for path, size in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as exc:
+            opened.append(exc)
+            continue
+        try:
+            os.posix_fadvise(fd, 0, size, os.POSIX_FADV_WILLNEED)
+        except OSError:  # only a hint
+            pass
+        opened.append(fd)
+    return opened
 
-    def __init__(self, root: str, entries: Sequence[Entry]) -> None:
+
+class ReadAhead:
+    """Reads `entries`' files in order, each opened ahead of its turn by `threads` opener threads
+    that announce it to the kernel (`open_run`): the kernel reads up to OPEN_AHEAD_FILES files
+    (READAHEAD_BYTES) in the background, the openers wait on cold inodes in parallel, and the
+    caller's `read` finds the bytes there. The openers do two system calls a file and no Python
+    work on the data, so they seldom hold the GIL. `close` closes what is still open."""
+
+    def __init__(self, root: str, entries: Sequence[Entry], threads: int) -> None:
         self._root = root
         self._entries = entries
-        self._next = 0  # the next entry to open
-        self._ahead: deque[tuple[str, int, int | OSError]] = deque()  # path, size, descriptor or error
+        self._next = 0  # the next entry to hand to an opener
+        self._pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="pack-open")
+        self._runs: deque[tuple[list[tuple[str, int]], Future[list[int | OSError]]]] = deque()
+        self._current: deque[tuple[str, int, int | OSError]] = deque()  # the run being read: path, size, fd
         self._bytes = 0
 
     def _open_ahead(self) -> None:
-        while self._next < len(self._entries) and len(self._ahead) < OPEN_AHEAD_FILES and \
-                (not self._ahead or self._bytes < READAHEAD_BYTES):
-            entry = self._entries[self._next]
-            self._next += 1
-            path = os.path.join(self._root, entry.path)
-            try:
-                fd: int | OSError = os.open(path, os.O_RDONLY)
-            except OSError as exc:
-                fd = exc
-            else:
-                try:
-                    os.posix_fadvise(fd, 0, entry.size, os.POSIX_FADV_WILLNEED)
-                except OSError:  # only a hint
-                    pass
-            self._ahead.append((path, entry.size, fd))
-            self._bytes += entry.size
+        while self._next < len(self._entries) and len(self._runs) * READ_RUN_FILES < OPEN_AHEAD_FILES and \
+                (not self._runs or self._bytes < READAHEAD_BYTES):
+            run = []
+            for entry in self._entries[self._next:self._next + READ_RUN_FILES]:
+                run.append((os.path.join(self._root, entry.path), entry.size))
+                self._bytes += entry.size
+            self._next += len(run)
+            self._runs.append((run, self._pool.submit(open_run, run)))
 
     def read(self, path: str, size: int) -> bytes:
         """The file at `path`: the next one in order (any other is read the plain way)."""
-        self._open_ahead()
-        if not self._ahead or self._ahead[0][0] != path:
+        if not self._current:
+            self._open_ahead()
+            if self._runs:
+                run, future = self._runs.popleft()
+                self._current.extend((name, planned, fd) for (name, planned), fd in zip(run, future.result()))
+        if not self._current or self._current[0][0] != path:
             return read_file(path, size)
-        _, planned, fd = self._ahead.popleft()
+        _, planned, fd = self._current.popleft()
         self._bytes -= planned
         if isinstance(fd, OSError):
             raise fd
@@ -104,10 +123,18 @@ class ReadAhead:
             os.close(fd)
 
     def close(self) -> None:
-        while self._ahead:
-            fd = self._ahead.popleft()[2]
+        for _, future in self._runs:
+            future.cancel()
+        self._pool.shutdown(wait=True)
+        opened = [fd for _, _, fd in self._current]
+        for _, future in self._runs:
+            if not future.cancelled():
+                opened += future.result()
+        for fd in opened:
             if isinstance(fd, int):
                 os.close(fd)
+        self._current.clear()
+        self._runs.clear()
 
 
 Loaded = tuple[Encoded, dict[str, bytes]]  # the encoded image, and its fields' stored bytes
@@ -158,7 +185,7 @@ def load_samples(root: Path, entries: list[Entry], options: PackOptions, threads
                              sidecars=options.sidecars, sidecars_optional=options.sidecars_optional)
 
     if options.store in INLINE_STORES:
-        ahead = ReadAhead(str(root), entries)
+        ahead = ReadAhead(str(root), entries, OPEN_THREADS)
         try:
             for entry in entries:
                 yield entry, load(entry, read=ahead.read)
