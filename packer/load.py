@@ -1,5 +1,10 @@
-"""Source files in, encoded samples and their fields' stored bytes out: reader threads with a
-bounded read-ahead, in listing order."""
+"""Source files in, encoded samples and their fields' stored bytes out, in listing order.
+
+Passthrough (`--store original`) loads in the calling thread, with the next files opened ahead
+by a few threads and the kernel asked to read them (`ReadAhead`): the kernel supplies the I/O
+depth, and the data never passes through another thread. Stores that decode use reader threads with a bounded read-ahead,
+since Pillow's codecs release the GIL.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ import os
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from readers.fields import FieldSpec, encode_value
 
@@ -24,6 +29,12 @@ READAHEAD_BYTES = 8 << 20
 READAHEAD_FILES = 512
 READ_RUN_FILES = 16
 READ_RUN_BYTES = 1 << 20
+INLINE_STORES = ("original",)
+"""Stores loaded in the calling thread: no decoding, so threads would only pass the GIL around."""
+OPEN_AHEAD_FILES = 128
+"""Files `ReadAhead` keeps open ahead of their turn (within READAHEAD_BYTES): the I/O depth."""
+OPEN_THREADS = 4
+"""`ReadAhead`'s opener threads: cold inodes are read while a file is opened, one at a time per thread."""
 
 
 def read_file(path: str, size: int) -> bytes:
@@ -34,15 +45,97 @@ def read_file(path: str, size: int) -> bytes:
     """
     fd = os.open(path, os.O_RDONLY)
     try:
-        data = os.read(fd, size + 1)
-        if len(data) != size:  # changed since the scan, or a short read: read on to the end
-            parts = [data]
-            while chunk := os.read(fd, 1 << 20):
-                parts.append(chunk)
-            data = b"".join(parts)
-        return data
+        return read_fd(fd, size)
     finally:
         os.close(fd)
+
+
+def read_fd(fd: int, size: int) -> bytes:
+    """An open file's whole content, expected to be `size` bytes."""
+    data = os.read(fd, size + 1)
+    if len(data) != size:  # changed since the scan, or a short read: read on to the end
+        parts = [data]
+        while chunk := os.read(fd, 1 << 20):
+            parts.append(chunk)
+        data = b"".join(parts)
+    return data
+
+
+def open_run(paths: list[tuple[str, int]]) -> list[int | OSError]:
+    """Open each file and ask the kernel to start reading it (posix_fadvise WILLNEED); an error
+    is returned in its place, to be raised at that file's turn."""
+    opened: list[int | OSError] = []
+    for path, size in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as exc:
+            opened.append(exc)
+            continue
+        try:
+            os.posix_fadvise(fd, 0, size, os.POSIX_FADV_WILLNEED)
+        except OSError:  # only a hint
+            pass
+        opened.append(fd)
+    return opened
+
+
+class ReadAhead:
+    """Reads `entries`' files in order, each opened ahead of its turn by `threads` opener threads
+    that announce it to the kernel (`open_run`): the kernel reads up to OPEN_AHEAD_FILES files
+    (READAHEAD_BYTES) in the background, the openers wait on cold inodes in parallel, and the
+    caller's `read` finds the bytes there. The openers do two system calls a file and no Python
+    work on the data, so they seldom hold the GIL. `close` closes what is still open."""
+
+    def __init__(self, root: str, entries: Sequence[Entry], threads: int) -> None:
+        self._root = root
+        self._entries = entries
+        self._next = 0  # the next entry to hand to an opener
+        self._pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="pack-open")
+        self._runs: deque[tuple[list[tuple[str, int]], Future[list[int | OSError]]]] = deque()
+        self._current: deque[tuple[str, int, int | OSError]] = deque()  # the run being read: path, size, fd
+        self._bytes = 0
+
+    def _open_ahead(self) -> None:
+        while self._next < len(self._entries) and len(self._runs) * READ_RUN_FILES < OPEN_AHEAD_FILES and \
+                (not self._runs or self._bytes < READAHEAD_BYTES):
+            run = []
+            for entry in self._entries[self._next:self._next + READ_RUN_FILES]:
+                run.append((os.path.join(self._root, entry.path), entry.size))
+                self._bytes += entry.size
+            self._next += len(run)
+            self._runs.append((run, self._pool.submit(open_run, run)))
+
+    def read(self, path: str, size: int) -> bytes:
+        """The file at `path`: the next one in order (any other is read the plain way)."""
+        if not self._current:
+            self._open_ahead()
+            if self._runs:
+                run, future = self._runs.popleft()
+                self._current.extend((name, planned, fd) for (name, planned), fd in zip(run, future.result()))
+        if not self._current or self._current[0][0] != path:
+            return read_file(path, size)
+        _, planned, fd = self._current.popleft()
+        self._bytes -= planned
+        if isinstance(fd, OSError):
+            raise fd
+        try:
+            return read_fd(fd, size)
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        for _, future in self._runs:
+            future.cancel()
+        self._pool.shutdown(wait=True)
+        opened = [fd for _, _, fd in self._current]
+        for _, future in self._runs:
+            if not future.cancelled():
+                opened += future.result()
+        for fd in opened:
+            if isinstance(fd, int):
+                os.close(fd)
+        self._current.clear()
+        self._runs.clear()
 
 
 Loaded = tuple[Encoded, dict[str, bytes]]  # the encoded image, and its fields' stored bytes
@@ -64,14 +157,12 @@ def listed_fields(entry: Entry, specs: Sequence[FieldSpec]) -> dict[str, bytes]:
 
 def load_sample(root: str, entry: Entry, validate: str, max_pixels: int, encoding: dict[str, Any],
                 listed: Sequence[FieldSpec], sidecars: Sequence[str], sidecars_optional: bool,
-                fetched: bytes | OSError | None = None) -> Loaded | RejectedFile:
-    """Read (unless `fetched` from a remote SRC already), check and encode one file, and its fields:
-    the `listed` ones from its entry, the others from its sidecars. Runs in a reader thread
-    (Pillow's codecs release the GIL)."""
+                read: Callable[[str, int], bytes] = read_file) -> Loaded | RejectedFile:
+    """Read (with `read`), check and encode one file, and its fields: the `listed` ones from its
+    entry, the others from its sidecars. Runs in a reader thread (Pillow's codecs release the GIL),
+    or in line for passthrough."""
     try:
-        if isinstance(fetched, OSError):
-            raise fetched
-        data = read_file(os.path.join(root, entry.path), entry.size) if fetched is None else fetched
+        data = read(os.path.join(root, entry.path), entry.size)
         codec = check_image(data, validate=validate, max_pixels=max_pixels)
         encoded = encode(data, codec=codec, **encoding)
         return encoded, {**listed_fields(entry, listed), **read_sidecars(root, entry.path, sidecars, sidecars_optional)}
@@ -81,9 +172,17 @@ def load_sample(root: str, entry: Entry, validate: str, max_pixels: int, encodin
         return RejectedFile(f"cannot read: {exc.strerror or exc}")
 
 
+def fetched_bytes(data: bytes | OSError, _path: str, _size: int) -> bytes:
+    """A `read` for a file of a remote SRC whose bytes (or error) came in its run's batch."""
+    if isinstance(data, OSError):
+        raise data
+    return data
+
+
 def load_samples(root: Path | str, entries: list[Entry], options: PackOptions, threads: int,
                  fields: Sequence[FieldSpec] = ()) -> Iterator[tuple[Entry, Loaded | RejectedFile]]:
-    """Samples in listing order, loaded by a thread pool with a read-ahead bounded in bytes and files.
+    """Samples in listing order: passthrough in line (`ReadAhead`), others by a thread pool with a
+    read-ahead bounded in bytes and files (`threads` of them).
 
     Each task loads a run of consecutive files (up to READ_RUN_FILES or READ_RUN_BYTES), so the
     pool's queue and futures cost once per run instead of once per file.
@@ -93,9 +192,20 @@ def load_samples(root: Path | str, entries: list[Entry], options: PackOptions, t
                              listed=[spec for spec in fields if spec.name not in options.sidecars],
                              sidecars=options.sidecars, sidecars_optional=options.sidecars_optional)
 
+    remote = isinstance(root, str) and "://" in root
+    if options.store in INLINE_STORES and not remote:
+        ahead = ReadAhead(str(root), entries, OPEN_THREADS)
+        try:
+            for entry in entries:
+                yield entry, load(entry, read=ahead.read)
+        finally:
+            ahead.close()
+        return
+
     def load_run(run: list[Entry]) -> list[Loaded | RejectedFile]:
-        if isinstance(root, str) and "://" in root:  # a remote SRC: the run's files in one concurrent batch
-            return [load(entry, fetched=data) for entry, data in zip(run, fetch_files(root, [e.path for e in run]))]
+        if remote:  # the run's files in one concurrent batch of GETs
+            fetched = fetch_files(str(root), [entry.path for entry in run])
+            return [load(entry, read=functools.partial(fetched_bytes, data)) for entry, data in zip(run, fetched)]
         return [load(entry) for entry in run]
 
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="pack-read") as pool:

@@ -8,13 +8,15 @@ listing and the shard options, so every run and every task computes the same sha
 
 from __future__ import annotations
 
+import bisect
 import hashlib
+import itertools
 import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from json.encoder import encode_basestring_ascii as encode_string
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Sequence
 
 from readers.fields import FieldSpec
 from readers.manifest import FORMAT_VERSION
@@ -164,26 +166,42 @@ class Plan:
         return hashlib.sha256(key.encode()).hexdigest()
 
 
-def shard_bounds(sizes: Iterable[int], shard_size: int, shard_bytes: int) -> list[int]:
-    """Start index of every shard, plus the end: a new shard starts when either limit is hit."""
+def shard_bounds(sizes: Sequence[int], shard_size: int, shard_bytes: int) -> list[int]:
+    """Start index of every shard, plus the end: a new shard starts when either limit is hit.
+
+    Each shard's end is found by bisecting the running totals of a window of its files, the
+    window doubling until it holds the end: no loop per file, and nothing as large as the listing
+    (at millions of files, either was seconds or tens of megabytes of `pack plan`).
+    """
     bounds = [0]
-    count = total = index = 0
-    for index, size in enumerate(sizes):
-        if count and (count >= shard_size or total + size > shard_bytes):
-            bounds.append(index)
-            count = total = 0
-        count += 1
-        total += size
-    if count:
-        bounds.append(index + 1)
+    window = 64
+    while (start := bounds[-1]) < len(sizes):
+        limit = min(start + shard_size, len(sizes))
+        while True:
+            end = min(start + window, limit)
+            totals = list(itertools.accumulate(sizes[start:end]))
+            fit = bisect.bisect_right(totals, shard_bytes)  # files that fit; the first always goes in
+            if fit < end - start or end == limit:
+                bounds.append(start + max(fit, 1))
+                break
+            window *= 2
+        window = max(64, 2 * (bounds[-1] - start))
     return bounds
 
 
-def listing_lines(listing: Listing, start: int, end: int) -> Iterator[str]:
-    """Lines `start:end` of listing.jsonl: what `json.dumps(row) + "\\n"` gives, 3x faster for the
-    plain rows (json's own C string encoder, no list to serialise per row)."""
-    rows = zip(listing.paths[start:end], listing.labels[start:end], listing.sizes[start:end])
+PLAIN_LINE = '["{}", {}, {}]\n'.format
+
+
+def listing_lines(listing: Listing, start: int, end: int) -> Iterable[str]:
+    """Lines `start:end` of listing.jsonl: what `json.dumps(row) + "\\n"` gives, several times
+    faster for the plain rows (no list to serialise per row; where no path needs escaping, which
+    one call of json's C string encoder on them all shows, no per-row call at all)."""
+    paths = listing.paths[start:end]
+    rows = zip(paths, listing.labels[start:end], listing.sizes[start:end])
     if listing.values is None:
+        joined = "\0".join(paths)  # escaping adds characters; each NUL becomes \u0000, 5 more
+        if len(encode_string(joined)) == len(joined) + 2 + 5 * max(len(paths) - 1, 0):
+            return map(PLAIN_LINE, paths, listing.labels[start:end], listing.sizes[start:end])
         return (f"[{encode_string(path)}, {label}, {size}]\n" for path, label, size in rows)
     return (json.dumps([path, label, size, values]) + "\n"
             for (path, label, size), values in zip(rows, listing.values[start:end]))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import zlib
 from pathlib import Path
@@ -24,9 +25,13 @@ def test_read_file_returns_the_whole_file_even_if_its_size_changed(tmp_path: Pat
     assert load.read_file(str(path), scanned_size) == data
 
 
-def test_load_samples_keeps_listing_order_across_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("inline", [True, False], ids=["read-ahead in line", "reader threads"])
+def test_load_samples_keeps_listing_order_across_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      inline: bool) -> None:
     monkeypatch.setattr(load, "READ_RUN_FILES", 3)
     monkeypatch.setattr(load, "READAHEAD_FILES", 6)
+    monkeypatch.setattr(load, "OPEN_AHEAD_FILES", 4)
+    monkeypatch.setattr(load, "INLINE_STORES", ("original",) if inline else ())
     entries, contents = [], []
     for index in range(20):
         name = f"{index:02d}.jpg"
@@ -46,3 +51,17 @@ def test_load_samples_keeps_listing_order_across_runs(tmp_path: Path, monkeypatc
         encoded, fields = results[index]
         assert isinstance(encoded, Encoded) and encoded.payload == contents[index] and fields == {}
         assert encoded.crc32 == zlib.crc32(contents[index])
+
+
+def test_read_ahead_closes_what_it_opened_when_abandoned(tmp_path: Path) -> None:
+    entries = []
+    for index in range(40):
+        data = image_bytes(random.Random(index), "JPEG")
+        (tmp_path / f"{index:02d}.jpg").write_bytes(data)
+        entries.append(Entry(path=f"{index:02d}.jpg", label=0, size=len(data)))
+    before = len(os.listdir("/proc/self/fd"))
+    samples = load.load_samples(tmp_path, entries, PackOptions(format="wds"), threads=4)
+    next(samples)
+    assert len(os.listdir("/proc/self/fd")) > before  # the next files are open, ahead of their turn
+    samples.close()
+    assert len(os.listdir("/proc/self/fd")) == before

@@ -3,19 +3,30 @@
 ImageFolder layout: each top-level directory is a class (sorted names, the same indexes as
 torchvision's ImageFolder) and everything beneath it belongs to that class. A folder with no
 subdirectories is a flat, unlabelled set (label -1). Hidden entries and non-image files are
-skipped and counted. The listing keeps only strings and compact integer arrays per file.
+skipped and counted. The listing keeps no Python object per file (a PathList and integer arrays),
+and a large SRC's class folders are walked by one process per CPU.
 """
 
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import stat
+import time
+from array import array
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from .listing import UNLABELLED, Listing, ScanError, is_image_name
+from readers.cpus import available_cpus
+
+from .listing import IMAGE_EXTENSIONS, UNLABELLED, Listing, ScanError
 
 log = logging.getLogger(__name__)
+
+PARALLEL_ABOVE_SECONDS = 2.0
+"""The walk hands the remaining class folders to a pool of processes when walking them here looks
+like taking longer than this (starting the pool takes a fraction of a second)."""
 
 
 def walk(src: str | os.PathLike[str], *, folders_are_classes: bool = True,
@@ -34,27 +45,74 @@ def walk(src: str | os.PathLike[str], *, folders_are_classes: bool = True,
     folders = class_folders(root)  # also proves SRC can be listed
     class_dirs = folders if folders_are_classes else []
     listing = Listing(root=os.fspath(root), classes=[e.name for e in class_dirs])
-    entries: list[tuple[str, int, int]] = []
     if class_dirs:
-        seen_dirs = {_dir_id(root)}
-        for label, entry in enumerate(class_dirs):
-            _walk(entry.path, entry.name, label, entries, listing, seen_dirs, companions)
+        # In path order, which puts "a/..." after "a-b/..." ("/" sorts after "-"), unlike the class order.
+        order = sorted(enumerate(class_dirs), key=lambda item: item[1].name + "/")
+        _walk_classes([(entry.path, entry.name, label) for label, entry in order], listing, {_dir_id(root)},
+                      companions)
         top = list(os.scandir(root))
         listing.ignored_other += sum(1 for e in top if not e.name.startswith(".") and not _is_dir(e))
         listing.ignored_hidden += sum(1 for e in top if e.name.startswith("."))
     else:  # a flat folder, or folders that are not classes
-        _walk(os.fspath(root), "", UNLABELLED, entries, listing, set(), companions)
-
-    entries.sort(key=lambda item: item[0])
-    for path, label, size in entries:
-        listing.paths.append(path)
-        listing.labels.append(label)
-        listing.sizes.append(size)
+        _walk(os.fspath(root), "", UNLABELLED, listing, set(), companions)
     log.info(
         "scanned %s: %d images in %d classes, %d hidden and %d other entries ignored",
         root, len(listing), len(listing.classes), listing.ignored_hidden, listing.ignored_other,
     )
     return listing
+
+
+ClassTask = tuple[str, str, int]  # a class folder's path, its name, its label
+
+
+def _walk_classes(classes: list[ClassTask], listing: Listing, seen_dirs: set[tuple[int, int]],
+                  companions: frozenset[str]) -> None:
+    """Walk the class folders in order: here, and once the rest look like taking more than
+    PARALLEL_ABOVE_SECONDS (a large SRC), those in one process per CPU, since stat costs a system
+    call per file.
+
+    A process's class is walked as it would be here, unless it reached a directory that another
+    class also reached (an alias): from that class on, the walk continues here, where the first
+    visit wins as it always does.
+    """
+    started = time.monotonic()
+    position = 0
+    parallel = available_cpus() > 1
+    while position < len(classes):
+        elapsed = time.monotonic() - started
+        if parallel and position and len(classes) - position > 1 and \
+                elapsed / position * (len(classes) - position) > PARALLEL_ABOVE_SECONDS:
+            break
+        _walk(*classes[position], listing, seen_dirs, companions)
+        position += 1
+    if position == len(classes):
+        return
+    tasks = [(task, frozenset(seen_dirs), companions) for task in classes[position:]]
+    workers = min(available_cpus(), len(tasks))
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        for part, visited in pool.map(_walk_class, tasks):  # one class a task: a small reply each
+            if visited & seen_dirs:
+                pool.shutdown(wait=False, cancel_futures=True)
+                break
+            seen_dirs |= visited
+            listing.paths.extend(part.paths)
+            listing.labels.extend(part.labels)
+            listing.sizes.extend(part.sizes)
+            listing.ignored_hidden += part.ignored_hidden
+            listing.ignored_other += part.ignored_other
+            listing.rejects += part.rejects
+            position += 1
+    for task in classes[position:]:
+        _walk(*task, listing, seen_dirs, companions)
+
+
+def _walk_class(task: tuple[ClassTask, frozenset[tuple[int, int]], frozenset[str]]) -> tuple[Listing, set[tuple[int, int]]]:
+    """One class folder, walked in a pool process: its listing, and the directories it visited."""
+    (path, name, label), seen, companions = task
+    part = Listing(root=path, classes=[])
+    seen_dirs = set(seen)
+    _walk(path, name, label, part, seen_dirs, companions)
+    return part, seen_dirs - seen
 
 
 def class_folders(root: Path) -> list[os.DirEntry[str]]:
@@ -78,57 +136,106 @@ def _dir_id(path: str | os.PathLike[str]) -> tuple[int, int]:
     return info.st_dev, info.st_ino
 
 
-def _walk(
-    path: str,
-    rel: str,
-    label: int,
-    entries: list[tuple[str, int, int]],
-    listing: Listing,
-    seen_dirs: set[tuple[int, int]],
-    companions: frozenset[str],
-) -> None:
-    """Iterative walk; a directory reached twice (symlink loop or alias) is visited once."""
-    stack = [(path, rel)]
+Files = tuple[list[str], list[int]]  # a run of consecutive listed files: relative paths, sizes
+Directory = tuple[str, str]  # a directory still to list: its path, and relative to SRC
+
+
+def _walk(path: str, rel: str, label: int, listing: Listing, seen_dirs: set[tuple[int, int]],
+          companions: frozenset[str]) -> None:
+    """Depth first, each directory's entries sorted by name ("/" after a directory's), which lists
+    the files already in the order of their relative paths: no global sort, and nothing held per
+    file but the listing's compact arrays. A directory reached twice (symlink loop or alias) is
+    visited once."""
+    stack: list[Files | Directory] = [(path, rel)]
     while stack:
-        dir_path, dir_rel = stack.pop()
+        item = stack.pop()
+        if isinstance(item[0], list):
+            rels, sizes = item
+            listing.paths.extend(rels)
+            listing.labels.extend(array("q", [label]) * len(rels))
+            listing.sizes.extend(sizes)
+        else:
+            stack += reversed(_list_dir(*item, listing, seen_dirs, companions))  # type: ignore[misc]
+
+
+def _list_dir(dir_path: str, dir_rel: str, listing: Listing, seen_dirs: set[tuple[int, int]],
+              companions: frozenset[str]) -> list[Files | Directory]:
+    """One directory's entries in path order: runs of its files (stat'ed, relative to the
+    directory's descriptor, in one pass) between its subdirectories; hidden and other files counted."""
+    try:
+        fd = os.open(dir_path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        listing.rejects.append((dir_rel, f"cannot list directory: {exc.strerror}"))
+        return []
+    try:
+        info = os.fstat(fd)
+        if (info.st_dev, info.st_ino) in seen_dirs:
+            log.warning("%s: directory already visited (symlink loop or alias), skipped", dir_path)
+            return []
+        seen_dirs.add((info.st_dev, info.st_ino))
         try:
-            dir_id = _dir_id(dir_path)
-            if dir_id in seen_dirs:
-                log.warning("%s: directory already visited (symlink loop or alias), skipped", dir_path)
-                continue
-            seen_dirs.add(dir_id)
-            children = list(os.scandir(dir_path))
+            with os.scandir(fd) as entries:
+                children = [entry for entry in entries]
         except OSError as exc:
             listing.rejects.append((dir_rel, f"cannot list directory: {exc.strerror}"))
-            continue
-        for entry in children:
-            if entry.name.startswith("."):
-                listing.ignored_hidden += 1
-            elif _is_dir(entry):
-                stack.append((entry.path, f"{dir_rel}/{entry.name}" if dir_rel else entry.name))
-            else:
-                _add_file(entry, f"{dir_rel}/{entry.name}" if dir_rel else entry.name, label, entries, listing,
-                          companions)
+            return []
+        visible = [entry for entry in children if not entry.name.startswith(".")]
+        listing.ignored_hidden += len(children) - len(visible)
+        try:  # d_type: no system call, except for symlinks
+            kinds = [entry.is_dir() for entry in visible]
+        except OSError:
+            kinds = [_is_dir(entry) for entry in visible]
+        dirs = sorted(entry.name for entry, is_dir in zip(visible, kinds) if is_dir)
+        others = sorted(entry.name for entry, is_dir in zip(visible, kinds) if not is_dir)
+        names = [name for name in others if name[name.rfind("."):].lower() in IMAGE_EXTENSIONS]
+        if len(names) < len(others):
+            listing.ignored_other += sum(1 for name in others if name[name.rfind("."):].lower() not in IMAGE_EXTENSIONS
+                                         and os.path.splitext(name)[1] not in companions)
+        prefix = f"{dir_rel}/" if dir_rel else ""
+        files = _stat_files(fd, names, prefix, listing)
+    finally:
+        os.close(fd)
+    if not dirs:
+        return [files]
+    # Merge the files and the subdirectories in path order: a directory's key is its name + "/".
+    keyed = sorted([(name, position) for position, name in enumerate(files[0])] +
+                   [(prefix + name + "/", -1 - number) for number, name in enumerate(dirs)])
+    items: list[Files | Directory] = []
+    for _, position in keyed:
+        if position < 0:
+            name = dirs[-1 - position]
+            items.append((f"{dir_path}/{name}", prefix + name))
+        elif items and isinstance(items[-1][0], list):
+            items[-1][0].append(files[0][position])
+            items[-1][1].append(files[1][position])  # type: ignore[union-attr]
+        else:
+            items.append(([files[0][position]], [files[1][position]]))
+    return items
 
 
-def _add_file(
-    entry: os.DirEntry[str],
-    rel: str,
-    label: int,
-    entries: list[tuple[str, int, int]],
-    listing: Listing,
-    companions: frozenset[str],
-) -> None:
-    if not is_image_name(entry.name):
-        if os.path.splitext(entry.name)[1] not in companions:
-            listing.ignored_other += 1
-        return
+def _stat_files(fd: int, names: list[str], prefix: str, listing: Listing) -> Files:
+    """The regular files among `names` (in a directory open as `fd`), with their sizes; the rest
+    are rejects. One stat each, relative to the descriptor: the kernel does not walk the path."""
     try:
-        info = entry.stat(follow_symlinks=True)
+        infos: list[os.stat_result | str] = [os.stat(name, dir_fd=fd) for name in names]
+    except OSError:
+        infos = [_stat_or_reason(name, fd) for name in names]
+    if all(not isinstance(info, str) and stat.S_ISREG(info.st_mode) for info in infos):  # the usual case, in bulk
+        return [prefix + name for name in names], [info.st_size for info in infos]  # type: ignore[union-attr]
+    rels, sizes = [], []
+    for name, info in zip(names, infos):
+        if isinstance(info, str):
+            listing.rejects.append((prefix + name, info))
+        elif not stat.S_ISREG(info.st_mode):  # a named pipe called x.jpg would block its reader forever
+            listing.rejects.append((prefix + name, "not a regular file"))
+        else:
+            rels.append(prefix + name)
+            sizes.append(info.st_size)
+    return rels, sizes
+
+
+def _stat_or_reason(name: str, fd: int) -> os.stat_result | str:
+    try:
+        return os.stat(name, dir_fd=fd)
     except OSError as exc:
-        listing.rejects.append((rel, f"cannot stat: {exc.strerror}"))
-        return
-    if not stat.S_ISREG(info.st_mode):  # a named pipe called x.jpg would block its reader forever
-        listing.rejects.append((rel, "not a regular file"))
-        return
-    entries.append((rel, label, info.st_size))
+        return f"cannot stat: {exc.strerror}"
