@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import os
 import warnings
 from pathlib import Path
@@ -74,6 +75,7 @@ class PackedDataset(Dataset):
         self.skipped = 0
         counts = np.array([shard.num_samples for shard in self.manifest.shards], dtype=np.int64)
         self._offsets = np.concatenate(([0], np.cumsum(counts)))
+        self._starts = self._offsets.tolist()  # the same as ints: `locate` bisects it ~10x faster
         self._pid = os.getpid()
         self._handles: dict[int, Any] = {}
         self._leases: dict[int, list[Lease]] = {}
@@ -95,8 +97,8 @@ class PackedDataset(Dataset):
 
     def locate(self, index: int) -> tuple[int, int]:
         """Global sample index (0 <= index < len) -> (shard number, index inside that shard)."""
-        shard = int(np.searchsorted(self._offsets, index, side="right")) - 1
-        return shard, index - int(self._offsets[shard])
+        shard = bisect.bisect_right(self._starts, index) - 1
+        return shard, index - self._starts[shard]
 
     def handle(self, shard: int) -> Any:
         """The open handle for a shard in this process, opened on first use."""

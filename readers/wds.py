@@ -143,36 +143,41 @@ class WdsDataset(PackedDataset):
             os.posix_fadvise(handle.fd, start, length, os.POSIX_FADV_WILLNEED)
 
     def _pread_sample(self, handle: TarShard, local: int, key: str) -> Record:
-        """One pread from the image's header to the end of the meta (the fields lie between); the
+        """Three preads: the image's header, the image itself (bytes of its own, handed on without
+        a copy), then everything up to the end of the meta (the label and fields lie between); the
         headers of the members used are checked against the index."""
         row = handle.index[local].tolist()
         image_offset, image_size, json_offset, json_size = row[:INDEX_COLUMNS]
-        start = image_offset - BLOCK
+        start = image_offset + image_size + padding(image_size)  # of the members after the image
         end = json_offset + json_size
-        if start < 0 or json_offset < image_offset + image_size + BLOCK:
+        if image_offset < BLOCK or json_offset < start + BLOCK:
             raise TarError("damaged tar index")
+        image_header = memoryview(os.pread(handle.fd, BLOCK, image_offset - BLOCK))
+        image = memoryview(os.pread(handle.fd, image_size, image_offset))
         data = memoryview(os.pread(handle.fd, end - start, start))
-        if len(data) != end - start:
+        if len(image_header) != BLOCK or len(image) != image_size or len(data) != end - start:
             raise TarError("tar shard is truncated")
         prefix = key.encode("ascii") + b"."
 
-        def member(offset: int, size: int, extension: str | None) -> tuple[memoryview, str]:
-            if offset - BLOCK < start or offset + size > end:
-                raise TarError("damaged tar index")
-            at = offset - BLOCK - start
-            found = member_extension(data[at:at + BLOCK], prefix, size)
+        def check(header: memoryview, size: int, extension: str | None) -> str:
+            found = member_extension(header, prefix, size)
             if found is None:  # not as pack writes it: the full parse says what is wrong
-                header = parse_header(data[at:at + BLOCK], checksum=False)
-                member_key, found = split_name(header.name) if header else ("", "")
-                if header is None or header.size != size or member_key != key:
+                parsed = parse_header(header, checksum=False)
+                member_key, found = split_name(parsed.name) if parsed else ("", "")
+                if parsed is None or parsed.size != size or member_key != key:
                     raise TarError("tar index does not match the tar members")
             if extension not in (None, found):
                 raise TarError("tar index does not match the tar members")
-            return data[offset - start:offset - start + size], found
+            return found
 
-        image, image_extension = member(image_offset, image_size, None)
-        payload = image_data(image_extension, image)
-        meta = json.loads(bytes(member(json_offset, json_size, self._meta_extension)[0]).decode("utf-8"))
+        def member(offset: int, size: int, extension: str) -> memoryview:
+            if offset - BLOCK < start or offset + size > end:
+                raise TarError("damaged tar index")
+            check(data[offset - BLOCK - start:offset - start], size, extension)
+            return data[offset - start:offset - start + size]
+
+        payload = image_data(check(image_header, image_size, None), image)
+        meta = json.loads(bytes(member(json_offset, json_size, self._meta_extension)).decode("utf-8"))
         fields: Fields = {}
         for spec, column, extension in self._wanted_columns:
             offset, size = row[column], row[column + 1]
@@ -181,7 +186,7 @@ class WdsDataset(PackedDataset):
                     raise TarError(f"no {spec.name!r} field")
                 fields[spec.name] = None
             else:
-                fields[spec.name] = parse_value(spec, member(offset, size, extension)[0])
+                fields[spec.name] = parse_value(spec, member(offset, size, extension))
         return meta, payload, fields
 
     def iter_shard(self, shard: int) -> Iterator[tuple[Any, ...]]:
