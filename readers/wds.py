@@ -30,6 +30,7 @@ from .layouts.wds import (
     TarError,
     field_extension,
     field_extensions,
+    index_row,
     meta_extension,
     npy_data,
     padding,
@@ -41,32 +42,55 @@ from .manifest import DatasetError, FileInfo, sample_key
 from .streaming import DEFAULT_PREFETCH_SHARDS, ShardStream
 
 
-def read_index(path: str, num_samples: int, num_fields: int) -> np.ndarray:
-    """The (num_samples, 4 + 2 * num_fields) int64 offset table of one shard, checked against the manifest."""
-    try:
-        with open(path, "rb") as handle:
-            header = handle.read(INDEX_HEADER.size)
-            table = np.fromfile(handle, dtype="<i8")
-    except OSError as exc:
-        raise DatasetError(f"{path}: cannot read tar index ({exc.strerror or exc})") from None
-    try:
-        count = parse_index_header(header, num_fields)
-    except TarError as exc:
-        raise DatasetError(f"{path}: {exc}") from None
-    columns = INDEX_COLUMNS + 2 * num_fields
-    if count != num_samples or table.size != count * columns:
-        raise DatasetError(f"{path}: indexes {table.size // columns} samples, index.json says {num_samples}")
-    return table.reshape(count, columns)
+class OffsetIndex:
+    """A shard's `.packidx`, checked against the manifest when opened, rows read on demand.
+
+    Each row is one `pread` (~1 us) rather than the table in memory: a worker that reads from
+    every shard of a 5M-sample dataset would otherwise hold 32 bytes per sample of it (160 MB).
+    """
+
+    def __init__(self, path: str, num_samples: int, num_fields: int) -> None:
+        self.columns = INDEX_COLUMNS + 2 * num_fields
+        self.row = index_row(num_fields)
+        try:
+            self.fd = os.open(path, os.O_RDONLY)
+        except OSError as exc:
+            raise DatasetError(f"{path}: cannot read tar index ({exc.strerror or exc})") from None
+        try:
+            header = os.pread(self.fd, INDEX_HEADER.size, 0)
+            entries = max(0, os.fstat(self.fd).st_size - INDEX_HEADER.size) // 8
+            count = parse_index_header(header, num_fields)
+            if count != num_samples or entries != count * self.columns:
+                raise DatasetError(f"{path}: indexes {entries // self.columns} samples, index.json says {num_samples}")
+        except TarError as exc:
+            self.close()
+            raise DatasetError(f"{path}: {exc}") from None
+        except BaseException:
+            self.close()
+            raise
+
+    def __getitem__(self, local: int) -> tuple[int, ...]:
+        """Sample `local`'s row: image offset and size, meta offset and size, then per field both."""
+        return self.row.unpack(os.pread(self.fd, self.row.size, INDEX_HEADER.size + local * self.row.size))
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 @dataclass
 class TarShard:
     file: BinaryIO
-    index: np.ndarray
+    index: OffsetIndex
 
     @property
     def fd(self) -> int:
         return self.file.fileno()
+
+    def close(self) -> None:
+        self.index.close()
+        self.file.close()
 
 
 def member_extension(header: memoryview, prefix: bytes, size: int) -> str | None:
@@ -116,16 +140,17 @@ class WdsDataset(PackedDataset):
 
     def _open(self, shard: int) -> TarShard:
         index_path = str(self.files.path(self.index_file(shard)))
-        index = read_index(index_path, self.manifest.shards[shard].num_samples, len(self.manifest.fields))
+        index = OffsetIndex(index_path, self.manifest.shards[shard].num_samples, len(self.manifest.fields))
         path = self.shard_path(shard)
         try:
             file = open(path, "rb", buffering=0)
         except OSError as exc:
+            index.close()
             raise DatasetError(f"{path}: cannot open tar shard ({exc.strerror or exc})") from None
         return TarShard(file=file, index=index)
 
     def _close(self, handle: Any) -> None:
-        handle.file.close()
+        handle.close()
 
     def _read(self, shard: int, local: int) -> Record:
         try:
@@ -137,16 +162,18 @@ class WdsDataset(PackedDataset):
         """posix_fadvise(WILLNEED) on each sample's bytes, in file order: the kernel reads them all
         at once while the samples are taken one by one."""
         handle: TarShard = self.handle(shard)
-        rows = handle.index[np.sort(locals_)]
-        starts = rows[:, 0] - BLOCK
-        for start, length in zip(starts.tolist(), (rows[:, 2] + rows[:, 3] - starts).tolist()):
+        spans = []
+        for local in locals_.tolist():
+            image_offset, _, json_offset, json_size = handle.index[local][:INDEX_COLUMNS]
+            spans.append((image_offset - BLOCK, json_offset + json_size - image_offset + BLOCK))
+        for start, length in sorted(spans):
             os.posix_fadvise(handle.fd, start, length, os.POSIX_FADV_WILLNEED)
 
     def _pread_sample(self, handle: TarShard, local: int, key: str) -> Record:
         """Three preads: the image's header, the image itself (bytes of its own, handed on without
         a copy), then everything up to the end of the meta (the label and fields lie between); the
         headers of the members used are checked against the index."""
-        row = handle.index[local].tolist()
+        row = handle.index[local]
         image_offset, image_size, json_offset, json_size = row[:INDEX_COLUMNS]
         start = image_offset + image_size + padding(image_size)  # of the members after the image
         end = json_offset + json_size

@@ -114,3 +114,21 @@ def test_hdf5_shards_hdf5_compresses_are_read_through_h5py(tmp_path: Path,
     ds = readers.open_dataset(copy, decode="bytes")
     assert ds.handle(0).direct is None and ds.handle(1).direct is not None
     assert ds.__getitems__(list(range(8))) == [expected[index] for index in range(8)]
+
+
+def test_open_shards_hold_no_per_sample_arrays(packed_as: Callable[[str], tuple[Path, dict]]) -> None:
+    """A worker that reads from every shard keeps each open: per-sample state would add up to
+    the whole dataset's (the 5M-sample check in scripts/bench_read.py --suite scale)."""
+    hdf5 = readers.open_dataset(packed_as("hdf5")[0], decode="bytes")
+    handle = hdf5.handle(1)
+    assert handle.file is None and handle.fd >= 0  # all read with pread: no h5py file held open
+    assert all(column.values is None for column in (handle.offsets, handle.labels, handle.codecs, handle.crcs))
+    with_paths = readers.open_dataset(packed_as("hdf5")[0], decode="bytes", fields=("image", "path"))
+    assert with_paths.handle(1).file is not None  # paths are read through h5py
+    assert [with_paths[i][0] for i in range(8)] == [hdf5[i][0] for i in range(8)]
+    assert hdf5.stored_samples(1) == 4
+    wds = readers.open_dataset(packed_as("wds")[0], decode="bytes")
+    table = np.fromfile(wds.files.path(wds.index_file(1)), dtype="<i8", offset=16).reshape(4, 4)
+    assert wds.handle(1).index[2] == tuple(table[2].tolist())  # a row read from the file when needed
+    for ds in (hdf5, with_paths, wds):
+        ds.close()
