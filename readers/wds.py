@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Iterator, Sequence
 
 import numpy as np
@@ -83,10 +83,15 @@ class OffsetIndex:
 class TarShard:
     file: BinaryIO
     index: OffsetIndex
+    fd: int = -1  # the tar's
+    ahead: dict[int, tuple[int, ...]] = field(default_factory=dict)  # index rows read by `_will_read`
 
-    @property
-    def fd(self) -> int:
-        return self.file.fileno()
+    def __post_init__(self) -> None:
+        self.fd = self.file.fileno()
+
+    def row(self, local: int) -> tuple[int, ...]:
+        row = self.ahead.pop(local, None)
+        return self.index[local] if row is None else row
 
     def close(self) -> None:
         self.index.close()
@@ -162,9 +167,9 @@ class WdsDataset(PackedDataset):
         """posix_fadvise(WILLNEED) on each sample's bytes, in file order: the kernel reads them all
         at once while the samples are taken one by one."""
         handle: TarShard = self.handle(shard)
+        handle.ahead = {local: handle.index[local] for local in locals_.tolist()}  # rows kept for the reads
         spans = []
-        for local in locals_.tolist():
-            image_offset, _, json_offset, json_size = handle.index[local][:INDEX_COLUMNS]
+        for image_offset, _, json_offset, json_size, *_ in handle.ahead.values():
             spans.append((image_offset - BLOCK, json_offset + json_size - image_offset + BLOCK))
         for start, length in sorted(spans):
             os.posix_fadvise(handle.fd, start, length, os.POSIX_FADV_WILLNEED)
@@ -173,7 +178,7 @@ class WdsDataset(PackedDataset):
         """Three preads: the image's header, the image itself (bytes of its own, handed on without
         a copy), then everything up to the end of the meta (the label and fields lie between); the
         headers of the members used are checked against the index."""
-        row = handle.index[local]
+        row = handle.row(local)
         image_offset, image_size, json_offset, json_size = row[:INDEX_COLUMNS]
         start = image_offset + image_size + padding(image_size)  # of the members after the image
         end = json_offset + json_size
