@@ -179,6 +179,8 @@ class PackedDataset(Dataset):
         `self[index]` gives it. The format hears first which samples follow (`_will_read`), so it can
         ask the kernel for all their bytes at once rather than wait on each read in turn: I/O depth
         from a single thread, which is what random reads from a cold disk need."""
+        if type(self)._will_read is PackedDataset._will_read:  # a format without read-ahead (LMDB maps its files)
+            return [self[index] for index in indices]
         wanted = np.asarray(indices, dtype=np.int64)
         wanted = wanted[(wanted >= 0) & (wanted < len(self))]  # the rest raise below, as self[i] does
         shards = np.searchsorted(self._offsets, wanted, side="right") - 1
