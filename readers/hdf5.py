@@ -164,7 +164,7 @@ class Column:
 
 @dataclass
 class HDF5Shard:
-    """An open shard: the file, its payload dataset and the small per-sample columns in memory.
+    """An open shard: the file (h5py, and a descriptor for pread), its payloads and per-sample columns.
 
     `offsets` is None in the fixed layout (`images` is then (N, H, W, C)); `shapes` and `mode`
     are set for decoded stores (`shapes` only in the flat layout).

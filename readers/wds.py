@@ -2,7 +2,7 @@
 
 A shard `shard-NNNNNN.tar` holds three ustar members per sample, and one more per present field
 (layout in readers/layouts/wds.py). Beside it, `shard-NNNNNN.packidx` gives the byte offset and
-size of each sample's image, meta and field data, so `WdsDataset[i]` costs one `pread`.
+size of each sample's image, meta and field data, so `WdsDataset[i]` costs a few `pread`s.
 `iter(dataset)`, `dataset.stream()` and `make_loader(..., streaming=True)` read the tars front to
 back instead and need no index.
 """
