@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import os
 import warnings
 from pathlib import Path
@@ -74,6 +75,7 @@ class PackedDataset(Dataset):
         self.skipped = 0
         counts = np.array([shard.num_samples for shard in self.manifest.shards], dtype=np.int64)
         self._offsets = np.concatenate(([0], np.cumsum(counts)))
+        self._starts = self._offsets.tolist()  # the same as ints: `locate` bisects it ~10x faster
         self._pid = os.getpid()
         self._handles: dict[int, Any] = {}
         self._leases: dict[int, list[Lease]] = {}
@@ -95,8 +97,8 @@ class PackedDataset(Dataset):
 
     def locate(self, index: int) -> tuple[int, int]:
         """Global sample index (0 <= index < len) -> (shard number, index inside that shard)."""
-        shard = int(np.searchsorted(self._offsets, index, side="right")) - 1
-        return shard, index - int(self._offsets[shard])
+        shard = bisect.bisect_right(self._starts, index) - 1
+        return shard, index - self._starts[shard]
 
     def handle(self, shard: int) -> Any:
         """The open handle for a shard in this process, opened on first use."""
@@ -171,6 +173,23 @@ class PackedDataset(Dataset):
             self.skipped += step
             return sample
         raise DatasetError(f"{self.root}: no readable sample left")
+
+    def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, ...]]:
+        """The samples of one batch (DataLoader calls this with a batch's indices), each as
+        `self[index]` gives it. The format hears first which samples follow (`_will_read`), so it can
+        ask the kernel for all their bytes at once rather than wait on each read in turn: I/O depth
+        from a single thread, which is what random reads from a cold disk need."""
+        if type(self)._will_read is PackedDataset._will_read:  # a format without read-ahead (LMDB maps its files)
+            return [self[index] for index in indices]
+        wanted = np.asarray(indices, dtype=np.int64)
+        wanted = wanted[(wanted >= 0) & (wanted < len(self))]  # the rest raise below, as self[i] does
+        shards = np.searchsorted(self._offsets, wanted, side="right") - 1
+        for shard in np.unique(shards).tolist():
+            try:
+                self._will_read(shard, wanted[shards == shard] - self._offsets[shard])
+            except (DatasetError, OSError, ValueError):  # only a hint: the reads themselves report damage
+                pass
+        return [self[index] for index in indices]
 
     def record(self, index: int) -> tuple[dict[str, Any], memoryview]:
         """The stored meta and payload of one sample, checked against its CRC-32."""
@@ -261,6 +280,9 @@ class PackedDataset(Dataset):
 
     def _read(self, shard: int, local: int) -> Record:
         raise NotImplementedError
+
+    def _will_read(self, shard: int, locals_: np.ndarray) -> None:
+        """A hint that these samples of the shard are read next (for read-ahead); by default none."""
 
     def stored_samples(self, shard: int) -> int:
         """How many samples the shard file itself holds (for `pack verify`), read from the file."""

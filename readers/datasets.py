@@ -8,7 +8,7 @@ from typing import Any, Callable, Sequence
 from .base import PackedDataset
 from .formats import ALIASES, FORMATS, Registry
 from .manifest import DatasetError
-from .remote import open_files
+from .remote import CachedFiles, open_files
 
 # Loaded on first use: opening an LMDB dataset never imports h5py.
 DATASETS: Registry[type[PackedDataset]] = Registry({name: spec.dataset for name, spec in FORMATS.items()}, ALIASES)
@@ -48,7 +48,7 @@ def open_dataset(
         cls = DATASETS[manifest.format]
     except KeyError:
         raise DatasetError(f"{path}: unknown format {manifest.format!r} in index.json") from None
-    return cls(
+    dataset = cls(
         path,
         manifest=manifest,
         files=files,
@@ -59,4 +59,9 @@ def open_dataset(
         on_error=on_error,
         decode_size=decode_size,
     )
+    if isinstance(files, CachedFiles):  # before anything is downloaded: the limit must hold a few shards as
+        # one handle leases them, with the sidecars its reader reads (never a wds shard's DALI index)
+        files.cache.check_limit(max((shard.bytes + sum(sidecar.bytes for sidecar in dataset.read_sidecars(number))
+                                     for number, shard in enumerate(manifest.shards)), default=0))
+    return dataset
 

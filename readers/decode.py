@@ -141,6 +141,10 @@ def decode_tensor(payload: bytes | memoryview, meta: dict[str, Any], size: Size 
 
 
 def decode_bytes(payload: bytes | memoryview, meta: dict[str, Any]) -> bytes:
+    """The payload as bytes; a view of a whole bytes object is that object (bytes are immutable),
+    so a reader that reads a payload into its own bytes hands it on without a copy."""
+    if isinstance(payload, memoryview) and isinstance(payload.obj, bytes) and payload.nbytes == len(payload.obj):
+        return payload.obj
     return bytes(payload)
 
 

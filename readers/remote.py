@@ -175,11 +175,7 @@ class CachedFiles:
 
 def open_files(path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | None,
                cache_limit: int | str | None, storage_options: dict[str, Any] | None) -> tuple[ShardFiles, Manifest]:
-    """The files of the dataset at `path` (a directory or URL) and its manifest, read first.
-
-    For a URL, the cache limit is checked against the manifest's largest shard before anything
-    is downloaded.
-    """
+    """The files of the dataset at `path` (a directory or URL) and its manifest, read first."""
     if not is_url(path):
         local = LocalFiles(path)
         return local, load_manifest(local.root)
@@ -187,7 +183,5 @@ def open_files(path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str
     store = RemoteStore(url, storage_options)
     manifest = store.manifest()
     cache = ShardCache(default_cache_dir(url) if cache_dir is None else cache_dir, cache_limit)
-    cache.check_limit(max((shard.bytes + sum(s.bytes for s in shard.sidecars) for shard in manifest.shards),
-                          default=0))
     log.info("%s: %d shards through %r", url, len(manifest.shards), cache)
     return CachedFiles(store, cache), manifest

@@ -2,16 +2,21 @@
 """Read speed of every packed format against the loose files it was packed from, in one run.
 
     .venv/bin/python scripts/bench_read.py [--images 3000] [--src DIR] [--work DIR] [--workers 2]
+    .venv/bin/python scripts/bench_read.py --suite small-files   # issue 15: 20k photos of ~33 KB
+    .venv/bin/python scripts/bench_read.py --suite scale         # issue 15: 5M samples
 
-1. The source: --src, or --images seeded ImageNet-sized JPEGs (500x375 or 375x500, ~100 KB)
-   generated with Pillow into WORK/src (kept there and reused when --work is given).
+1. The source: --src, or --images seeded photo-like JPEGs generated with Pillow into WORK/src
+   (kept there and reused when --work is given): ImageNet-sized (500x375 or 375x500, ~97 KB), or
+   with --image-kind small 285x214 (~33 KB, as downsampled datasets are; in WORK/src-small).
 2. Packs it with every format in packer.writers.WRITERS into WORK/<format>.
 3. Each case drops the page cache (/proc/sys/vm/drop_caches as root, else posix_fadvise
    DONTNEED on each of its files), reads every sample once, shuffled, through a DataLoader with
    --workers workers and decode="bytes" (container only: no JPEG decoding), then reads again
    warm. Ratios are against the plain torch Dataset over the loose files; the goal is >= 2x cold.
-4. Worker memory: RSS of each loader worker for 20k- and 1M-sample manifests (shards copied from
-   one real 10k-sample shard of tiny images), against an ImageFolder-style list of 1M paths.
+4. Scale: datasets of --scale-samples (5M) tiny samples in shards of 10k (hard links or copies
+   of one real shard): seconds `open_dataset` takes in a fresh process (torch already imported),
+   and the Rss of each DataLoader worker (fork and spawn) after 200 globally shuffled batches,
+   against the worker of an empty Dataset under the same DataLoader. Goals: < 2 s, < 100 MB.
 
 Each format is also read with 0 workers (rows "/0w"), to show the readers' own speed apart from
 the cost of shipping samples from workers to the main process.
@@ -40,6 +45,7 @@ import gc
 import io
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -61,7 +67,7 @@ from packer.scan import scan
 from packer.writers import WRITERS
 from readers.bench import keep_list
 from readers.decode import reduction
-from readers.manifest import MANIFEST_NAME, ShardInfo, load_manifest, shard_name
+from readers.manifest import MANIFEST_NAME, FileInfo, ShardInfo, load_manifest, shard_name
 
 BASELINE = "loose"
 
@@ -69,14 +75,22 @@ BASELINE = "loose"
 # The source folder ---------------------------------------------------------------------------
 
 
-def jpeg(rng: np.random.Generator) -> bytes:
-    """A photo-like JPEG: smooth colour fields plus sensor-like noise, ImageNet-sized."""
-    width, height = (500, 375) if rng.random() < 0.75 else (375, 500)
+def jpeg(rng: np.random.Generator, size: tuple[int, int] = (500, 375)) -> bytes:
+    """A photo-like JPEG: smooth colour fields plus sensor-like noise, ImageNet-sized (~97 KB)."""
+    width, height = size if rng.random() < 0.75 else size[::-1]
     base = Image.fromarray(rng.integers(0, 256, (6, 8, 3), dtype=np.uint8)).resize((width, height), Image.BICUBIC)
     noisy = np.asarray(base, dtype=np.int16) + rng.normal(0, 20, (height, width, 3)).astype(np.int16)
     buffer = io.BytesIO()
     Image.fromarray(np.clip(noisy, 0, 255).astype(np.uint8)).save(buffer, "JPEG", quality=90)
     return buffer.getvalue()
+
+
+def small_jpeg(rng: np.random.Generator) -> bytes:
+    """The same kind of photo at 285x214 (~33 KB): downsampled datasets (ImageNet at 256 px)."""
+    return jpeg(rng, (285, 214))
+
+
+IMAGE_KINDS: dict[str, Callable[[np.random.Generator], bytes]] = {"imagenet": jpeg, "small": small_jpeg}
 
 
 def make_source(root: Path, count: int, *, classes: int = 10, seed: int = 0,
@@ -182,97 +196,191 @@ def timed_pass(batches: Iterable[Any], count: Callable[[Any], int]) -> tuple[int
     return samples, elapsed
 
 
-# Worker memory ---------------------------------------------------------------------------
+# Scale: open_dataset and worker memory at 5M samples ----------------------------------------
+
+SCALE_SHARD = 10_000  # samples per shard: pack's default
+OPEN_GOAL_S = 2.0
+WORKER_GOAL_MB = 100.0
 
 
-def tiny_jpeg(rng: np.random.Generator) -> bytes:
+def tiny_png(rng: np.random.Generator) -> bytes:
+    """A one-pixel PNG (~70 bytes): samples whose bytes cost nothing, so the per-sample state shows."""
     buffer = io.BytesIO()
-    Image.new("RGB", (2, 2), tuple(int(c) for c in rng.integers(0, 256, 3))).save(buffer, "JPEG")
+    Image.new("RGB", (1, 1), tuple(int(c) for c in rng.integers(0, 256, 3))).save(buffer, "PNG")
     return buffer.getvalue()
 
 
-def synthetic_dataset(one_shard: Path, out: Path, shards: int) -> Path:
-    """`shards` copies of the single shard in `one_shard` (with any files named after it), one manifest."""
-    manifest = load_manifest(one_shard)
+def one_shard(work: Path, fmt: str) -> Path:
+    """A real one-shard dataset of SCALE_SHARD tiny images in `fmt`, the seed of the scaled datasets.
+
+    Shards of the current format name their samples by shard number (LMDB keys, tar member names),
+    so one shard cannot stand in for another; format version 1 named them by row alone. LMDB and
+    wds shards are therefore rewritten as version 1 (the same records, renamed; readers take both
+    versions through the same code). HDF5 shards name no samples: they stay version 2.
+    """
+    out = work / f"scale-{fmt}-one"
+    if (out / MANIFEST_NAME).exists():
+        return out
+    src = work / "tiny-src"
+    make_source(src, SCALE_SHARD, classes=10, seed=1, image=tiny_png)
+    packed = work / f"scale-{fmt}-packed"
+    pack(src, packed, PackOptions(format=fmt, shard_size=SCALE_SHARD), overwrite=True)
+    if fmt == "hdf5":
+        shutil.rmtree(out, ignore_errors=True)
+        packed.rename(out)
+        return out
+    manifest = load_manifest(packed)
     (info,) = manifest.shards
-    stem = shard_name(0, "")
     shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
-    for k in range(shards):
-        for path in one_shard.iterdir():
-            if path.name.startswith(stem):
-                shutil.copyfile(path, out / (shard_name(k, "") + path.name[len(stem):]))
-    manifest.shards = [ShardInfo(shard_name(k, info.name[len(stem):]), info.num_samples, info.bytes, info.sha256)
-                       for k in range(shards)]
-    manifest.num_samples = info.num_samples * shards
+    out.mkdir()
+    if fmt == "lmdb":
+        sidecars: list[tuple[str, Path]] = []
+        version1_lmdb(packed / info.name, out / info.name)
+    elif fmt == "wds":
+        version1_tar(packed / info.name, out / info.name)
+        index = next(sidecar.name for sidecar in info.sidecars if sidecar.name.endswith(".packidx"))
+        sidecars = [(info.name.replace(".tar", ".idx"), packed / index)]
+        shutil.copyfile(sidecars[0][1], out / sidecars[0][0])
+    else:
+        raise SystemExit(f"--suite scale: no version-1 rewrite for format {fmt!r}")
+    manifest.version = 1
+    manifest.descriptors = []
+    manifest.shards = [ShardInfo(info.name, info.num_samples, (out / info.name).stat().st_size, info.sha256,
+                                 tuple(FileInfo(name, (out / name).stat().st_size, "") for name, _ in sidecars))]
     (out / MANIFEST_NAME).write_text(manifest.to_json())
-    os.sync()  # mapped pages of freshly written files would count as the worker's dirty memory
+    shutil.rmtree(packed)
     return out
 
 
+def version1_lmdb(source: Path, target: Path) -> None:
+    """The LMDB shard with version 1 keys: the row alone ("0000000005", not "000000_0000000005")."""
+    import lmdb
+
+    with lmdb.open(str(source), subdir=False, readonly=True, lock=False) as old, \
+            lmdb.open(str(target), subdir=False, map_size=4 * source.stat().st_size, lock=False) as new:
+        with old.begin() as reading, new.begin(write=True) as writing:
+            for key, value in reading.cursor():
+                writing.put(key.split(b"_", 1)[1], value, append=True)
+
+
+def version1_tar(source: Path, target: Path) -> None:
+    """The tar shard with version 1 member names (`<row>.<ext>`, meta as `.json`); headers keep
+    their size, so every offset in the `.packidx` still holds."""
+    from readers.layouts.wds import encode_header, padding, parse_header, split_name
+
+    with open(source, "rb") as old, open(target, "wb") as new:
+        while member := parse_header(block := old.read(512)):
+            key, extension = split_name(member.name)
+            name = f"{key.split('_', 1)[1]}.{'json' if extension == 'pack.json' else extension}"
+            new.write(encode_header(name.encode(), member.size))
+            new.write(old.read(member.size + padding(member.size)))
+        new.write(block + old.read())
+
+
+def scaled_dataset(one: Path, out: Path, shards: int, *, link: bool = True) -> Path:
+    """`shards` hard links of the single shard in `one` (and its sidecars) under one manifest: a
+    dataset of shards x SCALE_SHARD samples that costs no disk space. Copies without `link`
+    (py-lmdb refuses to open one file twice in a process, under any name)."""
+    manifest = load_manifest(one)
+    if (out / MANIFEST_NAME).exists() and load_manifest(out).num_samples == manifest.num_samples * shards:
+        return out
+    (info,) = manifest.shards
+    stem = shard_name(0, "")
+
+    def renamed(name: str, k: int) -> str:
+        return shard_name(k, name[len(stem):])
+
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    for k in range(shards):
+        for name in (info.name, *(sidecar.name for sidecar in info.sidecars)):
+            (os.link if link else shutil.copyfile)(one / name, out / renamed(name, k))
+    manifest.shards = [ShardInfo(renamed(info.name, k), info.num_samples, info.bytes, info.sha256,
+                                 tuple(FileInfo(renamed(s.name, k), s.bytes, s.sha256) for s in info.sidecars))
+                       for k in range(shards)]
+    manifest.num_samples = info.num_samples * shards
+    (out / MANIFEST_NAME).write_text(manifest.to_json())
+    return out
+
+
+def open_seconds(root: Path) -> float:
+    """Seconds `readers.open_dataset(root)` takes in a fresh interpreter that has imported torch and
+    readers, as training code has (torch's import alone takes 1-3 s here)."""
+    code = ("import sys, time, torch, readers; started = time.perf_counter(); ds = readers.open_dataset(sys.argv[1]); "
+            "elapsed = time.perf_counter() - started; assert len(ds) > 0; print(elapsed)")
+    result = subprocess.run([sys.executable, "-c", code, str(root)], capture_output=True, text=True, check=True)
+    return float(result.stdout.split()[-1])
+
+
 def memory_kb(pid: int) -> dict[str, int]:
-    """Rss, Pss, Private_Dirty (what the process wrote itself: its own heap and copy-on-write
-    copies) and the file-backed part of Rss (mapped shard pages: page cache, reclaimable), in KB."""
+    """Rss, Anonymous (the process's own memory, copy-on-write pages shared with the parent
+    included) and the file-backed rest of Rss (mapped shard pages: page cache), in KB."""
     values: dict[str, int] = {}
     for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]:
         key, _, value = line.partition(":")
         values[key] = int(value.split()[0])
-    return {"Rss": values["Rss"], "Pss": values["Pss"], "Private_Dirty": values["Private_Dirty"],
-            "File": values["Rss"] - values["Anonymous"]}
+    return {"Rss": values["Rss"], "Anonymous": values["Anonymous"], "File": values["Rss"] - values["Anonymous"]}
 
 
-def worker_memory(batches: Iterable[Any], steps: int) -> list[dict[str, int]]:
-    """Read `steps` batches, then measure the workers while they are alive."""
-    iterator = iter(batches)
+class Empty(Dataset):
+    """The baseline worker: the same DataLoader, samples of no bytes, no dataset state at all."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> tuple[bytes, int]:
+        return b"", 0
+
+
+def worker_memory(loader: Any, steps: int) -> list[dict[str, int]]:
+    """Read `steps` batches, then measure each worker while it is alive."""
+    before = set(benchlib.children(os.getpid()))
+    iterator = iter(loader)
     for _ in range(steps):
         next(iterator)
-    before = set(benchlib.children(os.getpid()))
-    usage = [memory_kb(pid) for pid in sorted(before)]
+    workers = [pid for pid in sorted(set(benchlib.children(os.getpid())) - before)  # not spawn's resource tracker
+               if b"resource_tracker" not in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    usage = [memory_kb(pid) for pid in workers]
     del iterator
     gc.collect()
     return usage
 
 
-class PathsOnly(Dataset):
-    """ImageFolder-style: one Python tuple per sample; reading touches (and copies) its page."""
-
-    def __init__(self, count: int) -> None:
-        self.samples = [(f"/data/train/n{i % 1000:08d}/img_{i:08d}.JPEG", i % 1000) for i in range(count)]
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def __getitem__(self, index: int) -> tuple[str, int]:
-        return self.samples[index]
-
-
-def memory_report(work: Path, fmt: str, args: argparse.Namespace) -> None:
-    src = work / "tiny-src"
-    make_source(src, 10_000, classes=10, seed=1, image=tiny_jpeg)
-    one = work / f"tiny-{fmt}"
-    if not (one / MANIFEST_NAME).exists():
-        pack(src, one, PackOptions(format=fmt), overwrite=True)
-    steps = 200
-    print(f"\nworker memory: {fmt}, {args.workers} workers, decode='bytes', batch 64, after {steps} batches. "
-          "KB per worker; Rss includes pages shared with the parent after fork, Private_Dirty is the worker's "
-          "own, File the mapped shard pages")
-    print(f"{'dataset':<28} {'shards':>7} {'samples':>9} {'Rss':>9} {'Pss':>9} {'Private_Dirty':>13} {'File':>9}")
-    rows: list[tuple[str, int, int, Callable[[], Iterable[Any]]]] = []
-    for shards in (2, 100):
-        root = synthetic_dataset(one, work / f"synthetic-{fmt}-{shards}", shards)
-        dataset = readers.open_dataset(root, decode="bytes", fields=("image", "label"))
-        rows.append((f"{fmt} manifest", shards, len(dataset),
-                     lambda d=dataset: readers.make_loader(d, 64, num_workers=args.workers, collate_fn=keep_list,
-                                                           pin_memory=False)))
-    for count in (20_000, 1_000_000):
-        paths = PathsOnly(count)
-        rows.append(("list of paths (contrast)", 0, count,
-                     lambda p=paths: DataLoader(p, batch_size=64, shuffle=True, num_workers=args.workers,
-                                                collate_fn=keep_list)))
-    for name, shards, count, make in rows:
-        for usage in worker_memory(make(), steps):
-            print(f"{name:<28} {shards:>7} {count:>9} {usage['Rss']:>9} {usage['Pss']:>9} {usage['Private_Dirty']:>13} {usage['File']:>9}")
-        gc.collect()
+def scale_report(work: Path, formats: list[str], args: argparse.Namespace) -> bool:
+    """open_dataset time and worker memory for --scale-samples samples per format; True if the goals hold."""
+    shards = max(1, args.scale_samples // SCALE_SHARD)
+    steps, batch = 200, 64
+    print(f"\nscale: {shards} shards x {SCALE_SHARD} tiny samples = {shards * SCALE_SHARD} per dataset (copies, for "
+          f"hdf5 and wds hard links, of one real shard); worker memory after {steps} batches of {batch}, {args.workers} workers, globally "
+          f"shuffled (shuffle_window=None: every worker reads from every shard), decode='bytes'. Goals: open_dataset "
+          f"< {OPEN_GOAL_S:g} s, each worker < {WORKER_GOAL_MB:g} MB Rss above an empty worker's")
+    print(f"{'format':<7} {'context':<7} {'open s':>7} {'worker Rss MB':>14} {'Anonymous':>10} {'File':>7} "
+          f"{'empty Rss':>10} {'above empty':>12}")
+    ok = True
+    for fmt in formats:
+        root = scaled_dataset(one_shard(work, fmt), work / f"scale-{fmt}-{shards}", shards, link=fmt != "lmdb")
+        opened = float(np.median([open_seconds(root) for _ in range(3)]))
+        ok &= opened < OPEN_GOAL_S
+        for context in ("fork", "spawn"):
+            common = {"num_workers": args.workers, "collate_fn": keep_list, "multiprocessing_context": context}
+            empty = worker_memory(DataLoader(Empty(shards * SCALE_SHARD), batch_size=batch, shuffle=True,
+                                             persistent_workers=True, **common), steps)
+            dataset = readers.open_dataset(root, decode="bytes")
+            used = worker_memory(readers.make_loader(dataset, batch, shuffle_window=None, pin_memory=False, **common),
+                                 steps)
+            base = float(np.median([usage["Rss"] for usage in empty])) / 1024
+            for usage in used:
+                above = usage["Rss"] / 1024 - base
+                ok &= above < WORKER_GOAL_MB
+                print(f"{fmt:<7} {context:<7} {opened:>7.2f} {usage['Rss'] / 1024:>14.0f} "
+                      f"{usage['Anonymous'] / 1024:>10.0f} {usage['File'] / 1024:>7.0f} {base:>10.0f} {above:>12.0f}")
+            dataset.close()
+    print("Rss counts pages a forked worker shares with the parent, Anonymous its heap (copy-on-write included), "
+          "File the mapped shard pages (page cache)")
+    return ok
 
 
 # Decoding: pre-decoded stores and decode_size --------------------------------------------
@@ -437,23 +545,37 @@ def decode_report(work: Path, formats: list[str], args: argparse.Namespace) -> b
 
 # Main ------------------------------------------------------------------------------------
 
+SUITES: dict[str, list[str]] = {
+    # issue 15: random reads of 20k downsampled-size photos, ratios against the loose files
+    "small-files": ["--images", "20000", "--image-kind", "small", "--skip-decode", "--skip-memory"],
+    # issue 15: open_dataset and DataLoader worker memory at 5M samples, fork and spawn
+    "scale": ["--skip-container", "--skip-decode"],
+}
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=3000, help="JPEGs to generate when --src is not given")
+    parser.add_argument("--image-kind", choices=IMAGE_KINDS, default="imagenet",
+                        help="generated JPEGs: imagenet (500x375, ~97 KB) or small (285x214, ~33 KB)")
     parser.add_argument("--src", type=Path, help="an existing ImageFolder to use instead")
     parser.add_argument("--work", type=Path, help="where to keep generated and packed data (default: a temp dir)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--formats", default=",".join(WRITERS), help="comma-separated, from the writer registry")
     parser.add_argument("--repeat", type=int, default=3, help="rounds of every case; the median is reported")
-    parser.add_argument("--skip-memory", action="store_true", help="leave out the worker memory part")
+    parser.add_argument("--skip-memory", action="store_true", help="leave out the scale part (open time, worker memory)")
+    parser.add_argument("--scale-samples", type=int, default=5_000_000, help="samples of the scale part's datasets")
+    parser.add_argument("--suite", choices=SUITES, help="one part with its settings: " + "; ".join(
+        f"{name}: {' '.join(flags)}" for name, flags in SUITES.items()))
     parser.add_argument("--skip-container", action="store_true", help="leave out the container-only part")
     parser.add_argument("--skip-decode", action="store_true", help="leave out the decoding part")
     parser.add_argument("--decode-images", type=int, default=1000, help="JPEGs for the decoding part (without --src)")
     parser.add_argument("--decode-seconds", type=float, default=2.0, help="least timed seconds per pipeline and round")
     parser.add_argument("--decode-rounds", type=int, default=2, help="interleaved rounds; each pipeline keeps its best")
     args = parser.parse_args()
+    if args.suite:  # the suite's settings, then anything given explicitly on top
+        args = parser.parse_args([*SUITES[args.suite], *sys.argv[1:]])
     formats = [name for name in args.formats.split(",") if name]
     unknown = sorted(set(formats) - set(WRITERS))
     if not formats:
@@ -466,10 +588,10 @@ def main() -> int:
     try:
         ok = True
         if not args.skip_container:
-            src = args.src or work / "src"
+            src = args.src or work / ("src" if args.image_kind == "imagenet" else f"src-{args.image_kind}")
             if not args.src:
                 started = time.perf_counter()
-                make_source(src, args.images)
+                make_source(src, args.images, image=IMAGE_KINDS[args.image_kind])
                 print(f"source: {args.images} generated JPEGs in {src} ({time.perf_counter() - started:.1f}s)")
             sizes = [path.stat().st_size for path in files_under(src) if not path.name.startswith(".")]
             print(f"source: {len(sizes)} files, {sum(sizes) / 1e6:.1f} MB, mean {np.mean(sizes) / 1e3:.0f} KB")
@@ -516,8 +638,7 @@ def main() -> int:
         if not args.skip_decode:
             ok &= decode_report(work, formats, args)
         if not args.skip_memory:
-            for fmt in formats:
-                memory_report(work, fmt, args)
+            ok &= scale_report(work, formats, args)
     finally:
         if temporary:
             shutil.rmtree(temporary, ignore_errors=True)

@@ -231,3 +231,14 @@ def test_a_remote_wds_read_fetches_pack_index_not_dalis(serve: Callable[[str], s
     sidecars = [sidecar.name for shard in ds.manifest.shards for sidecar in shard.sidecars]
     assert {http_server.gets[path_of(url, name)] for name in sidecars if name.endswith(".packidx")} == {1}
     assert {http_server.gets[path_of(url, name)] for name in sidecars if name.endswith(".idx")} == {0}
+
+
+def test_limit_counts_only_the_sidecars_the_reader_reads(serve: Callable[[str], str], tmp_path: Path) -> None:
+    """A wds shard's DALI `.idx` is never fetched, so it does not count against the limit."""
+    url = serve("wds")
+    shards = RemoteStore(url).manifest().shards
+    read = max(shard.bytes + sum(s.bytes for s in shard.sidecars if s.name.endswith(".packidx")) for shard in shards)
+    assert any(s.name.endswith(".idx") for s in shards[0].sidecars)
+    readers.open_dataset(url, cache_dir=tmp_path, cache_limit=MIN_CACHE_SHARDS * read)
+    with pytest.raises(ValueError, match="is too small"):
+        readers.open_dataset(url, cache_dir=tmp_path, cache_limit=MIN_CACHE_SHARDS * read - 1)
