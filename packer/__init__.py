@@ -1,3 +1,29 @@
-"""pack: turn folders of images into LMDB, HDF5 or WebDataset shards."""
+"""pack: turn folders of images into LMDB, HDF5 or WebDataset shards.
+
+`packer.pack(src, out, format=..., **options)` is the `pack` command from Python, `packer.merge(out)`
+`pack merge` (`packer.api`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
 
 __version__ = "0.1.0"
+__all__ = ["PackError", "Summary", "merge", "pack"]
+
+
+def __getattr__(name: str) -> Any:
+    """The API, imported on first use: spawned shard workers import `packer.*` modules and need none of it."""
+    if name in ("pack", "merge"):
+        from . import api
+
+        return getattr(api, name)
+    if name == "PackError":
+        from .errors import PackError
+
+        return PackError
+    if name == "Summary":
+        from .pipeline import Summary
+
+        return Summary
+    raise AttributeError(f"module 'packer' has no attribute {name!r}")

@@ -22,8 +22,8 @@ from .descriptors import DEFAULT_SPLIT
 from .encode import DEFAULT_QUALITY, PIXEL_MODES, STORES
 from .engines import ENGINES
 from .errors import PackError
-from .partition import resolve_partition
-from .pipeline import Summary, ensure_plan, merge, pack
+from .api import run, split_options
+from .pipeline import Summary, ensure_plan, merge
 from .plan import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SIZE, PackOptions
 from .scan import ScanError
 from .sources.metadata import DEFAULT_LABEL_COLUMN
@@ -189,15 +189,13 @@ def make_pack_command(fmt: str) -> click.Command:
                   help="Where shard tasks run.")
     @click.option("--scheduler", default=None, help="For --engine dask: 'local' or a scheduler address.")
     @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-    def command(src: Path, out: Path, workers: int | None, overwrite: bool, task_index: int | None,
-                task_count: int | None, engine: str, scheduler: str | None, quiet: bool, on_error: str,
-                max_errors: int | None, split: str, **params: Any) -> None:
-        options = pack_options_from(fmt, params)
-        policy = ErrorPolicy(on_error=on_error, max_errors=max_errors)
-        partition = resolve_partition(task_index, task_count)
+    def command(src: Path, out: Path, quiet: bool, **params: Any) -> None:
+        try:
+            options, run_options = split_options(fmt, params)
+        except PackError as exc:  # contradictory flags are a usage error (exit 2), like a bad value
+            raise click.UsageError(str(exc)) from None
         with progress_bar(f"pack {fmt}", quiet) as bar:
-            summary = pack(src, out, options, overwrite=overwrite, workers=workers, partition=partition,
-                           engine=engine, scheduler=scheduler, progress=bar.update, policy=policy, split=split)
+            summary = run(src, out, options, run_options, progress=bar.update)
         print_summary(summary)
 
     return command
