@@ -8,13 +8,14 @@ import os
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from readers.fields import FieldSpec, encode_value
 
 from .encode import Encoded, encode
 from .errors import RejectedFile
 from .plan import Entry, PackOptions
+from .sources.inputs import Record
 from .sources.sidecars import read_sidecars
 from .validate import check_image
 
@@ -44,7 +45,8 @@ def read_file(path: str, size: int) -> bytes:
         os.close(fd)
 
 
-Loaded = tuple[Encoded, dict[str, bytes]]  # the encoded image, and its fields' stored bytes
+Loaded = tuple[Encoded, dict[str, bytes], int, str]  # the encoded image, its fields' stored bytes, label, path
+ReadRecord = Callable[[int, int, int], Record]  # a container sample's location -> the sample
 
 
 def listed_fields(entry: Entry, specs: Sequence[FieldSpec]) -> dict[str, bytes]:
@@ -62,22 +64,38 @@ def listed_fields(entry: Entry, specs: Sequence[FieldSpec]) -> dict[str, bytes]:
 
 
 def load_sample(root: str, entry: Entry, validate: str, max_pixels: int, encoding: dict[str, Any],
-                listed: Sequence[FieldSpec], sidecars: Sequence[str], sidecars_optional: bool) -> Loaded | RejectedFile:
+                listed: Sequence[FieldSpec], sidecars: Sequence[str], sidecars_optional: bool,
+                records: ReadRecord | None = None) -> Loaded | RejectedFile:
     """Read, check and encode one file, and its fields: the `listed` ones from its entry, the
-    others from its sidecars. Runs in a reader thread (Pillow's codecs release the GIL)."""
+    others from its sidecars; or one sample of a container input, through `records`. Runs in a
+    reader thread (Pillow's codecs release the GIL)."""
     try:
+        if entry.location is not None and records is not None:
+            return load_record(records(*entry.location), entry, validate, max_pixels, encoding)
         data = read_file(os.path.join(root, entry.path), entry.size)
         codec = check_image(data, validate=validate, max_pixels=max_pixels)
         encoded = encode(data, codec=codec, **encoding)
-        return encoded, {**listed_fields(entry, listed), **read_sidecars(root, entry.path, sidecars, sidecars_optional)}
+        return (encoded, {**listed_fields(entry, listed), **read_sidecars(root, entry.path, sidecars, sidecars_optional)},
+                entry.label, entry.path)
     except RejectedFile as exc:
         return exc
     except OSError as exc:
         return RejectedFile(f"cannot read: {exc.strerror or exc}")
 
 
+def load_record(record: Record, entry: Entry, validate: str, max_pixels: int, encoding: dict[str, Any]) -> Loaded:
+    """A container sample's image checked and encoded like a file's; a reject names its member or record."""
+    try:
+        codec = check_image(record.image, validate=validate, max_pixels=max_pixels)
+        encoded = encode(record.image, codec=codec, **encoding)
+    except RejectedFile as exc:
+        raise RejectedFile(f"{record.image_name}: {exc}") from None
+    return encoded, record.fields, record.label, record.path if record.path is not None else entry.path
+
+
 def load_samples(root: Path, entries: list[Entry], options: PackOptions, threads: int,
-                 fields: Sequence[FieldSpec] = ()) -> Iterator[tuple[Entry, Loaded | RejectedFile]]:
+                 fields: Sequence[FieldSpec] = (), records: ReadRecord | None = None,
+                 ) -> Iterator[tuple[Entry, Loaded | RejectedFile]]:
     """Samples in listing order, loaded by a thread pool with a read-ahead bounded in bytes and files.
 
     Each task loads a run of consecutive files (up to READ_RUN_FILES or READ_RUN_BYTES), so the
@@ -86,7 +104,8 @@ def load_samples(root: Path, entries: list[Entry], options: PackOptions, threads
     load = functools.partial(load_sample, str(root), validate=options.validate, max_pixels=options.max_pixels,
                              encoding=options.encoding,
                              listed=[spec for spec in fields if spec.name not in options.sidecars],
-                             sidecars=options.sidecars, sidecars_optional=options.sidecars_optional)
+                             sidecars=options.sidecars, sidecars_optional=options.sidecars_optional,
+                             records=records)
 
     def load_run(run: list[Entry]) -> list[Loaded | RejectedFile]:
         return [load(entry) for entry in run]

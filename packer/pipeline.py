@@ -32,6 +32,7 @@ from .partition import Partition
 from .plan import PackOptions, Plan, load_plan, write_plan
 from .scan import scan
 from .shard import Progress, ShardResult, check_rejects, clean_tmp, finished_shard, shard_file_name
+from .sources.inputs import resolve_source
 from .validate import ErrorPolicy
 
 log = logging.getLogger(__name__)
@@ -159,7 +160,9 @@ def ensure_plan(src: Path, out: Path, options: PackOptions, *, overwrite: bool =
         wait_for_lock(lock, lock_path(out))
         plan = load_plan(out)
         if plan is not None:
-            if plan.options != options or plan.source != os.path.abspath(src):
+            source = resolve_source(src, options.input_format)
+            if plan.options != options or (plan.source, plan.input_kind, plan.inputs) != (
+                    os.path.abspath(source.root), source.kind, list(source.inputs)):
                 raise PackError(
                     f"{out}: holds an unfinished run of {plan.source} with options {asdict(plan.options)}; "
                     "rerun with those, or pass --overwrite to start over"

@@ -2,7 +2,9 @@
 
 The plan lives in OUT/.pack/: `plan.json` (options, classes, fields, shard boundaries) and
 `listing.jsonl` (one `[path, label, size]` per line, `[path, label, size, {field: value}]` when
-values come with the listing, from a metadata file). Shard boundaries depend only on the sorted
+values come with the listing, from a metadata file, and `[path, label, size, values or null,
+[input, offset, length]]` for a sample inside a container input: a tar shard, a record file, a
+packed dataset; `plan.inputs` names those files). Shard boundaries depend only on the sorted
 listing and the shard options, so every run and every task computes the same shards.
 """
 
@@ -23,6 +25,7 @@ from .encode import DEFAULT_QUALITY, ENCODE_OPTIONS, PIXEL_MODES, STORES
 from .errors import PackError
 from .fsutil import atomic_write_text
 from .outdir import listing_path, plan_path, temp_name, work_dir
+from .sources.inputs import INPUT_FORMATS
 from .sources.listing import Listing
 from .sources.metadata import DEFAULT_LABEL_COLUMN
 from .sources.sidecars import extension_problem
@@ -56,6 +59,7 @@ class PackOptions:
     no_classes: bool = False
     sidecars: tuple[str, ...] = ()
     sidecars_optional: bool = False
+    input_format: str | None = None  # None: what SRC looks like (packer.sources.inputs.resolve_source)
 
     def __post_init__(self) -> None:
         """Reject contradictory options; fill in the defaults of decoding stores (RGB, quality 90)."""
@@ -115,6 +119,8 @@ class PackOptions:
             raise PackError(f"--sidecars names an extension twice: {','.join(self.sidecars)}")
         if self.sidecars_optional and not self.sidecars:
             raise PackError("--sidecars-optional needs --sidecars")
+        if self.input_format is not None and self.input_format not in INPUT_FORMATS:
+            raise PackError(f"--input-format must be one of {', '.join(INPUT_FORMATS)}, not {self.input_format!r}")
 
     @property
     def encoding(self) -> dict[str, Any]:
@@ -137,6 +143,7 @@ class Entry:
     label: int
     size: int
     fields: dict[str, Any] | None = None  # values from the listing (a metadata file's columns)
+    location: list[int] | None = None  # a container sample: [input number, offset, length]
 
 
 @dataclass
@@ -151,6 +158,8 @@ class Plan:
     ignored: int = 0
     scan_rejects: list[dict[str, str]] = field(default_factory=list)
     fields: list[FieldSpec] = field(default_factory=list)
+    input_kind: str = "folder"  # packer.sources.inputs.INPUT_KINDS; "folder": files under `source`
+    inputs: list[str] = field(default_factory=list)  # container inputs, absolute paths, in order
 
     @property
     def num_shards(self) -> int:
@@ -183,6 +192,10 @@ def listing_lines(listing: Listing, start: int, end: int) -> Iterator[str]:
     """Lines `start:end` of listing.jsonl: what `json.dumps(row) + "\\n"` gives, 3x faster for the
     plain rows (json's own C string encoder, no list to serialise per row)."""
     rows = zip(listing.paths[start:end], listing.labels[start:end], listing.sizes[start:end])
+    if listing.locations is not None:
+        values = listing.values[start:end] if listing.values is not None else [None] * (end - start)
+        return (json.dumps([path, label, size, fields, listing.location(position)]) + "\n"
+                for position, ((path, label, size), fields) in enumerate(zip(rows, values), start))
     if listing.values is None:
         return (f"[{encode_string(path)}, {label}, {size}]\n" for path, label, size in rows)
     return (json.dumps([path, label, size, values]) + "\n"
@@ -194,6 +207,8 @@ def write_plan(out: Path, listing: Listing, options: PackOptions) -> Plan:
     work_dir(out).mkdir(parents=True, exist_ok=True)
     bounds = shard_bounds(listing.sizes, options.shard_size, options.shard_bytes)
     digest = hashlib.sha256()
+    if listing.inputs:  # the locations index them: other inputs, other samples
+        digest.update(json.dumps(listing.inputs).encode())
     offsets: list[int] = []
     position = 0
     listing_file = listing_path(out)
@@ -220,6 +235,8 @@ def write_plan(out: Path, listing: Listing, options: PackOptions) -> Plan:
         ignored=listing.ignored_hidden + listing.ignored_other,
         scan_rejects=[{"path": path, "reason": reason} for path, reason in listing.rejects],
         fields=listing.fields,
+        input_kind=listing.kind,
+        inputs=listing.inputs,
     )
     atomic_write_text(plan_path(out), json.dumps(asdict(plan)) + "\n")
     return plan

@@ -22,6 +22,7 @@ from .fsutil import atomic_write_text, free_bytes, publish, sha256_file, sync_an
 from .load import READ_THREADS, load_samples
 from .outdir import final_name, marker_path, temp_name, tmp_dir
 from .plan import Plan, read_shard_entries
+from .sources.containers import open_records
 from .validate import ErrorPolicy
 from .writers import Sample, get_writer, sidecar_path
 
@@ -123,18 +124,19 @@ def run_shard(out: Path, plan: Plan, shard: int, *, threads: int = READ_THREADS,
     final = out / name
     try:
         with writer_cls(tmp, expected_bytes=sum(entry.size for entry in entries), classes=plan.classes,
-                        sample_shape=plan.options.sample_shape, fields=plan.fields) as writer:
-            for entry, loaded in load_samples(Path(plan.source), entries, plan.options, threads, plan.fields):
+                        sample_shape=plan.options.sample_shape, fields=plan.fields) as writer, \
+                open_records(plan) as records:
+            for entry, loaded in load_samples(Path(plan.source), entries, plan.options, threads, plan.fields, records):
                 if isinstance(loaded, RejectedFile):
                     rejects.append({"path": entry.path, "reason": str(loaded)})
                     check_rejects(out, plan, rejects, policy)
                 else:
-                    encoded, fields = loaded
-                    writer.add(Sample(key=sample_key(shard, count), label=entry.label, path=entry.path,
+                    encoded, fields, label, path = loaded
+                    writer.add(Sample(key=sample_key(shard, count), label=label, path=path,
                                       payload=encoded.payload, meta=encoded.meta, extension=encoded.extension,
                                       crc32=encoded.crc32, fields=fields))
                     count += 1
-                    label_counts[str(entry.label)] = label_counts.get(str(entry.label), 0) + 1
+                    label_counts[str(label)] = label_counts.get(str(label), 0) + 1
                     extensions.add(encoded.extension)
                     source_bytes += entry.size
                 if progress:
