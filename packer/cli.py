@@ -28,6 +28,7 @@ from .plan import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SIZE, PackOptions
 from .scan import ScanError
 from .sources.inputs import INPUT_FORMATS
 from .sources.metadata import DEFAULT_LABEL_COLUMN
+from .sources.tfrecord import DEFAULT_IMAGE_KEY, DEFAULT_LABEL_KEY
 from .slurm import slurm_script
 from .validate import DEFAULT_MAX_PIXELS, VALIDATE_MODES, ErrorPolicy
 from .writers import WRITERS
@@ -132,6 +133,12 @@ def packing_options(command: Callable[..., Any]) -> Callable[..., Any]:
                      help="What SRC is: a folder of images, WebDataset tar shards (a folder, a file or "
                           "a pattern like 'data-{000000..000127}.tar'), a RecordIO .rec, TFRecord files, "
                           "or a packed dataset (a folder with index.json).  [default: guessed from SRC]"),
+        click.option("--image-key", default=DEFAULT_IMAGE_KEY, show_default=True,
+                     help="TFRecord input: the Example feature holding the image bytes."),
+        click.option("--label-key", default=DEFAULT_LABEL_KEY, show_default=True,
+                     help="TFRecord input: the Example feature holding the integer label."),
+        click.option("--label-offset", type=int, default=0, show_default=True,
+                     help="TFRecord input: added to every label (-1 for ImageNet's 1-based labels)."),
     ]
     for decorator in reversed(decorators):
         command = decorator(command)

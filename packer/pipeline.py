@@ -171,7 +171,8 @@ def ensure_plan(src: Path, out: Path, options: PackOptions, *, overwrite: bool =
             return plan
         listing = scan(src, options)
         if not len(listing):
-            raise PackError(f"{src}: no image files found")
+            first = f" (rejected: {listing.rejects[0][0]}: {listing.rejects[0][1]})" if listing.rejects else ""
+            raise PackError(f"{src}: no image files found{first}")
         return write_plan(out, listing, options)
 
 

@@ -29,6 +29,7 @@ from .sources.inputs import INPUT_FORMATS
 from .sources.listing import Listing
 from .sources.metadata import DEFAULT_LABEL_COLUMN
 from .sources.sidecars import extension_problem
+from .sources.tfrecord import DEFAULT_IMAGE_KEY, DEFAULT_LABEL_KEY
 from .validate import DEFAULT_MAX_PIXELS, VALIDATE_MODES
 
 DEFAULT_SHARD_SIZE = 10_000
@@ -60,6 +61,9 @@ class PackOptions:
     sidecars: tuple[str, ...] = ()
     sidecars_optional: bool = False
     input_format: str | None = None  # None: what SRC looks like (packer.sources.inputs.resolve_source)
+    image_key: str = DEFAULT_IMAGE_KEY  # TFRecord features (packer.sources.tfrecord)
+    label_key: str = DEFAULT_LABEL_KEY
+    label_offset: int = 0
 
     def __post_init__(self) -> None:
         """Reject contradictory options; fill in the defaults of decoding stores (RGB, quality 90)."""

@@ -19,6 +19,7 @@ from .sources.inputs import resolve_source
 from .sources.listing import UNLABELLED, Listing, ScanError
 from .sources.metadata import apply_metadata, read_metadata
 from .sources.sidecars import sidecar_specs
+from .sources.tfrecord import check_tfrecord_options
 from .sources.walk import walk
 
 __all__ = ["UNLABELLED", "Listing", "ScanError", "scan"]
@@ -29,6 +30,8 @@ def scan(src: str | os.PathLike[str], options: PackOptions | None = None) -> Lis
     if options is None:
         return walk(src)
     source = resolve_source(src, options.input_format)
+    if source.kind != "tfrecord":
+        check_tfrecord_options(options)
     if source.kind != "folder":
         return scan_container(source, options)
     companions = frozenset("." + extension for extension in options.sidecars)

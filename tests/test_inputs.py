@@ -85,10 +85,10 @@ def test_src_kind_is_recognised(tmp_path: Path, tars: tuple[Path, list[dict]]) -
     assert expand_braces("a{0..2}b{x,y}") == ["a0bx", "a0by", "a1bx", "a1by", "a2bx", "a2by"]
 
 
-def test_kinds_without_a_reader_say_so(tmp_path: Path) -> None:
+def test_an_input_with_no_readable_sample_says_why(tmp_path: Path) -> None:
     (tmp_path / "train.rec").write_bytes(b"\0" * 64)
     code, output = run("lmdb", tmp_path / "train.rec", tmp_path / "out")
-    assert code == 1 and "recordio input is recognised but not supported yet" in output
+    assert code == 1 and "no image files found (rejected: train.rec/0: bad magic 0x00000000 at byte 0" in output
     assert "Traceback" not in output
 
 

@@ -51,7 +51,7 @@ def test_bad_magic_and_length_are_named(tmp_path):
     with pytest.raises(recordio.RecordError, match="bad magic 0x00000000 at byte 0"):
         recordio.join_parts(b"\0" * 16)
     data[4:8] = struct.pack("<I", 1 << 20)
-    with pytest.raises(recordio.RecordError, match="claims 1048576 bytes, past the end"):
+    with pytest.raises(recordio.RecordError, match="claims 1048576 bytes, past the end of the record"):
         recordio.join_parts(bytes(data))
     data[4:8] = struct.pack("<I", (3 << 29) | 10)
     with pytest.raises(recordio.RecordError, match="continuation flag 3 but starts a record"):

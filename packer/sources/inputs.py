@@ -46,8 +46,8 @@ class InputKind:
 
 INPUT_KINDS: dict[str, InputKind] = {
     "tar": InputKind((".tar",), "packer.sources.tars"),
-    "recordio": InputKind((".rec",), None),
-    "tfrecord": InputKind((".tfrecord", ".tfrecords"), None),
+    "recordio": InputKind((".rec",), "packer.sources.recordio"),
+    "tfrecord": InputKind((".tfrecord", ".tfrecords"), "packer.sources.tfrecord"),
     "pack": InputKind((), None),  # a directory holding index.json
 }
 INPUT_FORMATS = ("folder", *INPUT_KINDS)

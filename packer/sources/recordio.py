@@ -19,10 +19,25 @@ the reader threads with one pread: nothing is extracted to disk.
 
 from __future__ import annotations
 
+import logging
+import math
 import os
 import struct
+from array import array
 from dataclasses import dataclass
-from typing import BinaryIO, Iterator
+from typing import TYPE_CHECKING, BinaryIO, Iterator
+
+from readers.fields import FieldSpec, encode_value
+
+from ..errors import RejectedFile
+from .classes import read_classes
+from .inputs import InputFiles, Record, Source
+from .listing import UNLABELLED, Listing, ScanError
+
+if TYPE_CHECKING:
+    from ..plan import PackOptions, Plan
+
+log = logging.getLogger(__name__)
 
 MAGIC = 0xCED7230A
 MAGIC_BYTES = struct.pack("<I", MAGIC)
@@ -42,26 +57,27 @@ def padded(length: int) -> int:
     return (length + 3) & ~3
 
 
-def join_parts(data: bytes | memoryview, start: int = 0) -> tuple[bytes, int]:
-    """The record whose first part starts at `start` of `data`: (its payload, the offset just past
-    it, padding included). Split parts are joined with MAGIC put back between them."""
+def join_parts(data: bytes | memoryview, base: int = 0) -> tuple[bytes, int]:
+    """The record at the start of `data` (read at byte `base` of its file, which messages name):
+    (its payload, the offset just past it, padding included). Split parts are joined with MAGIC
+    put back between them."""
     view = memoryview(data)
     parts: list[memoryview] = []
-    position = start
+    position = 0
     while True:
         if position + PART_HEADER.size > len(view):
-            raise RecordError(f"ends inside a part header at byte {position}" if parts or position < len(view)
-                              else f"no record at byte {position}")
+            raise RecordError(f"ends inside a part header at byte {base + position}")
         magic, lrec = PART_HEADER.unpack_from(view, position)
         if magic != MAGIC:
-            raise RecordError(f"bad magic 0x{magic:08x} at byte {position} (expected 0x{MAGIC:08x})")
+            raise RecordError(f"bad magic 0x{magic:08x} at byte {base + position} (expected 0x{MAGIC:08x})")
         length, cflag = lrec & LENGTH_MASK, lrec >> LENGTH_BITS
         if cflag > LAST or (cflag in (WHOLE, FIRST)) != (not parts):
-            raise RecordError(f"part at byte {position} has continuation flag {cflag} "
+            raise RecordError(f"part at byte {base + position} has continuation flag {cflag} "
                               + ("inside a split record" if parts else "but starts a record"))
         begin = position + PART_HEADER.size
         if begin + length > len(view):
-            raise RecordError(f"part at byte {position} claims {length} bytes, past the end ({len(view)})")
+            raise RecordError(f"part at byte {base + position} claims {length} bytes, past the end of the record "
+                              f"(byte {base + len(view)})")
         parts.append(view[begin:begin + length])
         position = begin + padded(length)
         if cflag in (WHOLE, LAST):
@@ -165,3 +181,125 @@ def read_index(path: str, size: int, rec_name: str) -> tuple[list[tuple[int, int
             seen.add(offset)
             unique.append((key, offset))
     return unique, problems
+
+
+def index_path(path: str) -> str:
+    """`train.rec` -> `train.idx`, where im2rec and insightface put the index."""
+    return os.path.splitext(path)[0] + ".idx"
+
+
+def scan(source: Source, options: PackOptions) -> Listing:
+    """The image records of every `.rec` in `source.inputs`, in file order, from their `.idx` or
+    one pass over the part headers; labels are read with each sample."""
+    listing = Listing(root=source.root, classes=read_classes(options.classes) if options.classes else [],
+                      locations=array("q"))
+    widths: dict[int, str] = {}  # label-array length -> the file that has it
+    for number, path in enumerate(source.inputs):
+        name = os.path.relpath(path, source.root)
+        width = scan_file(listing, number, path, name)
+        if width is not None:
+            widths.setdefault(width, name)
+    if len(widths) > 1:
+        raise ScanError("; ".join(f"{name}: {width} labels per record" for width, name in widths.items())
+                        + ": every input must have label arrays of one length")
+    width = next(iter(widths), 0)
+    if width:
+        listing.fields = [FieldSpec(LABEL_ARRAY_FIELD, "array", dtype="float32", shape=(width,))]
+    log.info("scanned %d RecordIO files under %s: %d samples, %d rejected", len(source.inputs), source.root,
+             len(listing), len(listing.rejects))
+    return listing
+
+
+def scan_file(listing: Listing, number: int, path: str, name: str) -> int | None:
+    """List one file's image records; returns its label-array length (None: no image record read)."""
+    try:
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            records = list_records(listing, handle, path, name, size)
+            if not records:
+                return None
+            first = _unpack_at(handle, *records[0][1:])
+            if first is not None and first.flag > 0 and not first.image:  # insightface's header record
+                end = int(first.labels[0])
+                images = [record for record in records[1:] if record[0] < end]
+                listing.ignored_other += len(records) - 1 - len(images)  # identity records: not samples
+                records = images
+            width = next((found.flag for record in records[:1] if (found := _unpack_at(handle, *record[1:]))), None)
+    except OSError as exc:
+        raise ScanError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    assert listing.locations is not None
+    for key, offset, length in records:
+        listing.paths.append(f"{name}/{key}")
+        listing.labels.append(UNLABELLED)  # read with the sample
+        listing.sizes.append(length)
+        listing.locations.extend((number, offset, length))
+    return width
+
+
+def list_records(listing: Listing, handle: BinaryIO, path: str, name: str, size: int) -> list[tuple[int, int, int]]:
+    """(key, offset, length) of every record: from the .idx (keys as it gives them), else from
+    one pass over the part headers (keys 0, 1, ... in file order). Bad entries become rejects."""
+    idx = index_path(path)
+    if os.path.isfile(idx):
+        entries, problems = read_index(idx, size, name)
+        listing.rejects += [(name, problem) for problem in problems]
+        ends = [offset for _, offset in entries[1:]] + [size]
+        return [(key, offset, end - offset) for (key, offset), end in zip(entries, ends)]
+    records = []
+    try:
+        for key, (offset, length) in enumerate(record_ranges(handle, size)):
+            records.append((key, offset, length))
+    except RecordError as exc:
+        listing.rejects.append((f"{name}/{len(records)}", f"{exc}: the rest of {name} cannot be read"))
+    return records
+
+
+def _unpack_at(handle: BinaryIO, offset: int, length: int) -> ImageRecord | None:
+    """The record at `offset`, or None when it is damaged (its reject comes when it is packed)."""
+    handle.seek(offset)
+    try:
+        return unpack(join_parts(handle.read(length), offset)[0])
+    except RecordError:
+        return None
+
+
+class RecordIOReader:
+    """Reads one record's byte range and unpacks its label, label array and image."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.files = InputFiles(plan.inputs)
+        self.spec = next((spec for spec in plan.fields if spec.name == LABEL_ARRAY_FIELD), None)
+        self.width = self.spec.shape[0] if self.spec is not None and self.spec.shape else 0
+
+    def __call__(self, input: int, offset: int, length: int) -> Record:
+        data = self.files.read(input, offset, length)
+        try:
+            if len(data) < length:
+                raise RecordError(f"the file ends at byte {offset + len(data)}, before the record does "
+                                  "(shorter than when it was scanned)")
+            payload, end = join_parts(data, offset)
+            if end != length:
+                raise RecordError(f"the record ends at byte {offset + end}, but the next one should start at byte "
+                                  f"{offset + length} (the .idx disagrees with the .rec)")
+            record = unpack(payload)
+        except RecordError as exc:
+            raise RejectedFile(f"record at byte {offset}: {exc}") from None
+        if not record.image:
+            raise RejectedFile(f"record at byte {offset}: no image bytes after its header")
+        if record.flag != self.width:
+            raise RejectedFile(f"record at byte {offset}: {record.flag} labels, where the first image record "
+                               f"has {self.width}")
+        label = record.class_label
+        if not math.isfinite(label) or label < 0 or label != int(label):
+            raise RejectedFile(f"record at byte {offset}: label {label} is not a class index (a whole number >= 0)")
+        fields = {}
+        if self.spec is not None:
+            fields[LABEL_ARRAY_FIELD] = encode_value(self.spec, list(record.labels))
+        return Record(image=record.image, label=int(label), fields=fields)
+
+    def close(self) -> None:
+        self.files.close()
+
+
+def open_reader(plan: Plan) -> RecordIOReader:
+    return RecordIOReader(plan)

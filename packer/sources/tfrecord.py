@@ -23,12 +23,27 @@ plan without reading the file; without one the scan hops from record header to r
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import struct
-from typing import BinaryIO, Iterator
+from array import array
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, BinaryIO, Iterator
 
 import google_crc32c
+
+from readers.fields import FieldSpec, check_field_name, encode_value
+
+from ..errors import RejectedFile
+from .classes import read_classes
+from .inputs import InputFiles, Record, Source
+from .listing import UNLABELLED, Listing, ScanError
+
+if TYPE_CHECKING:
+    from ..plan import PackOptions, Plan
+
+log = logging.getLogger(__name__)
 
 LENGTH = struct.Struct("<Q")
 CRC = struct.Struct("<I")
@@ -41,6 +56,8 @@ INDEX_SUFFIX = ".tfindex"
 BYTES, FLOATS, INTS = "bytes", "float", "int64"
 _KINDS = {1: BYTES, 2: FLOATS, 3: INTS}
 _NOT_NAME = re.compile(r"[^A-Za-z0-9_]")
+SCHEMA_RECORDS = 64
+"""How many records (from the start of the first file) decide the fields' types."""
 
 Feature = tuple[str, list]  # (kind, values): bytes values, floats or ints
 
@@ -224,5 +241,195 @@ def parse_example(data: bytes | memoryview) -> dict[str, Feature]:
 
 
 def field_name(feature: str) -> str:
-    """`image/class/text` -> `image_class_text`: a feature's name as a field name."""
-    return _NOT_NAME.sub("_", feature).strip("_") or "feature"
+    """`image/class/text` -> `image_class_text`: a feature's name as a field name (a reserved
+    name, such as `label`, gets a trailing `_`)."""
+    name = _NOT_NAME.sub("_", feature).strip("_") or "feature"
+    return name + "_" if check_field_name(name) and not check_field_name(name + "_") else name
+
+
+def check_tfrecord_options(options: PackOptions) -> None:
+    """--image-key, --label-key and --label-offset name TFRecord features: elsewhere they would do nothing."""
+    given = {"--image-key": options.image_key != DEFAULT_IMAGE_KEY, "--label-key": options.label_key != DEFAULT_LABEL_KEY,
+             "--label-offset": options.label_offset != 0}
+    for flag, is_given in given.items():
+        if is_given:
+            raise ScanError(f"{flag} applies to TFRecord input (--input-format tfrecord) only")
+
+
+def scan(source: Source, options: PackOptions) -> Listing:
+    """The records of every file in `source.inputs`, in file order, from their `.tfindex` or one
+    pass over the record headers; the first records decide the fields."""
+    listing = Listing(root=source.root, classes=read_classes(options.classes) if options.classes else [],
+                      locations=array("q"))
+    assert listing.locations is not None
+    for number, path in enumerate(source.inputs):
+        name = os.path.relpath(path, source.root)
+        for position, (offset, length) in enumerate(file_ranges(listing, path, name)):
+            listing.paths.append(f"{name}/{position}")
+            listing.labels.append(UNLABELLED)  # read with the sample
+            listing.sizes.append(length)
+            listing.locations.extend((number, offset, length))
+    listing.fields = infer_fields(listing, options, list(source.inputs))
+    log.info("scanned %d TFRecord files under %s: %d samples, %d rejected", len(source.inputs), source.root,
+             len(listing), len(listing.rejects))
+    return listing
+
+
+def file_ranges(listing: Listing, path: str, name: str) -> list[tuple[int, int]]:
+    try:
+        size = os.path.getsize(path)
+        index = index_path(path)
+        if index is not None:
+            try:
+                return read_index(index, size, name)
+            except RecordError as exc:
+                raise ScanError(str(exc)) from None
+        ranges: list[tuple[int, int]] = []
+        with open(path, "rb") as handle:
+            try:
+                ranges.extend(record_ranges(handle, size))
+            except RecordError as exc:
+                listing.rejects.append((f"{name}/{len(ranges)}", f"{exc}: the rest of {name} cannot be read"))
+        return ranges
+    except OSError as exc:
+        raise ScanError(f"{path}: cannot read ({exc.strerror or exc})") from None
+
+
+@dataclass
+class _Seen:
+    kind: str
+    empty_only: bool = True
+    records: int = 0
+    scalar: bool = True
+    text: bool = True
+
+
+def infer_fields(listing: Listing, options: PackOptions, inputs: list[str]) -> list[FieldSpec]:
+    """The fields, typed from the first SCHEMA_RECORDS readable records (see the module's docstring)."""
+    assert listing.locations is not None
+    seen: dict[str, _Seen] = {}
+    read = 0
+    files = InputFiles(inputs)
+    try:
+        for position in range(min(len(listing), SCHEMA_RECORDS)):
+            input, offset, length = listing.locations[3 * position:3 * position + 3]
+            try:
+                features = parse_example(record_data(files.read(input, offset, length), offset))
+            except (RecordError, RejectedFile):
+                continue  # its reject comes when it is packed
+            read += 1
+            for key, (kind, values) in features.items():
+                if key in (options.image_key, options.label_key):
+                    continue
+                entry = seen.setdefault(key, _Seen(kind))
+                if values and entry.empty_only:  # an empty list's kind says nothing: writers pick any
+                    entry.kind, entry.empty_only = kind, False
+                entry.records += 1
+                entry.scalar &= len(values) == 1 and (entry.kind == kind or not values)
+                entry.text &= kind != BYTES or all(_is_text(value) for value in values)
+    finally:
+        files.close()
+    specs: dict[str, FieldSpec] = {}
+    for key, entry in sorted(seen.items()):
+        if entry.kind == BYTES and not entry.text:
+            log.warning("feature %r holds binary bytes, which no field type stores: left out", key)
+            continue
+        name = field_name(key)
+        problem = check_field_name(name)
+        if problem or name in specs:
+            raise ScanError(f"{inputs[0]}: feature {key!r} cannot be "
+                            f"field {name!r}: " + (problem or "another feature has that name"))
+        optional = entry.records < read
+        if entry.kind == BYTES:
+            specs[name] = FieldSpec(name, "str" if entry.scalar else "json", optional)
+        elif entry.scalar:
+            specs[name] = FieldSpec(name, "int" if entry.kind == INTS else "float", optional)
+        else:
+            specs[name] = FieldSpec(name, "array", optional, "int64" if entry.kind == INTS else "float32")
+    return list(specs.values())
+
+
+def _is_text(value: bytes) -> bool:
+    try:
+        value.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+class TFRecordReader:
+    """Reads one record's byte range, checks both CRCs and takes image, label and fields out of its Example."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.files = InputFiles(plan.inputs)
+        self.image_key, self.label_key = plan.options.image_key, plan.options.label_key
+        self.label_offset = plan.options.label_offset
+        self.specs = {spec.name: spec for spec in plan.fields}
+
+    def __call__(self, input: int, offset: int, length: int) -> Record:
+        data = self.files.read(input, offset, length)
+        try:
+            features = parse_example(record_data(data, offset))
+        except RecordError as exc:
+            raise RejectedFile(f"record at byte {offset}: {exc}") from None
+        image = features.pop(self.image_key, None)
+        if image is None or image[0] != BYTES or len(image[1]) != 1:
+            what = "no" if image is None else f"a {image[0]} list of {len(image[1])} values as its"
+            raise RejectedFile(f"record at byte {offset}: {what} {self.image_key} feature (--image-key)")
+        label = self._label(features.pop(self.label_key, None), offset)
+        fields: dict[str, bytes] = {}
+        present = set()
+        for key, (kind, values) in features.items():
+            spec = self.specs.get(field_name(key))
+            if spec is None:
+                continue  # not in the first records: not a field
+            present.add(spec.name)
+            value = self._value(spec, key, kind, values, offset)
+            if value is not None:
+                fields[spec.name] = encode_value(spec, value)
+        missing = [name for name, spec in self.specs.items() if name not in present and not spec.optional]
+        if missing:
+            raise RejectedFile(f"record at byte {offset}: no feature for field {missing[0]!r}, which the first "
+                               "records all have")
+        return Record(image=image[1][0], label=label, fields=fields)
+
+    def _label(self, feature: Feature | None, offset: int) -> int:
+        if feature is None:
+            return UNLABELLED
+        kind, values = feature
+        if kind != INTS or len(values) != 1:
+            raise RejectedFile(f"record at byte {offset}: {self.label_key} is a {kind} list of {len(values)} values, "
+                               "not one integer (--label-key)")
+        label = values[0] + self.label_offset
+        if label < 0:
+            raise RejectedFile(f"record at byte {offset}: label {values[0]} + --label-offset {self.label_offset} "
+                               "is negative")
+        return label
+
+    @staticmethod
+    def _value(spec: FieldSpec, key: str, kind: str, values: list, offset: int) -> Any:
+        expected = {"str": BYTES, "json": BYTES, "int": INTS, "float": FLOATS}.get(
+            spec.type, INTS if spec.dtype == "int64" else FLOATS)
+        if kind != expected and values:  # an empty list of any kind is an empty list
+            raise RejectedFile(f"record at byte {offset}: feature {key!r} is a {kind} list, where the first records "
+                               f"have a {expected} list")
+        if spec.type in ("str", "int", "float"):
+            if not values and spec.optional:
+                return None
+            if len(values) != 1:
+                raise RejectedFile(f"record at byte {offset}: feature {key!r} has {len(values)} values, where the "
+                                   "first records have one")
+        if kind == BYTES:
+            try:
+                texts = [value.decode("utf-8") for value in values]
+            except UnicodeDecodeError:
+                raise RejectedFile(f"record at byte {offset}: feature {key!r} is not UTF-8 text") from None
+            return texts[0] if spec.type == "str" else texts
+        return values[0] if spec.type in ("int", "float") else values
+
+    def close(self) -> None:
+        self.files.close()
+
+
+def open_reader(plan: Plan) -> TFRecordReader:
+    return TFRecordReader(plan)
