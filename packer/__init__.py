@@ -1,7 +1,8 @@
 """pack: turn folders of images into LMDB, HDF5 or WebDataset shards.
 
 `packer.pack(src, out, format=..., **options)` is the `pack` command from Python, `packer.merge(out)`
-`pack merge` (`packer.api`).
+`pack merge`, and `packer.pack_samples(fn, inputs, out, format=...)` packs samples made by code
+(`packer.api`).
 """
 
 from __future__ import annotations
@@ -9,12 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["PackError", "Summary", "merge", "pack"]
+__all__ = ["PackError", "Summary", "merge", "pack", "pack_samples"]
 
 
 def __getattr__(name: str) -> Any:
     """The API, imported on first use: spawned shard workers import `packer.*` modules and need none of it."""
-    if name in ("pack", "merge"):
+    if name in ("pack", "pack_samples", "merge"):
         from . import api
 
         return getattr(api, name)

@@ -1,7 +1,8 @@
 """The Python API: `packer.pack(src, out, format=..., **options)` does what `pack FORMAT SRC OUT`
 does, with the CLI's flags as keyword arguments in snake_case (`--shard-size 5000` ->
-`shard_size=5000`), and returns the run's `Summary`. Expected failures are `PackError` with the
-CLI's one-line messages.
+`shard_size=5000`), and returns the run's `Summary`; `packer.pack_samples(fn, inputs, out, ...)`
+packs the samples `fn` makes from each input (`packer.sources.samples`). Expected failures are
+`PackError` with the CLI's one-line messages.
 
 The CLI builds its call through the same `split_options`, so a flag and its keyword can never
 mean different things.
@@ -10,18 +11,20 @@ mean different things.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 from readers.manifest import DatasetError, Manifest
 
 from .descriptors import DEFAULT_SPLIT
 from .errors import PackError
 from .partition import resolve_partition
+from .outdir import prepare_output, work_dir
 from .pipeline import Summary, merge as merge_shards, pack as run_pipeline
 from .plan import PackOptions
 from .sources.listing import ScanError
+from .sources.samples import save_samples
 from .validate import ErrorPolicy
 
 T = TypeVar("T")
@@ -100,3 +103,29 @@ def merge(out: str | os.PathLike[str], *, on_error: str = "skip", max_errors: in
     """`pack merge OUT`: publish index.json once every task's shards are in OUT; returns the manifest."""
     return one_line_errors(lambda: merge_shards(Path(out), ErrorPolicy(on_error=on_error, max_errors=max_errors),
                                                 split=split))
+
+
+def pack_samples(fn: Callable[[Any], Any], inputs: Sequence[Any], out: str | os.PathLike[str], format: str, *,
+                 progress: Callable[[int], None] | None = None, **options: Any) -> Summary:
+    """Pack the samples `fn(input)` returns for each of `inputs`, called in the spawned worker
+    processes: a dict (`image` as bytes, a PIL image or a uint8 array; `label`; other keys are
+    fields) or a list of them. Options, shards, resume, engines and rejects are `pack`'s; `fn`
+    must be importable there (a module-level function), and `fn` and `inputs` picklable.
+    """
+    if "input_format" in options:
+        raise PackError("pack_samples: input_format does not apply (the inputs are fn's)")
+    pack_options, run_options = split_options(format, {**options, "input_format": "samples"})
+    out_path = Path(out)
+
+    def call() -> Path:
+        # OUT is checked (and with overwrite emptied of pack's files) before fn and inputs are saved in it.
+        partition = resolve_partition(run_options.task_index, run_options.task_count)
+        if run_options.overwrite and not partition.is_whole:
+            raise PackError(f"{out_path}: --overwrite cannot be combined with a partitioned run; remove OUT first")
+        if out_path.exists() and not out_path.is_dir():
+            raise PackError(f"{out_path}: exists and is not a directory")
+        prepare_output(out_path, overwrite=run_options.overwrite)
+        return Path(save_samples(work_dir(out_path), fn, inputs))
+
+    src = one_line_errors(call)
+    return run(src, out_path, pack_options, replace(run_options, overwrite=False), progress)

@@ -26,7 +26,7 @@ from .api import run, split_options
 from .pipeline import Summary, ensure_plan, merge
 from .plan import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SIZE, PackOptions
 from .scan import ScanError
-from .sources.inputs import INPUT_FORMATS
+from .sources.inputs import CLI_INPUT_FORMATS
 from .sources.metadata import DEFAULT_LABEL_COLUMN
 from .sources.tfrecord import DEFAULT_IMAGE_KEY, DEFAULT_LABEL_KEY
 from .slurm import slurm_script
@@ -129,7 +129,7 @@ def packing_options(command: Callable[..., Any]) -> Callable[..., Any]:
                           "others read as UTF-8 text. A missing one rejects the image."),
         click.option("--sidecars-optional", is_flag=True,
                      help="A missing sidecar leaves the field absent (read back as None) instead."),
-        click.option("--input-format", type=click.Choice(INPUT_FORMATS), default=None,
+        click.option("--input-format", type=click.Choice(CLI_INPUT_FORMATS), default=None,
                      help="What SRC is: a folder of images, WebDataset tar shards (a folder, a file or "
                           "a pattern like 'data-{000000..000127}.tar'), a RecordIO .rec, TFRecord files, "
                           "or a packed dataset (a folder with index.json).  [default: guessed from SRC]"),

@@ -46,7 +46,7 @@ def read_file(path: str, size: int) -> bytes:
 
 
 Loaded = tuple[Encoded, dict[str, bytes], int, str]  # the encoded image, its fields' stored bytes, label, path
-ReadRecord = Callable[[int, int, int], Record]  # a container sample's location -> the sample
+ReadRecord = Callable[[int, int, int], "Record | list[Record]"]  # a container location -> its sample(s)
 
 
 def listed_fields(entry: Entry, specs: Sequence[FieldSpec]) -> dict[str, bytes]:
@@ -65,13 +65,16 @@ def listed_fields(entry: Entry, specs: Sequence[FieldSpec]) -> dict[str, bytes]:
 
 def load_sample(root: str, entry: Entry, validate: str, max_pixels: int, encoding: dict[str, Any],
                 listed: Sequence[FieldSpec], sidecars: Sequence[str], sidecars_optional: bool,
-                records: ReadRecord | None = None) -> Loaded | RejectedFile:
+                records: ReadRecord | None = None) -> Loaded | list[Loaded] | RejectedFile:
     """Read, check and encode one file, and its fields: the `listed` ones from its entry, the
     others from its sidecars; or one sample of a container input, through `records`. Runs in a
     reader thread (Pillow's codecs release the GIL)."""
     try:
         if entry.location is not None and records is not None:
-            return load_record(records(*entry.location), entry, validate, max_pixels, encoding)
+            record = records(*entry.location)
+            if isinstance(record, list):  # an input that gives several samples (pack_samples)
+                return [load_record(one, entry, validate, max_pixels, encoding) for one in record]
+            return load_record(record, entry, validate, max_pixels, encoding)
         data = read_file(os.path.join(root, entry.path), entry.size)
         codec = check_image(data, validate=validate, max_pixels=max_pixels)
         encoded = encode(data, codec=codec, **encoding)
@@ -95,7 +98,7 @@ def load_record(record: Record, entry: Entry, validate: str, max_pixels: int, en
 
 def load_samples(root: Path, entries: list[Entry], options: PackOptions, threads: int,
                  fields: Sequence[FieldSpec] = (), records: ReadRecord | None = None,
-                 ) -> Iterator[tuple[Entry, Loaded | RejectedFile]]:
+                 ) -> Iterator[tuple[Entry, Loaded | list[Loaded] | RejectedFile]]:
     """Samples in listing order, loaded by a thread pool with a read-ahead bounded in bytes and files.
 
     Each task loads a run of consecutive files (up to READ_RUN_FILES or READ_RUN_BYTES), so the
@@ -107,11 +110,11 @@ def load_samples(root: Path, entries: list[Entry], options: PackOptions, threads
                              sidecars=options.sidecars, sidecars_optional=options.sidecars_optional,
                              records=records)
 
-    def load_run(run: list[Entry]) -> list[Loaded | RejectedFile]:
+    def load_run(run: list[Entry]) -> list[Loaded | list[Loaded] | RejectedFile]:
         return [load(entry) for entry in run]
 
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="pack-read") as pool:
-        pending: deque[tuple[list[Entry], int, Future[list[Loaded | RejectedFile]]]] = deque()
+        pending: deque[tuple[list[Entry], int, Future[list[Loaded | list[Loaded] | RejectedFile]]]] = deque()
         position = in_flight = 0
         try:
             while position < len(entries) or pending:

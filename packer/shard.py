@@ -131,13 +131,13 @@ def run_shard(out: Path, plan: Plan, shard: int, *, threads: int = READ_THREADS,
                     rejects.append({"path": entry.path, "reason": str(loaded)})
                     check_rejects(out, plan, rejects, policy)
                 else:
-                    encoded, fields, label, path = loaded
-                    writer.add(Sample(key=sample_key(shard, count), label=label, path=path,
-                                      payload=encoded.payload, meta=encoded.meta, extension=encoded.extension,
-                                      crc32=encoded.crc32, fields=fields))
-                    count += 1
-                    label_counts[str(label)] = label_counts.get(str(label), 0) + 1
-                    extensions.add(encoded.extension)
+                    for encoded, fields, label, path in loaded if isinstance(loaded, list) else [loaded]:
+                        writer.add(Sample(key=sample_key(shard, count), label=label, path=path,
+                                          payload=encoded.payload, meta=encoded.meta, extension=encoded.extension,
+                                          crc32=encoded.crc32, fields=fields))
+                        count += 1
+                        label_counts[str(label)] = label_counts.get(str(label), 0) + 1
+                        extensions.add(encoded.extension)
                     source_bytes += entry.size
                 if progress:
                     progress(1)

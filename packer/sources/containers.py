@@ -34,7 +34,7 @@ def _module(kind: str, where: str) -> Any:
 
 
 @contextmanager
-def open_records(plan: Plan) -> Iterator[Callable[[int, int, int], Record] | None]:
+def open_records(plan: Plan) -> Iterator[Callable[[int, int, int], Record | list[Record]] | None]:
     """The shard's record reader for a container plan (None for a folder), closed at the end. It
     checks labels against a `--classes` list: one outside it is a reject, as for a folder."""
     if plan.input_kind == "folder":
@@ -43,11 +43,12 @@ def open_records(plan: Plan) -> Iterator[Callable[[int, int, int], Record] | Non
     reader: RecordReader = _module(plan.input_kind, plan.source).open_reader(plan)
     fixed = len(plan.classes) if plan.options.classes is not None else None
 
-    def read(input: int, offset: int, length: int) -> Record:
-        record = reader(input, offset, length)
-        if fixed is not None and record.label != UNLABELLED and not 0 <= record.label < fixed:
-            raise RejectedFile(f"label {record.label} is out of range for the {fixed} classes of {plan.options.classes}")
-        return record
+    def read(input: int, offset: int, length: int) -> Record | list[Record]:
+        found = reader(input, offset, length)
+        for record in found if isinstance(found, list) else [found]:
+            if fixed is not None and record.label != UNLABELLED and not 0 <= record.label < fixed:
+                raise RejectedFile(f"label {record.label} is out of range for the {fixed} classes of {plan.options.classes}")
+        return found
 
     try:
         yield read

@@ -38,10 +38,11 @@ from .listing import ScanError, is_image_name
 @dataclass(frozen=True)
 class InputKind:
     """A container kind: the file suffixes that identify its inputs, and the module reading them
-    (None: recognised, but no reader yet)."""
+    (None: recognised, but no reader yet); `python_only`: made by the Python API, never a CLI SRC."""
 
     suffixes: tuple[str, ...]
     module: str | None
+    python_only: bool = False
 
 
 INPUT_KINDS: dict[str, InputKind] = {
@@ -49,8 +50,10 @@ INPUT_KINDS: dict[str, InputKind] = {
     "recordio": InputKind((".rec",), "packer.sources.recordio"),
     "tfrecord": InputKind((".tfrecord", ".tfrecords"), "packer.sources.tfrecord"),
     "pack": InputKind((), None),  # a directory holding index.json
+    "samples": InputKind((), "packer.sources.samples", python_only=True),  # packer.pack_samples' fn + inputs
 }
 INPUT_FORMATS = ("folder", *INPUT_KINDS)
+CLI_INPUT_FORMATS = ("folder", *(name for name, kind in INPUT_KINDS.items() if not kind.python_only))
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,7 @@ class Record:
 
 
 class RecordReader(Protocol):
-    def __call__(self, input: int, offset: int, length: int) -> Record: ...
+    def __call__(self, input: int, offset: int, length: int) -> Record | list[Record]: ...
 
     def close(self) -> None: ...
 
@@ -146,7 +149,7 @@ def _files(text: str, inputs: list[str], input_format: str | None) -> Source:
         if None in kinds or len(kinds) > 1:
             odd = next(name for name in inputs if kind_of(name) is None) if None in kinds else inputs[0]
             raise ScanError(f"{odd}: cannot tell what kind of input this is; say it with --input-format "
-                            f"({'|'.join(INPUT_FORMATS)})")
+                            f"({'|'.join(CLI_INPUT_FORMATS)})")
         kind = kinds.pop()
     assert kind is not None
     if kind == "folder":
