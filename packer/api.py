@@ -15,6 +15,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
 
+from readers.cache import parse_size
 from readers.manifest import DatasetError, Manifest
 
 from .descriptors import DEFAULT_SPLIT
@@ -55,6 +56,14 @@ def split_options(format: str, options: dict[str, Any]) -> tuple[PackOptions, Ru
     unknown = sorted(set(options) - set(PACK_OPTION_NAMES) - set(RUN_OPTION_NAMES))
     if unknown:
         raise PackError(f"unknown option {unknown[0]!r}; options: {', '.join(PACK_OPTION_NAMES + RUN_OPTION_NAMES)}")
+    options = dict(options)
+    if isinstance(options.get("shard_bytes"), str):  # "2GB", as the flag takes it
+        try:
+            options["shard_bytes"] = parse_size(options["shard_bytes"])
+        except ValueError as exc:
+            raise PackError(f"--shard-bytes: {exc}") from None
+    if isinstance(options.get("sidecars"), str):  # "txt,json", as the flag takes it
+        options["sidecars"] = tuple(part.strip().lstrip(".") for part in options["sidecars"].split(",") if part.strip())
     try:
         pack_options = PackOptions(format=format, **{name: options[name] for name in PACK_OPTION_NAMES if name in options})
     except TypeError as exc:  # a value of the wrong kind that a check compared (None < 1)

@@ -17,6 +17,12 @@ and from a `find` list (`--files-from`), same run (goal: planning >= 2x faster t
     python scripts/bench_pack.py --files 2000 --rss-files 20000,200000
     python scripts/bench_pack.py --suite fields --files 20000
     python scripts/bench_pack.py --suite files-from --list-files 1000000
+    python scripts/bench_pack.py --suite recordio --files 20000 --repeats 3
+
+`--suite recordio` (issue 21): the speed benchmark's folder written as an MXNet `.rec` + `.idx`
+(by tests/recordfiles.py, as im2rec lays it out), then `pack FORMAT train.rec` against what
+users do without it: write the records out as files, then pack that folder; same run,
+interleaved, medians. Goals: >= 2x faster, and peak RSS never above packing the folder.
 """
 
 from __future__ import annotations
@@ -267,9 +273,84 @@ def bench_memory(work: Path, counts: list[int], extra: list[str]) -> None:
         shutil.rmtree(work / "out-rss")
 
 
+def write_rec(src: Path, rec: Path) -> int:
+    """The folder's JPEGs in path order as `rec` + its `.idx`, labelled by class folder; reused when there."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from recordfiles import recordio_payload, write_recordio
+
+    paths = sorted(src.rglob("*.JPEG"))
+    index = rec.with_suffix(".idx")
+    if rec.exists() and index.exists() and len(index.read_text().splitlines()) == len(paths):
+        return len(paths)
+    classes = sorted({path.parent.name for path in paths})
+    write_recordio(rec, (recordio_payload(path.read_bytes(), float(classes.index(path.parent.name)), id=key)
+                         for key, path in enumerate(paths)))
+    return len(paths)
+
+
+def extract_records(rec: Path, folder: Path) -> float:
+    """The usual workaround, timed: read the .rec front to back and write every image out as a file
+    under a folder per label (what an MXNet reader loop does, without MXNet)."""
+    from packer.sources.recordio import join_parts, record_ranges, unpack
+
+    started = time.perf_counter()
+    shutil.rmtree(folder, ignore_errors=True)
+    with open(rec, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        for key, (offset, length) in enumerate(record_ranges(handle, size)):
+            handle.seek(offset)
+            record = unpack(join_parts(handle.read(length), offset)[0])
+            target = folder / f"{int(record.class_label):05d}"
+            target.mkdir(parents=True, exist_ok=True)
+            (target / f"{key:08d}.jpg").write_bytes(record.image)
+    return time.perf_counter() - started
+
+
+def bench_recordio(work: Path, files: int, repeats: int, extra: list[str]) -> bool:
+    """`pack FORMAT train.rec` against extracting the records to files and packing the folder."""
+    src = make_source(work, files)
+    rec = work / f"records-{files}" / "train.rec"
+    rec.parent.mkdir(exist_ok=True)
+    write_rec(src, rec)
+    cold = benchlib.drop_page_cache()
+    print(f"{files} records, {rec.stat().st_size / 1e9:.2f} GB .rec + .idx; page cache "
+          f"{'dropped before each run' if cold else 'NOT dropped (no permission): warm runs'}; {repeats} interleaved "
+          "rounds, medians; the machine was shared with other jobs")
+    extracted = work / f"records-{files}" / "extracted"
+    runs: dict[str, dict[str, list[tuple[float, float]]]] = {}
+    for round_number in range(repeats):
+        for fmt in WRITERS:
+            out = work / f"records-out-{fmt}"
+            order = ("rec", "files") if round_number % 2 else ("files", "rec")
+            for way in order:
+                if cold:
+                    benchlib.drop_page_cache()
+                if way == "rec":
+                    seconds, peak = timed(pack_command(fmt, rec, out, extra), cold=False)
+                    runs.setdefault(fmt, {}).setdefault("rec", []).append((seconds, peak))
+                else:
+                    extract = extract_records(rec, extracted)
+                    seconds, peak = timed(pack_command(fmt, extracted, out, extra), cold=False)
+                    runs.setdefault(fmt, {}).setdefault("files", []).append((extract + seconds, peak))
+                    runs[fmt].setdefault("extract", []).append((extract, 0.0))
+                shutil.rmtree(out)
+    shutil.rmtree(extracted, ignore_errors=True)
+    ok = True
+    for fmt, ways in runs.items():
+        rec_s, files_s, extract_s = (float(np.median([s for s, _ in ways[way]])) for way in ("rec", "files", "extract"))
+        rec_rss, files_rss = (max(peak for _, peak in ways[way]) for way in ("rec", "files"))
+        ratio = files_s / rec_s
+        met = ratio >= 2 and rec_rss <= files_rss
+        ok &= met
+        print(f"  {fmt:5s} from .rec {rec_s:6.2f} s ({files / rec_s:5.0f}/s), peak RSS {rec_rss:4.0f} MB | write files "
+              f"{extract_s:5.2f} s + pack folder {files_s - extract_s:5.2f} s = {files_s:6.2f} s, pack's peak RSS "
+              f"{files_rss:4.0f} MB | {ratio:4.2f}x faster (goals >= 2x, RSS <= folder's: {'met' if met else 'MISSED'})")
+    return ok
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--suite", choices=("speed", "fields", "files-from"), default="speed")
+    parser.add_argument("--suite", choices=("speed", "fields", "files-from", "recordio"), default="speed")
     parser.add_argument("--files", type=int, default=20_000)
     parser.add_argument("--list-files", type=int, default=1_000_000, help="files for --suite files-from")
     parser.add_argument("--repeats", type=int, default=1)
@@ -281,6 +362,8 @@ def main() -> None:
     extra = args.pack_args.split()
     if args.suite == "fields":
         sys.exit(0 if bench_fields(args.work, args.files, args.repeats, extra) else 1)
+    if args.suite == "recordio":
+        sys.exit(0 if bench_recordio(args.work, args.files, max(args.repeats, 1), extra) else 1)
     if args.suite == "files-from":
         sys.exit(0 if bench_files_from(args.work, args.list_files, max(args.repeats, 3)) else 1)
     ok = bench_speed(args.work, args.files, args.repeats, extra)

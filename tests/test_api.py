@@ -21,12 +21,13 @@ def folder(tmp_path_factory):
 def test_pack_takes_the_cli_options_and_returns_the_summary(folder, tmp_path):
     root, files = folder
     summary = packer.pack(root, tmp_path / "out", format="lmdb", shard_size=2, workers=2, on_error="fail",
-                          split="val")
+                          split="val", shard_bytes="4GB")
     assert isinstance(summary, packer.Summary)
     assert summary.num_samples == len(files) and summary.num_shards == 3 and summary.published
     ds = readers.open_dataset(tmp_path / "out", decode="bytes", fields=("image", "path"))
     assert {path: bytes(image) for image, path in ds} == files
-    assert json.loads((tmp_path / "out" / "index.json").read_text())["options"]["shard_size"] == 2
+    options = json.loads((tmp_path / "out" / "index.json").read_text())["options"]
+    assert options["shard_size"] == 2 and options["shard_bytes"] == 4 * 10**9
 
 
 def test_pack_in_tasks_then_merge(folder, tmp_path):
@@ -45,6 +46,7 @@ def test_pack_in_tasks_then_merge(folder, tmp_path):
     ({"store": "original", "resize": 8}, "--resize needs a store that decodes"),
     ({"task_index": 1}, "--task-index and --task-count go together"),
     ({"on_error": "ignore"}, "--on-error must be one of"),
+    ({"shard_bytes": "lots"}, "--shard-bytes: "),
 ])
 def test_bad_options_are_pack_errors_with_the_cli_message(folder, tmp_path, options, message):
     root, _ = folder
