@@ -188,3 +188,20 @@ def test_a_bad_tfrecord_crc_is_a_reject_naming_file_and_record(samples, tmp_path
 def test_tfrecord_options_need_tfrecord_input(samples, tmp_path):
     with pytest.raises(packer.PackError, match="--label-offset applies to TFRecord input"):
         packer.pack(samples[0], tmp_path / "out", format="lmdb", label_offset=-1)
+
+
+def test_an_index_that_disagrees_with_its_file(samples, tmp_path):
+    _, listed = samples
+    rec = tmp_path / "a.rec"
+    offsets = write_recordio(rec, [recordio_payload(data, float(label)) for _, data, label in listed[:4]])
+    rec.with_suffix(".idx").write_text(f"0\t{offsets[0]}\n1\t{offsets[1]}\n3\t{offsets[3]}\n")  # record 2 left out
+    packer.pack(rec, tmp_path / "out", format="lmdb")
+    (reject,) = [json.loads(line) for line in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
+    assert reject == {"path": "a.rec/1", "reason": f"record at byte {offsets[1]}: the record ends at byte {offsets[2]}, "
+                                                   f"but the next one should start at byte {offsets[3]} "
+                                                   "(the .idx disagrees with the .rec)"}
+    tfrecord = tmp_path / "b.tfrecord"
+    write_tfrecord(tfrecord, imagenet_records(listed[:2]))
+    Path(f"{tfrecord}.tfindex").write_text(f"0 {tfrecord.stat().st_size + 1}\n")
+    with pytest.raises(packer.PackError, match=r"b.tfrecord.tfindex line 1: record at byte 0 of \d+ bytes is outside"):
+        packer.pack(tfrecord, tmp_path / "tf", format="lmdb")
