@@ -57,10 +57,11 @@ def padded(length: int) -> int:
     return (length + 3) & ~3
 
 
-def join_parts(data: bytes | memoryview, base: int = 0) -> tuple[bytes, int]:
+def join_parts(data: bytes | memoryview, base: int = 0) -> tuple[bytes | memoryview, int]:
     """The record at the start of `data` (read at byte `base` of its file, which messages name):
     (its payload, the offset just past it, padding included). Split parts are joined with MAGIC
-    put back between them."""
+    put back between them; a whole record's payload is a view of `data`, not a copy (`unpack`
+    copies the image out once)."""
     view = memoryview(data)
     parts: list[memoryview] = []
     position = 0
@@ -81,7 +82,7 @@ def join_parts(data: bytes | memoryview, base: int = 0) -> tuple[bytes, int]:
         parts.append(view[begin:begin + length])
         position = begin + padded(length)
         if cflag in (WHOLE, LAST):
-            return MAGIC_BYTES.join(parts) if len(parts) > 1 else bytes(parts[0]), min(position, len(view))
+            return MAGIC_BYTES.join(parts) if len(parts) > 1 else parts[0], min(position, len(view))
 
 
 def next_record(handle: BinaryIO, offset: int, size: int) -> int:
@@ -135,8 +136,8 @@ class ImageRecord:
         return self.labels[0] if self.labels else self.label
 
 
-def unpack(payload: bytes) -> ImageRecord:
-    """mxnet.recordio.unpack, without MXNet."""
+def unpack(payload: bytes | memoryview) -> ImageRecord:
+    """mxnet.recordio.unpack, without MXNet; the image comes out as bytes of its own."""
     if len(payload) < IMAGE_HEADER.size:
         raise RecordError(f"payload of {len(payload)} bytes is shorter than the {IMAGE_HEADER.size}-byte image header")
     flag, label, id_, id2 = IMAGE_HEADER.unpack_from(payload)
@@ -144,7 +145,7 @@ def unpack(payload: bytes) -> ImageRecord:
     if start > len(payload):
         raise RecordError(f"header says {flag} labels follow, but the payload has only {len(payload)} bytes")
     labels = struct.unpack_from(f"<{flag}f", payload, IMAGE_HEADER.size) if flag else ()
-    return ImageRecord(flag, label, id_, id2, labels, payload[start:])
+    return ImageRecord(flag, label, id_, id2, labels, bytes(payload[start:]))
 
 
 def read_index(path: str, size: int, rec_name: str) -> tuple[list[tuple[int, int]], list[str]]:
