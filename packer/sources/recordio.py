@@ -24,7 +24,7 @@ import math
 import os
 import struct
 from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, BinaryIO, Iterator
 
 from readers.fields import FieldSpec, encode_value
@@ -47,6 +47,8 @@ LENGTH_BITS = 29
 LENGTH_MASK = (1 << LENGTH_BITS) - 1
 WHOLE, FIRST, MIDDLE, LAST = range(4)
 LABEL_ARRAY_FIELD = "label_array"
+HEAD_BYTES = 256
+"""What a reader thread reads first of a record: the part and image headers and any label array."""
 
 
 class RecordError(ValueError):
@@ -83,6 +85,22 @@ def join_parts(data: bytes | memoryview, base: int = 0) -> tuple[bytes | memoryv
         position = begin + padded(length)
         if cflag in (WHOLE, LAST):
             return MAGIC_BYTES.join(parts) if len(parts) > 1 else parts[0], min(position, len(view))
+
+
+def whole_record(head: bytes, length: int) -> tuple[int, int] | None:
+    """Where the image of a record read `length` bytes long lies, from its first HEAD_BYTES: (start,
+    end) within the record, when it is one part that fills the range and its labels are in `head`;
+    None otherwise (a split or damaged record: read it whole, and let `join_parts` say what is wrong)."""
+    if len(head) < PART_HEADER.size + IMAGE_HEADER.size:
+        return None
+    magic, lrec = PART_HEADER.unpack_from(head)
+    size, cflag = lrec & LENGTH_MASK, lrec >> LENGTH_BITS
+    start = PART_HEADER.size + IMAGE_HEADER.size + 4 * IMAGE_HEADER.unpack_from(head, PART_HEADER.size)[0]
+    end = PART_HEADER.size + size
+    if magic != MAGIC or cflag != WHOLE or end > length or min(PART_HEADER.size + padded(size), length) != length \
+            or start > min(end, len(head)):
+        return None
+    return start, end
 
 
 def next_record(handle: BinaryIO, offset: int, size: int) -> int:
@@ -273,6 +291,13 @@ class RecordIOReader:
         self.width = self.spec.shape[0] if self.spec is not None and self.spec.shape else 0
 
     def __call__(self, input: int, offset: int, length: int) -> Record:
+        head = self.files.read(input, offset, min(length, HEAD_BYTES))
+        whole = whole_record(head, length)
+        if whole is not None:  # the usual record: read its image alone, as a file's bytes would be
+            start, end = whole
+            image = self.files.read(input, offset + start, end - start)
+            if len(image) == end - start:
+                return self.sample(replace(unpack(head[PART_HEADER.size:start]), image=image), offset)
         data = self.files.read(input, offset, length)
         try:
             if len(data) < length:
@@ -285,6 +310,9 @@ class RecordIOReader:
             record = unpack(payload)
         except RecordError as exc:
             raise RejectedFile(f"record at byte {offset}: {exc}") from None
+        return self.sample(record, offset)
+
+    def sample(self, record: ImageRecord, offset: int) -> Record:
         if not record.image:
             raise RejectedFile(f"record at byte {offset}: no image bytes after its header")
         if record.flag != self.width:
