@@ -14,6 +14,7 @@ from clirun import run
 from imagefolders import image_bytes
 
 import readers
+from packer.partition import Partition
 from packer.pipeline import pack
 from packer.plan import PackOptions
 from packer.sources.inputs import expand_braces, resolve_source
@@ -132,3 +133,52 @@ def test_tasks_then_merge_equal_one_run(tmp_path: Path, tars: tuple[Path, list[d
     assert run("merge", split)[0] == 0
     assert shard_bytes(split) == shard_bytes(one) and manifest(split) == manifest(one)
     assert len(shard_bytes(one)) == 8
+
+
+def add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    tar.addfile(info, io.BytesIO(data))
+
+
+def test_bad_tar_samples_are_rejects_naming_tar_member_and_reason(tmp_path: Path) -> None:
+    rng = random.Random(5)
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    with tarfile.open(folder / "a.tar", "w", format=tarfile.PAX_FORMAT) as tar:  # img2dataset writes PAX headers
+        for name, data in [("k0.jpg", image_bytes(rng)), ("k0.cls", b"1"), ("k1.txt", b"no image here"),
+                           ("k2.jpg", b"<html>not found</html>"), ("k3.jpg", image_bytes(rng)), ("k3.cls", b"cat"),
+                           ("k5.jpg", image_bytes(rng)), ("k5.json", b"{broken")]:
+            add_member(tar, name, data)
+    good = image_bytes(rng)
+    with tarfile.open(folder / "b.tar", "w") as tar:
+        add_member(tar, "k6.jpg", good)
+        add_member(tar, "k7.jpg", image_bytes(rng, size=(300, 300)))
+    with tarfile.open(folder / "b.tar") as tar:
+        cut = tar.getmember("k7.jpg").offset_data + 100
+    (folder / "b.tar").write_bytes((folder / "b.tar").read_bytes()[:cut])  # cut inside k7.jpg
+    out = tmp_path / "out"
+    summary = pack(folder, out, PackOptions(format="lmdb"))
+    assert summary.num_samples == 2
+    rejects = {row["path"]: row["reason"] for row in map(json.loads, (out / "rejects.jsonl").read_text().splitlines())}
+    assert rejects["a.tar/k1"] == "no image member (members: k1.txt)"
+    assert rejects["a.tar/k2"].startswith("k2.jpg: not an image")
+    assert rejects["a.tar/k3"] == "k3.cls: label 'cat' is not an integer"
+    assert rejects["a.tar/k5"].startswith("k5.json: invalid JSON")
+    assert rejects["b.tar/k7"].startswith("member k7.jpg is truncated")
+    assert len(rejects) == 5
+    assert [(bytes(image), label) for image, label in readers.open_dataset(out, decode="bytes")][1] == (good, -1)
+    code, output = run("lmdb", folder, tmp_path / "fail", "--on-error", "fail")
+    assert code == 1 and output.strip().splitlines()[-1].startswith(f"Error: {folder / 'a.tar/k1'}: no image member")
+
+
+def test_interrupted_tar_run_resumes_to_the_same_bytes(tmp_path: Path, tars: tuple[Path, list[dict]]) -> None:
+    folder, _ = tars
+    reference, out = tmp_path / "reference", tmp_path / "out"
+    pack(folder, reference, PackOptions(format="wds", shard_size=2))
+    partial = pack(folder, out, PackOptions(format="wds", shard_size=2), partition=Partition(index=1, count=3))
+    assert not partial.published and not (out / "index.json").exists()
+    (out / "shard-000001.tar").write_bytes(b"damaged by the interruption")
+    summary = pack(folder, out, PackOptions(format="wds", shard_size=2))
+    assert summary.resumed_shards == 2 and summary.num_samples == 15
+    assert shard_bytes(out) == shard_bytes(reference) and manifest(out) == manifest(reference)

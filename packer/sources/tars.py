@@ -94,24 +94,16 @@ def tar_groups(path: str, name: str, listing: Listing) -> list[Group]:
                 listing.rejects.append((name, f"not a readable tar file ({exc})"))
                 return groups
             last = ""
-            for member in tar:
-                last = member.name
-                if not member.isfile():
-                    continue
-                parts = split_name(member.name)
-                if parts is None:
-                    listing.ignored_other += 1
-                    continue
-                key, extension = parts
-                if not groups or groups[-1].key != key:
-                    groups.append(Group(key=key, start=member.offset))
-                groups[-1].members.append((extension, member.name, member.size))
-                groups[-1].end = member.offset_data + -(-member.size // BLOCK) * BLOCK  # with its padding
-            if tar.offset < size:  # a header the tar module could not read: the rest is lost
-                handle.seek(tar.offset)
-                if handle.read(2 * BLOCK).strip(b"\0"):
-                    listing.rejects.append((name, f"truncated or damaged at byte {tar.offset} (after member "
-                                                  f"{last or 'none'}): the rest of the file cannot be read"))
+            try:
+                for member in tar:
+                    last = member.name
+                    add_member(groups, member, listing)
+                damaged = tar.offset < size and handle.seek(tar.offset) >= 0 and bool(handle.read(2 * BLOCK).strip(b"\0"))
+            except tarfile.TarError:  # the data of the last member read runs past the end of the file
+                damaged = not groups or groups[-1].end <= size
+            if damaged:  # a header the tar module could not read: the rest of the file is lost
+                listing.rejects.append((name, f"truncated or damaged at byte {tar.offset} (after member "
+                                              f"{last or 'none'}): the rest of the file cannot be read"))
     except OSError as exc:
         raise ScanError(f"{path}: cannot read ({exc.strerror or exc})") from None
     for group in groups:
@@ -119,6 +111,21 @@ def tar_groups(path: str, name: str, listing: Listing) -> list[Group]:
             listing.rejects.append((f"{name}/{group.key}", f"member {group.members[-1][1]} is truncated "
                                                            f"(the tar ends at byte {size})"))
     return [group for group in groups if group.end <= size]
+
+
+def add_member(groups: list[Group], member: tarfile.TarInfo, listing: Listing) -> None:
+    """Group the member with the previous one when they share a key (only adjacent members group)."""
+    if not member.isfile():
+        return
+    parts = split_name(member.name)
+    if parts is None:
+        listing.ignored_other += 1
+        return
+    key, extension = parts
+    if not groups or groups[-1].key != key:
+        groups.append(Group(key=key, start=member.offset))
+    groups[-1].members.append((extension, member.name, member.size))
+    groups[-1].end = member.offset_data + -(-member.size // BLOCK) * BLOCK  # with its padding
 
 
 def add_sample(listing: Listing, number: int, name: str, group: Group, seen: dict[str, int]) -> None:
