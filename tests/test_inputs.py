@@ -5,8 +5,10 @@ from __future__ import annotations
 import io
 import json
 import random
+import shutil
 import tarfile
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import webdataset
@@ -182,3 +184,51 @@ def test_interrupted_tar_run_resumes_to_the_same_bytes(tmp_path: Path, tars: tup
     summary = pack(folder, out, PackOptions(format="wds", shard_size=2))
     assert summary.resumed_shards == 2 and summary.num_samples == 15
     assert shard_bytes(out) == shard_bytes(reference) and manifest(out) == manifest(reference)
+
+
+@pytest.mark.parametrize("source_format", ["hdf5", "lmdb", "wds"])
+def test_repacking_any_format_into_any_other_equals_packing_the_folder(packed_as: Callable, tmp_path: Path,
+                                                                         source_format: str) -> None:
+    source, _ = packed_as(source_format)
+    for fmt in ("hdf5", "lmdb", "wds"):
+        out = tmp_path / fmt
+        summary = pack(source, out, PackOptions(format=fmt, shard_size=4), workers=1)
+        reference, _ = packed_as(fmt)
+        assert summary.rejects == 0 and shard_bytes(out) == shard_bytes(reference), (source_format, fmt)
+        ours, theirs = manifest(out), manifest(reference)
+        for changed in ("source_bytes", "options"):
+            ours.pop(changed), theirs.pop(changed)
+        ours["descriptors"] = theirs["descriptors"] = None  # they hash the manifest's own text
+        assert ours == theirs
+
+
+def test_repack_to_pixels_equals_packing_the_folder_to_pixels(packed_as: Callable, image_folder: tuple, tmp_path: Path) -> None:
+    """`pack wds train.lmdb/ train-raw.wds --store raw --resize 256 --center-crop 224`, small."""
+    source, _ = packed_as("lmdb")
+    pixels: dict = dict(store="raw", resize=24, center_crop=16)
+    code, output = run("wds", source, tmp_path / "raw", "--store", "raw", "--resize", "24", "--center-crop", "16", "-q")
+    assert code == 0, output
+    pack(image_folder[0], tmp_path / "reference", PackOptions(format="wds", **pixels))
+    assert read_raw(tmp_path / "raw") == read_raw(tmp_path / "reference")
+    pack(tmp_path / "raw", tmp_path / "again", PackOptions(format="hdf5", store="raw"))  # raw in, raw out
+    assert read_raw(tmp_path / "again") == read_raw(tmp_path / "reference")
+
+
+def read_raw(out: Path) -> list[tuple]:
+    return [(bytes(image), label, path) for image, label, path in
+            readers.open_dataset(out, decode="bytes", fields=("image", "label", "path"))]
+
+
+def test_a_damaged_input_shard_is_a_reject_per_lost_sample(packed_as: Callable, tmp_path: Path) -> None:
+    source = tmp_path / "source"
+    shutil.copytree(packed_as("wds")[0], source)
+    with tarfile.open(source / "shard-000001.tar") as tar:
+        member = next(member for member in tar if member.name.endswith(".jpg"))
+    data = bytearray((source / "shard-000001.tar").read_bytes())
+    data[member.offset_data + 20] ^= 0xFF
+    (source / "shard-000001.tar").write_bytes(bytes(data))
+    summary = pack(source, tmp_path / "repacked", PackOptions(format="lmdb"))
+    rejects = [json.loads(line) for line in (tmp_path / "repacked" / "rejects.jsonl").read_text().splitlines()]
+    assert summary.num_samples == 18 and len(rejects) == 1
+    shard, local = rejects[0]["path"].split("/")
+    assert shard == "shard-000001.tar" and f"shard-000001.tar: sample {local}: damaged" in rejects[0]["reason"]

@@ -48,7 +48,7 @@ INPUT_KINDS: dict[str, InputKind] = {
     "tar": InputKind((".tar",), "packer.sources.tars"),
     "recordio": InputKind((".rec",), None),
     "tfrecord": InputKind((".tfrecord", ".tfrecords"), None),
-    "pack": InputKind((), None),  # a directory holding index.json
+    "pack": InputKind((), "packer.sources.packed"),  # a directory holding index.json
 }
 INPUT_FORMATS = ("folder", *INPUT_KINDS)
 
