@@ -21,6 +21,7 @@ from packer.pipeline import pack
 from packer.plan import PackOptions
 from packer.sources.inputs import expand_braces, resolve_source
 from packer.sources.listing import ScanError
+from packer.sources.tars import read_members
 
 
 def shard_bytes(out: Path) -> dict[str, bytes]:
@@ -159,16 +160,23 @@ def test_bad_tar_samples_are_rejects_naming_tar_member_and_reason(tmp_path: Path
     with tarfile.open(folder / "b.tar") as tar:
         cut = tar.getmember("k7.jpg").offset_data + 100
     (folder / "b.tar").write_bytes((folder / "b.tar").read_bytes()[:cut])  # cut inside k7.jpg
+    with tarfile.open(folder / "c.tar", "w") as tar:
+        add_member(tar, "k8.jpg", image_bytes(rng))
+        add_member(tar, "k9.jpg", image_bytes(rng))
+    with tarfile.open(folder / "c.tar") as tar:
+        cut = tar.getmember("k9.jpg").offset + 100
+    (folder / "c.tar").write_bytes((folder / "c.tar").read_bytes()[:cut])  # cut inside k9.jpg's header
     out = tmp_path / "out"
     summary = pack(folder, out, PackOptions(format="lmdb"))
-    assert summary.num_samples == 2
+    assert summary.num_samples == 3
     rejects = {row["path"]: row["reason"] for row in map(json.loads, (out / "rejects.jsonl").read_text().splitlines())}
     assert rejects["a.tar/k1"] == "no image member (members: k1.txt)"
     assert rejects["a.tar/k2"].startswith("k2.jpg: not an image")
     assert rejects["a.tar/k3"] == "k3.cls: label 'cat' is not an integer"
     assert rejects["a.tar/k5"].startswith("k5.json: invalid JSON")
     assert rejects["b.tar/k7"].startswith("member k7.jpg is truncated")
-    assert len(rejects) == 5
+    assert rejects["c.tar"].startswith("truncated at byte ") and "after member k8.jpg" in rejects["c.tar"]
+    assert len(rejects) == 6
     assert [(bytes(image), label) for image, label in readers.open_dataset(out, decode="bytes")][1] == (good, -1)
     code, output = run("lmdb", folder, tmp_path / "fail", "--on-error", "fail")
     assert code == 1 and output.strip().splitlines()[-1].startswith(f"Error: {folder / 'a.tar/k1'}: no image member")
@@ -232,3 +240,30 @@ def test_a_damaged_input_shard_is_a_reject_per_lost_sample(packed_as: Callable, 
     assert summary.num_samples == 18 and len(rejects) == 1
     shard, local = rejects[0]["path"].split("/")
     assert shard == "shard-000001.tar" and f"shard-000001.tar: sample {local}: damaged" in rejects[0]["reason"]
+
+
+def test_tar_labels_through_a_class_list(tmp_path: Path, tars: tuple[Path, list[dict]]) -> None:
+    folder, samples = tars
+    (tmp_path / "classes.txt").write_text("zero\none\n")  # label 2 is not a class of this list
+    summary = pack(folder, tmp_path / "out", PackOptions(format="lmdb", classes=str(tmp_path / "classes.txt")))
+    assert summary.num_samples == 10 and summary.rejects == 5
+    assert manifest(tmp_path / "out")["classes"] == ["zero", "one"]
+    assert manifest(tmp_path / "out")["class_counts"] == [5, 5]
+    reasons = {json.loads(line)["reason"] for line in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()}
+    assert reasons == {f"label 2 is out of range for the 2 classes of {tmp_path / 'classes.txt'}"}
+    code, output = run("lmdb", folder, tmp_path / "x", "--sidecars", "txt")
+    assert code == 1 and "--sidecars applies to a folder of images, not to tar input" in output
+
+
+@pytest.mark.parametrize("tar_format", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+def test_tar_headers_are_read_as_the_tar_module_reads_them(tmp_path: Path, tar_format: int) -> None:
+    long = "deep/" * 25 + "x.jpg" if tar_format != tarfile.USTAR_FORMAT else "a" * 90 + "/" + "b" * 90 + ".jpg"
+    names = ["plain.jpg", long, "ünïcode-名前.txt", "dir/k.cls"]
+    path = tmp_path / "t.tar"
+    with tarfile.open(path, "w", format=tar_format) as tar:
+        for number, name in enumerate(names):
+            add_member(tar, name, bytes(range(number * 300 % 256)) * (number + 1))
+    data = path.read_bytes()
+    ours = [(member.name, member.data, member.size) for member in read_members(lambda at, size: data[at:at + size], 0, len(data))]
+    with tarfile.open(path) as tar:
+        assert ours == [(member.name, member.offset_data, member.size) for member in tar] and [name for name, _, _ in ours] == names
