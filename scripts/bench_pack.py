@@ -16,8 +16,8 @@ and from a `find` list (`--files-from`), same run (goal: planning >= 2x faster t
 `--suite inputs` (issue 21): the speed benchmark's folder as WebDataset tar shards (`.JPEG` +
 `.cls` per sample); `pack FORMAT SHARDS/` against `tar xf` of every shard followed by packing the
 extracted folder, and against packing the original folder, interleaved, medians of `--repeats`
-(goal: >= 2x faster than extract-then-pack; peak RSS of the whole process tree not above that of
-packing the folder).
+(goal: >= 2x faster than extract-then-pack; the median peak RSS of the whole process tree not
+above that of packing the folder).
 
     python scripts/bench_pack.py                      # 20k ImageNet-sized JPEGs
     python scripts/bench_pack.py --suite inputs --repeats 3
@@ -311,7 +311,7 @@ def bench_inputs(work: Path, files: int, repeats: int, extra: list[str], formats
             runs["pack folder"].append(timed(pack_command(fmt, src, out, extra), cold))
         shutil.rmtree(out, ignore_errors=True)
         seconds = {name: float(np.median([run[0] for run in values])) for name, values in runs.items()}
-        peaks = {name: max(run[1] for run in values) for name, values in runs.items()}
+        peaks = {name: float(np.median([run[1] for run in values])) for name, values in runs.items()}
         ratio = seconds["extract+pack"] / seconds["pack tars"]
         lean = peaks["pack tars"] <= peaks["pack folder"]
         ok &= ratio >= 2 and lean

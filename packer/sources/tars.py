@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import logging
 import os
-import posixpath
 import tarfile
 from array import array
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -33,10 +34,11 @@ from .sidecars import JSON_EXTENSION, checked_text
 log = logging.getLogger(__name__)
 
 LABEL_EXTENSIONS = ("cls", "class", "label")
+SCAN_THREADS = 8
 BLOCK = tarfile.BLOCKSIZE
 
 
-@dataclass
+@dataclass(slots=True)
 class Group:
     """Adjacent members sharing a key, as the scan sees them."""
 
@@ -48,11 +50,11 @@ class Group:
 
 def split_name(name: str) -> tuple[str, str] | None:
     """`dir/x.seg.png` -> (`dir/x`, `seg.png`); None for a name without an extension."""
-    folder, base = posixpath.split(name)
-    dot = base.find(".")
-    if dot <= 0:
+    base = name.rfind("/") + 1
+    dot = name.find(".", base)
+    if dot <= base:
         return None
-    return posixpath.join(folder, base[:dot]), base[dot + 1:].lower()
+    return name[:dot], name[dot + 1:].lower()
 
 
 def image_member(extensions: list[str]) -> int | None:
@@ -70,10 +72,20 @@ def scan(source: Source, options: PackOptions) -> Listing:
     listing = Listing(root=source.root, classes=read_classes(options.classes) if options.classes else [],
                       locations=array("q"))
     seen: dict[str, int] = {}  # field extension -> samples that have it
-    for number, path in enumerate(source.inputs):
-        name = os.path.relpath(path, source.root)
-        for group in tar_groups(path, name, listing):
-            add_sample(listing, number, name, group, seen)
+    names = [os.path.relpath(path, source.root) for path in source.inputs]
+    # Reading headers is one small read every member: on a cold cache, disk latency. Several tars
+    # at once keep several reads in flight (pread releases the GIL); at most 2 x SCAN_THREADS
+    # tars' listings wait at once, and they are appended in tar order.
+    with ThreadPoolExecutor(SCAN_THREADS, thread_name_prefix="pack-scan") as pool:
+        pending: deque[Future[tuple[Listing, dict[str, int]]]] = deque()
+        for number in range(len(names)):
+            while len(pending) < 2 * SCAN_THREADS and number + len(pending) < len(names):
+                ahead = number + len(pending)
+                pending.append(pool.submit(scan_tar, ahead, source.inputs[ahead], names[ahead]))
+            part, fields = pending.popleft().result()
+            append(listing, part)
+            for extension, count in fields.items():
+                seen[extension] = seen.get(extension, 0) + count
     listing.fields = [FieldSpec(extension, "json" if extension == JSON_EXTENSION else "str",
                                 optional=count < len(listing))
                       for extension, count in sorted(seen.items())]
@@ -82,72 +94,79 @@ def scan(source: Source, options: PackOptions) -> Listing:
     return listing
 
 
-def tar_groups(path: str, name: str, listing: Listing) -> list[Group]:
-    """The tar's samples as groups of adjacent members; damage past some point is one reject."""
-    groups: list[Group] = []
+def append(listing: Listing, part: Listing) -> None:
+    assert listing.locations is not None and part.locations is not None
+    listing.paths += part.paths
+    listing.labels += part.labels
+    listing.sizes += part.sizes
+    listing.locations += part.locations
+    listing.rejects += part.rejects
+    listing.ignored_other += part.ignored_other
+
+
+def scan_tar(number: int, path: str, name: str) -> tuple[Listing, dict[str, int]]:
+    """Input `number`'s samples (a listing to append) and how many samples have each field; each
+    sample is classified as soon as its last member is seen, so only one waits at a time."""
+    part = Listing(root="", classes=[], locations=array("q"))
+    seen: dict[str, int] = {}
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError as exc:
         raise ScanError(f"{path}: cannot read ({exc.strerror or exc})") from None
     try:
         size = os.fstat(fd).st_size
+        group: Group | None = None
         last = ""
         try:
             for member in read_members(lambda offset, length: os.pread(fd, length, offset), 0, size):
                 last = member.name
-                add_member(groups, member, listing)
+                parts = split_name(member.name) if member.is_file else None
+                if parts is None:
+                    part.ignored_other += member.is_file
+                    continue
+                key, extension = parts
+                if group is None or group.key != key:
+                    if group is not None:
+                        add_sample(part, number, name, group, seen, size)
+                    group = Group(key=key, start=member.start)
+                group.members.append((extension, member.name, member.size))
+                group.end = member.end
         except TarDamage as exc:
-            if not groups or groups[-1].end <= size:  # else the last sample is rejected as truncated, below
-                listing.rejects.append((name, f"{exc} (after member {last or 'none'}): the rest of the file "
-                                              "cannot be read"))
+            if group is None or group.end <= size:  # else that sample is rejected as truncated
+                part.rejects.append((name, f"{exc} (after member {last or 'none'}): the rest of the file "
+                                           "cannot be read"))
         except OSError as exc:
             raise ScanError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        if group is not None:
+            add_sample(part, number, name, group, seen, size)
     finally:
         os.close(fd)
-    for group in groups:
-        if group.end > size:
-            listing.rejects.append((f"{name}/{group.key}", f"member {group.members[-1][1]} is truncated "
-                                                           f"(the tar ends at byte {size})"))
-    return [group for group in groups if group.end <= size]
+    return part, seen
 
 
-def add_member(groups: list[Group], member: Member, listing: Listing) -> None:
-    """Group the member with the previous one when they share a key (only adjacent members group)."""
-    if not member.is_file:
-        return
-    parts = split_name(member.name)
-    if parts is None:
-        listing.ignored_other += 1
-        return
-    key, extension = parts
-    if not groups or groups[-1].key != key:
-        groups.append(Group(key=key, start=member.start))
-    groups[-1].members.append((extension, member.name, member.size))
-    groups[-1].end = member.end
-
-
-def add_sample(listing: Listing, number: int, name: str, group: Group, seen: dict[str, int]) -> None:
+def add_sample(listing: Listing, number: int, name: str, group: Group, seen: dict[str, int], size: int) -> None:
     path = f"{name}/{group.key}"
     extensions = [extension for extension, _, _ in group.members]
     twice = next((extension for k, extension in enumerate(extensions) if extension in extensions[:k]), None)
-    if twice is not None:
-        listing.rejects.append((path, f"two members {group.key}.{twice} in one sample"))
-        return
     image = image_member(extensions)
-    if image is None:
+    if group.end > size:
+        listing.rejects.append((path, f"member {group.members[-1][1]} is truncated (the tar ends at byte {size})"))
+    elif twice is not None:
+        listing.rejects.append((path, f"two members {group.key}.{twice} in one sample"))
+    elif image is None:
         listing.rejects.append((path, "no image member (members: "
                                       + ", ".join(member for _, member, _ in group.members) + ")"))
-        return
-    assert listing.locations is not None
-    listing.paths.append(path)
-    listing.labels.append(UNLABELLED)  # read with the sample
-    listing.sizes.append(group.members[image][2])
-    listing.locations.extend((number, group.start, group.end - group.start))
-    for extension in extensions:
-        if is_field(extension):
-            seen[extension] = seen.get(extension, 0) + 1
-    listing.ignored_other += sum(1 for k, extension in enumerate(extensions)
-                                 if k != image and extension not in LABEL_EXTENSIONS and not is_field(extension))
+    else:
+        assert listing.locations is not None
+        listing.paths.append(path)
+        listing.labels.append(UNLABELLED)  # read with the sample
+        listing.sizes.append(group.members[image][2])
+        listing.locations.extend((number, group.start, group.end - group.start))
+        for extension in extensions:
+            if is_field(extension):
+                seen[extension] = seen.get(extension, 0) + 1
+        listing.ignored_other += sum(1 for k, extension in enumerate(extensions)
+                                     if k != image and extension not in LABEL_EXTENSIONS and not is_field(extension))
 
 
 class TarReader:
@@ -194,7 +213,7 @@ class TarDamage(Exception):
     """The tar cannot be read on from here; the message says where and why."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Member:
     """One tar member: where its headers start (PAX and GNU long-name headers included), where its
     data starts, its size, and where it ends with its padding."""
