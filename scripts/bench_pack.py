@@ -13,7 +13,14 @@ against `("image", "label")` from each packed dataset (goal: within 1.2x).
 `--suite files-from` (issue 20): `pack plan` of `--list-files` empty image files by walking SRC
 and from a `find` list (`--files-from`), same run (goal: planning >= 2x faster than walking).
 
+`--suite inputs` (issue 21): the speed benchmark's folder as WebDataset tar shards (`.JPEG` +
+`.cls` per sample); `pack FORMAT SHARDS/` against `tar xf` of every shard followed by packing the
+extracted folder, and against packing the original folder, interleaved, medians of `--repeats`
+(goal: >= 2x faster than extract-then-pack; the median peak RSS of the whole process tree not
+above that of packing the folder).
+
     python scripts/bench_pack.py                      # 20k ImageNet-sized JPEGs
+    python scripts/bench_pack.py --suite inputs --repeats 3
     python scripts/bench_pack.py --files 2000 --rss-files 20000,200000
     python scripts/bench_pack.py --suite fields --files 20000
     python scripts/bench_pack.py --suite files-from --list-files 1000000
@@ -30,11 +37,13 @@ from __future__ import annotations
 import argparse
 import io
 import itertools
+import json
 import os
 import random
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 from typing import Iterator
@@ -263,6 +272,64 @@ def scan_seconds(src: Path, listing: Path, repeats: int) -> dict[str, float]:
     return {name: min(values) for name, values in times.items()}
 
 
+def make_tar_shards(src: Path, shards: Path, per_shard: int) -> Path:
+    """The folder as WebDataset shards: `n########/img_########.JPEG` and `.cls` (its class index)
+    per sample, `per_shard` samples per tar; extracting them gives the folder back (plus .cls files)."""
+    marker = shards / benchlib.SOURCE_MARKER
+    wanted = json.dumps({"source": str(src), "per_shard": per_shard})
+    if marker.exists() and marker.read_text() == wanted:
+        return shards
+    shutil.rmtree(shards, ignore_errors=True)
+    shards.mkdir(parents=True)
+    classes = sorted(path.name for path in src.iterdir() if path.is_dir())
+    images = sorted(src.rglob("*.JPEG"))
+    for start in range(0, len(images), per_shard):
+        with tarfile.open(shards / f"data-{start // per_shard:06d}.tar", "w", format=tarfile.USTAR_FORMAT) as tar:
+            for image in images[start:start + per_shard]:
+                name = image.relative_to(src).as_posix()
+                tar.add(image, arcname=name)
+                label = str(classes.index(image.parent.name)).encode()
+                info = tarfile.TarInfo(name.rsplit(".", 1)[0] + ".cls")
+                info.size = len(label)
+                tar.addfile(info, io.BytesIO(label))
+    marker.write_text(wanted)
+    return shards
+
+
+def bench_inputs(work: Path, files: int, repeats: int, extra: list[str], formats: list[str]) -> bool:
+    """Packing tar shards directly, against extracting them and packing the folder; and the folder itself."""
+    src = make_source(work, files)
+    shards = make_tar_shards(src, work / f"shards-{files}", per_shard=1000)
+    cold = benchlib.drop_page_cache()
+    print(f"{files} JPEGs in {len(list(shards.glob('*.tar')))} tar shards; page cache "
+          f"{'dropped before each run' if cold else 'NOT dropped: warm runs'}; medians of {repeats}, interleaved")
+    extracted, out = work / "extracted", work / "inputs-out"
+    ok = True
+    for fmt in formats:
+        runs: dict[str, list[tuple[float, float]]] = {"extract+pack": [], "pack tars": [], "pack folder": []}
+        for _ in range(repeats):
+            shutil.rmtree(extracted, ignore_errors=True)
+            extract = (f"mkdir {extracted} && for t in {shards}/*.tar; do tar xf $t -C {extracted} || exit 1; done && "
+                       + " ".join(pack_command(fmt, extracted, out, extra)))
+            runs["extract+pack"].append(timed(["sh", "-c", extract], cold))
+            shutil.rmtree(extracted)
+            runs["pack tars"].append(timed(pack_command(fmt, shards, out, extra), cold))
+            runs["pack folder"].append(timed(pack_command(fmt, src, out, extra), cold))
+        shutil.rmtree(out, ignore_errors=True)
+        seconds = {name: float(np.median([run[0] for run in values])) for name, values in runs.items()}
+        peaks = {name: float(np.median([run[1] for run in values])) for name, values in runs.items()}
+        ratio = seconds["extract+pack"] / seconds["pack tars"]
+        lean = peaks["pack tars"] <= peaks["pack folder"]
+        ok &= ratio >= 2 and lean
+        for name in runs:
+            print(f"  {fmt:5s} {name:13s} {seconds[name]:6.2f} s  ({files / seconds[name]:6.0f} images/s)  "
+                  f"peak RSS {peaks[name]:5.0f} MB")
+        print(f"  {fmt:5s} tar shards {ratio:4.2f}x faster than extract+pack (goal >= 2x: {'met' if ratio >= 2 else 'MISSED'}); "
+              f"peak RSS {peaks['pack tars']:.0f} MB vs {peaks['pack folder']:.0f} MB packing the folder "
+              f"({'not above: met' if lean else 'ABOVE: MISSED'})")
+    return ok
+
+
 def bench_memory(work: Path, counts: list[int], extra: list[str]) -> None:
     """Peak RSS for tiny-file folders of several sizes: what grows is the listing alone."""
     print("peak RSS by file count (8x8 JPEGs, lmdb):")
@@ -306,7 +373,7 @@ def extract_records(rec: Path, folder: Path) -> float:
     return time.perf_counter() - started
 
 
-def bench_recordio(work: Path, files: int, repeats: int, extra: list[str]) -> bool:
+def bench_recordio(work: Path, files: int, repeats: int, extra: list[str], formats: list[str]) -> bool:
     """`pack FORMAT train.rec` against extracting the records to files and packing the folder."""
     src = make_source(work, files)
     rec = work / f"records-{files}" / "train.rec"
@@ -319,7 +386,7 @@ def bench_recordio(work: Path, files: int, repeats: int, extra: list[str]) -> bo
     extracted = work / f"records-{files}" / "extracted"
     runs: dict[str, dict[str, list[tuple[float, float]]]] = {}
     for round_number in range(repeats):
-        for fmt in WRITERS:
+        for fmt in formats:
             out = work / f"records-out-{fmt}"
             order = ("rec", "files") if round_number % 2 else ("files", "rec")
             for way in order:
@@ -350,7 +417,8 @@ def bench_recordio(work: Path, files: int, repeats: int, extra: list[str]) -> bo
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--suite", choices=("speed", "fields", "files-from", "recordio"), default="speed")
+    parser.add_argument("--suite", choices=("speed", "fields", "files-from", "inputs", "recordio"), default="speed")
+    parser.add_argument("--formats", default="lmdb,wds", help="formats for --suite inputs and recordio")
     parser.add_argument("--files", type=int, default=20_000)
     parser.add_argument("--list-files", type=int, default=1_000_000, help="files for --suite files-from")
     parser.add_argument("--repeats", type=int, default=1)
@@ -362,8 +430,10 @@ def main() -> None:
     extra = args.pack_args.split()
     if args.suite == "fields":
         sys.exit(0 if bench_fields(args.work, args.files, args.repeats, extra) else 1)
+    if args.suite == "inputs":
+        sys.exit(0 if bench_inputs(args.work, args.files, args.repeats, extra, args.formats.split(",")) else 1)
     if args.suite == "recordio":
-        sys.exit(0 if bench_recordio(args.work, args.files, max(args.repeats, 1), extra) else 1)
+        sys.exit(0 if bench_recordio(args.work, args.files, max(args.repeats, 1), extra, args.formats.split(",")) else 1)
     if args.suite == "files-from":
         sys.exit(0 if bench_files_from(args.work, args.list_files, max(args.repeats, 3)) else 1)
     ok = bench_speed(args.work, args.files, args.repeats, extra)

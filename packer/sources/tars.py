@@ -13,13 +13,14 @@ with one pread and take the members out of it, so nothing is extracted to disk.
 
 from __future__ import annotations
 
-import io
 import logging
 import os
-import posixpath
 import tarfile
 from array import array
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Callable, Iterator
 
 from readers.fields import FieldSpec, check_field_name
 
@@ -33,10 +34,11 @@ from .sidecars import JSON_EXTENSION, checked_text
 log = logging.getLogger(__name__)
 
 LABEL_EXTENSIONS = ("cls", "class", "label")
+SCAN_THREADS = 8
 BLOCK = tarfile.BLOCKSIZE
 
 
-@dataclass
+@dataclass(slots=True)
 class Group:
     """Adjacent members sharing a key, as the scan sees them."""
 
@@ -48,11 +50,11 @@ class Group:
 
 def split_name(name: str) -> tuple[str, str] | None:
     """`dir/x.seg.png` -> (`dir/x`, `seg.png`); None for a name without an extension."""
-    folder, base = posixpath.split(name)
-    dot = base.find(".")
-    if dot <= 0:
+    base = name.rfind("/") + 1
+    dot = name.find(".", base)
+    if dot <= base:
         return None
-    return posixpath.join(folder, base[:dot]), base[dot + 1:].lower()
+    return name[:dot], name[dot + 1:].lower()
 
 
 def image_member(extensions: list[str]) -> int | None:
@@ -70,10 +72,20 @@ def scan(source: Source, options: PackOptions) -> Listing:
     listing = Listing(root=source.root, classes=read_classes(options.classes) if options.classes else [],
                       locations=array("q"))
     seen: dict[str, int] = {}  # field extension -> samples that have it
-    for number, path in enumerate(source.inputs):
-        name = os.path.relpath(path, source.root)
-        for group in tar_groups(path, name, listing):
-            add_sample(listing, number, name, group, seen)
+    names = [os.path.relpath(path, source.root) for path in source.inputs]
+    # Reading headers is one small read every member: on a cold cache, disk latency. Several tars
+    # at once keep several reads in flight (pread releases the GIL); at most 2 x SCAN_THREADS
+    # tars' listings wait at once, and they are appended in tar order.
+    with ThreadPoolExecutor(SCAN_THREADS, thread_name_prefix="pack-scan") as pool:
+        pending: deque[Future[tuple[Listing, dict[str, int]]]] = deque()
+        for number in range(len(names)):
+            while len(pending) < 2 * SCAN_THREADS and number + len(pending) < len(names):
+                ahead = number + len(pending)
+                pending.append(pool.submit(scan_tar, ahead, source.inputs[ahead], names[ahead]))
+            part, fields = pending.popleft().result()
+            append(listing, part)
+            for extension, count in fields.items():
+                seen[extension] = seen.get(extension, 0) + count
     listing.fields = [FieldSpec(extension, "json" if extension == JSON_EXTENSION else "str",
                                 optional=count < len(listing))
                       for extension, count in sorted(seen.items())]
@@ -82,67 +94,79 @@ def scan(source: Source, options: PackOptions) -> Listing:
     return listing
 
 
-def tar_groups(path: str, name: str, listing: Listing) -> list[Group]:
-    """The tar's samples as groups of adjacent members; damage past some point is one reject."""
-    groups: list[Group] = []
+def append(listing: Listing, part: Listing) -> None:
+    assert listing.locations is not None and part.locations is not None
+    listing.paths += part.paths
+    listing.labels += part.labels
+    listing.sizes += part.sizes
+    listing.locations += part.locations
+    listing.rejects += part.rejects
+    listing.ignored_other += part.ignored_other
+
+
+def scan_tar(number: int, path: str, name: str) -> tuple[Listing, dict[str, int]]:
+    """Input `number`'s samples (a listing to append) and how many samples have each field; each
+    sample is classified as soon as its last member is seen, so only one waits at a time."""
+    part = Listing(root="", classes=[], locations=array("q"))
+    seen: dict[str, int] = {}
     try:
-        with open(path, "rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
-            try:
-                tar = tarfile.open(fileobj=handle, mode="r:")
-            except tarfile.TarError as exc:
-                listing.rejects.append((name, f"not a readable tar file ({exc})"))
-                return groups
-            last = ""
-            for member in tar:
-                last = member.name
-                if not member.isfile():
-                    continue
-                parts = split_name(member.name)
-                if parts is None:
-                    listing.ignored_other += 1
-                    continue
-                key, extension = parts
-                if not groups or groups[-1].key != key:
-                    groups.append(Group(key=key, start=member.offset))
-                groups[-1].members.append((extension, member.name, member.size))
-                groups[-1].end = member.offset_data + -(-member.size // BLOCK) * BLOCK  # with its padding
-            if tar.offset < size:  # a header the tar module could not read: the rest is lost
-                handle.seek(tar.offset)
-                if handle.read(2 * BLOCK).strip(b"\0"):
-                    listing.rejects.append((name, f"truncated or damaged at byte {tar.offset} (after member "
-                                                  f"{last or 'none'}): the rest of the file cannot be read"))
+        fd = os.open(path, os.O_RDONLY)
     except OSError as exc:
         raise ScanError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    for group in groups:
-        if group.end > size:
-            listing.rejects.append((f"{name}/{group.key}", f"member {group.members[-1][1]} is truncated "
-                                                           f"(the tar ends at byte {size})"))
-    return [group for group in groups if group.end <= size]
+    try:
+        size = os.fstat(fd).st_size
+        group: Group | None = None
+        last = ""
+        try:
+            for member in read_members(lambda offset, length: os.pread(fd, length, offset), 0, size):
+                last = member.name
+                parts = split_name(member.name) if member.is_file else None
+                if parts is None:
+                    part.ignored_other += member.is_file
+                    continue
+                key, extension = parts
+                if group is None or group.key != key:
+                    if group is not None:
+                        add_sample(part, number, name, group, seen, size)
+                    group = Group(key=key, start=member.start)
+                group.members.append((extension, member.name, member.size))
+                group.end = member.end
+        except TarDamage as exc:
+            if group is None or group.end <= size:  # else that sample is rejected as truncated
+                part.rejects.append((name, f"{exc} (after member {last or 'none'}): the rest of the file "
+                                           "cannot be read"))
+        except OSError as exc:
+            raise ScanError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        if group is not None:
+            add_sample(part, number, name, group, seen, size)
+    finally:
+        os.close(fd)
+    return part, seen
 
 
-def add_sample(listing: Listing, number: int, name: str, group: Group, seen: dict[str, int]) -> None:
+def add_sample(listing: Listing, number: int, name: str, group: Group, seen: dict[str, int], size: int) -> None:
     path = f"{name}/{group.key}"
     extensions = [extension for extension, _, _ in group.members]
     twice = next((extension for k, extension in enumerate(extensions) if extension in extensions[:k]), None)
-    if twice is not None:
-        listing.rejects.append((path, f"two members {group.key}.{twice} in one sample"))
-        return
     image = image_member(extensions)
-    if image is None:
+    if group.end > size:
+        listing.rejects.append((path, f"member {group.members[-1][1]} is truncated (the tar ends at byte {size})"))
+    elif twice is not None:
+        listing.rejects.append((path, f"two members {group.key}.{twice} in one sample"))
+    elif image is None:
         listing.rejects.append((path, "no image member (members: "
                                       + ", ".join(member for _, member, _ in group.members) + ")"))
-        return
-    assert listing.locations is not None
-    listing.paths.append(path)
-    listing.labels.append(UNLABELLED)  # read with the sample
-    listing.sizes.append(group.members[image][2])
-    listing.locations.extend((number, group.start, group.end - group.start))
-    for extension in extensions:
-        if is_field(extension):
-            seen[extension] = seen.get(extension, 0) + 1
-    listing.ignored_other += sum(1 for k, extension in enumerate(extensions)
-                                 if k != image and extension not in LABEL_EXTENSIONS and not is_field(extension))
+    else:
+        assert listing.locations is not None
+        listing.paths.append(path)
+        listing.labels.append(UNLABELLED)  # read with the sample
+        listing.sizes.append(group.members[image][2])
+        listing.locations.extend((number, group.start, group.end - group.start))
+        for extension in extensions:
+            if is_field(extension):
+                seen[extension] = seen.get(extension, 0) + 1
+        listing.ignored_other += sum(1 for k, extension in enumerate(extensions)
+                                     if k != image and extension not in LABEL_EXTENSIONS and not is_field(extension))
 
 
 class TarReader:
@@ -156,12 +180,13 @@ class TarReader:
         data = self.files.read(input, offset, length)
         if len(data) < length:
             raise RejectedFile(f"{self.files.inputs[input]}: shorter than when it was scanned")
+        view = memoryview(data)
         try:
-            with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
-                members = [(member, tar.extractfile(member)) for member in tar if member.isfile()]
-                contents = [(member.name, extracted.read() if extracted else b"") for member, extracted in members]
-        except tarfile.TarError as exc:
-            raise RejectedFile(f"{self.files.inputs[input]} at byte {offset}: unreadable tar header ({exc})") from None
+            contents = [(member.name, view[member.data - offset:member.data - offset + member.size])
+                        for member in read_members(lambda at, size: view[at - offset:at - offset + size],
+                                                   offset, offset + length) if member.is_file]
+        except TarDamage as exc:
+            raise RejectedFile(f"{self.files.inputs[input]}: {exc} (changed since the scan?)") from None
         image: tuple[str, bytes] | None = None
         label = UNLABELLED
         fields: dict[str, bytes] = {}
@@ -171,17 +196,116 @@ class TarReader:
                 continue
             extension = parts[1]
             if image is None and "." + extension in IMAGE_EXTENSIONS:
-                image = (name, content)
+                image = (name, bytes(content))
             elif extension in LABEL_EXTENSIONS and label == UNLABELLED:
-                label = parse_label(name, content)
+                label = parse_label(name, bytes(content))
             elif extension in self.fields:
-                fields[extension] = checked_text(name, extension, content)
+                fields[extension] = checked_text(name, extension, bytes(content))
         if image is None:
             raise RejectedFile(f"{self.files.inputs[input]} at byte {offset}: no image member (changed since the scan?)")
         return Record(image=image[1], label=label, fields=fields, image_name=image[0])
 
     def close(self) -> None:
         self.files.close()
+
+
+class TarDamage(Exception):
+    """The tar cannot be read on from here; the message says where and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One tar member: where its headers start (PAX and GNU long-name headers included), where its
+    data starts, its size, and where it ends with its padding."""
+
+    name: str
+    start: int
+    data: int
+    size: int
+    is_file: bool
+
+    @property
+    def end(self) -> int:
+        return self.data + padded(self.size)
+
+
+def read_members(read: Callable[[int, int], bytes | memoryview], start: int, end: int) -> Iterator[Member]:
+    """The members of the tar bytes `start`..`end` (`read(offset, length)` gives them), from their
+    headers alone: ustar, PAX ('x', its path and size) and GNU long names ('L'). The tar module
+    takes ~100 us a member, several times the cost of packing the sample; this takes a few."""
+    offset = first = start
+    name: str | None = None
+    size_override: int | None = None
+    while offset < end:
+        header = bytes(read(offset, BLOCK))
+        if len(header) < BLOCK:
+            raise TarDamage(f"truncated at byte {offset}, inside a header")
+        if header == ZERO_BLOCK:
+            return  # the end-of-archive marker
+        if header_checksum(header) != octal(header[148:156], offset):
+            raise TarDamage(f"damaged at byte {offset}: a header's checksum does not match")
+        size, kind = octal(header[124:136], offset), header[156:157]
+        data = offset + BLOCK
+        offset = data + padded(size)
+        if kind == b"L":  # a GNU long name for the next header
+            name = bytes(read(data, size)).rstrip(b"\0").decode("utf-8", "surrogateescape")
+            continue
+        if kind == b"x":  # PAX attributes of the next header
+            attributes = pax_attributes(bytes(read(data, size)), data)
+            name = attributes.get("path", name)
+            size_override = int(attributes["size"]) if "size" in attributes else size_override
+            continue
+        if kind == b"g":  # PAX global attributes: nothing a sample needs
+            first = offset
+            continue
+        if size_override is not None:
+            size, offset = size_override, data + padded(size_override)
+        if name is None:
+            name = header[0:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            if header[257:262] == b"ustar" and header[345] != 0:
+                name = header[345:500].split(b"\0", 1)[0].decode("utf-8", "surrogateescape") + "/" + name
+        yield Member(name, first, data, size, kind in (b"0", b"\0", b"7"))
+        first, name, size_override = offset, None, None
+
+
+def padded(size: int) -> int:
+    return -(-size // BLOCK) * BLOCK
+
+
+ZERO_BLOCK = bytes(BLOCK)
+
+
+def header_checksum(header: bytes) -> int:
+    """The ustar checksum: the header's bytes summed with the checksum field read as spaces."""
+    return sum(header[:148]) + 8 * 32 + sum(header[156:])
+
+
+def octal(field: bytes, offset: int) -> int:
+    """A numeric header field: octal text, or GNU base-256 for large sizes."""
+    if field[0] & 0x80:
+        return int.from_bytes(field[1:], "big")
+    text = field.split(b"\0", 1)[0].strip()
+    try:
+        return int(text, 8) if text else 0
+    except ValueError:
+        raise TarDamage(f"damaged at byte {offset}: a header field is not a number ({text[:12]!r})") from None
+
+
+def pax_attributes(data: bytes, offset: int) -> dict[str, str]:
+    """`length key=value\\n` records; only path and size matter here."""
+    attributes = {}
+    position = 0
+    while position < len(data) and data[position:position + 1] != b"\0":
+        space = data.find(b" ", position)
+        try:
+            length = int(data[position:space])
+        except ValueError:
+            raise TarDamage(f"damaged at byte {offset}: unreadable PAX attributes") from None
+        record = data[space + 1:position + length - 1]
+        key, _, value = record.partition(b"=")
+        attributes[key.decode("utf-8", "replace")] = value.decode("utf-8", "surrogateescape")
+        position += length
+    return attributes
 
 
 def parse_label(name: str, content: bytes) -> int:
