@@ -17,18 +17,17 @@ from tqdm import tqdm
 from readers.cache import parse_size
 from readers.manifest import DECODE_MODES, MANIFEST_NAME, ON_ERROR_MODES, REJECTS_NAME, DatasetError, load_manifest
 
-from . import __version__
+from .version import __version__
 from .descriptors import DEFAULT_SPLIT
 from .encode import DEFAULT_QUALITY, PIXEL_MODES, STORES
 from .engines import ENGINES
 from .errors import PackError
 from .api import run, split_options
 from .pipeline import Summary, ensure_plan, merge
-from .plan import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SIZE, PackOptions
+from .plan import DEFAULT_IMAGE_KEY, DEFAULT_LABEL_KEY, DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SIZE, PackOptions
 from .scan import ScanError
 from .sources.inputs import CLI_INPUT_FORMATS
 from .sources.metadata import DEFAULT_LABEL_COLUMN
-from .sources.tfrecord import DEFAULT_IMAGE_KEY, DEFAULT_LABEL_KEY
 from .slurm import slurm_script
 from .validate import DEFAULT_MAX_PIXELS, VALIDATE_MODES, ErrorPolicy
 from .writers import WRITERS

@@ -22,7 +22,7 @@ from readers.formats import ALIASES, FORMATS
 from readers.layouts.wds import image_extension
 from readers.manifest import MANIFEST_NAME, REJECTS_NAME, Manifest
 
-from . import __version__
+from .version import __version__
 from .descriptors import DEFAULT_SPLIT, descriptor_texts, write_descriptors
 from .engines import get_engine
 from .errors import PackError

@@ -29,10 +29,11 @@ from .sources.inputs import INPUT_FORMATS
 from .sources.listing import Listing
 from .sources.metadata import DEFAULT_LABEL_COLUMN
 from .sources.sidecars import extension_problem
-from .sources.tfrecord import DEFAULT_IMAGE_KEY, DEFAULT_LABEL_KEY
 from .validate import DEFAULT_MAX_PIXELS, VALIDATE_MODES
 
 DEFAULT_SHARD_SIZE = 10_000
+DEFAULT_IMAGE_KEY = "image/encoded"  # TFRecord features (packer.sources.tfrecord): ImageNet's names
+DEFAULT_LABEL_KEY = "image/class/label"
 DEFAULT_SHARD_BYTES = 1 << 30
 
 

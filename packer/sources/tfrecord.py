@@ -29,19 +29,17 @@ import re
 import struct
 from array import array
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, BinaryIO, Iterator
+from typing import Any, BinaryIO, Iterator
 
 import google_crc32c
 
 from readers.fields import FieldSpec, check_field_name, encode_value
 
 from ..errors import RejectedFile
+from ..plan import DEFAULT_IMAGE_KEY, DEFAULT_LABEL_KEY, PackOptions, Plan
 from .classes import read_classes
 from .inputs import InputFiles, Record, Source
 from .listing import UNLABELLED, Listing, ScanError
-
-if TYPE_CHECKING:
-    from ..plan import PackOptions, Plan
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +48,6 @@ CRC = struct.Struct("<I")
 HEADER_BYTES = LENGTH.size + CRC.size
 FOOTER_BYTES = CRC.size
 OVERHEAD = HEADER_BYTES + FOOTER_BYTES
-DEFAULT_IMAGE_KEY = "image/encoded"
-DEFAULT_LABEL_KEY = "image/class/label"
 INDEX_SUFFIX = ".tfindex"
 BYTES, FLOATS, INTS = "bytes", "float", "int64"
 _KINDS = {1: BYTES, 2: FLOATS, 3: INTS}
