@@ -17,15 +17,16 @@ from tqdm import tqdm
 from readers.cache import parse_size
 from readers.manifest import DECODE_MODES, MANIFEST_NAME, ON_ERROR_MODES, REJECTS_NAME, DatasetError, load_manifest
 
-from . import __version__
+from .version import __version__
 from .descriptors import DEFAULT_SPLIT
 from .encode import DEFAULT_QUALITY, PIXEL_MODES, STORES
 from .engines import ENGINES
 from .errors import PackError
-from .partition import resolve_partition
-from .pipeline import Summary, ensure_plan, merge, pack
-from .plan import DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SIZE, PackOptions
+from .api import run, split_options
+from .pipeline import Summary, ensure_plan, merge
+from .plan import DEFAULT_IMAGE_KEY, DEFAULT_LABEL_KEY, DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SIZE, PackOptions
 from .scan import ScanError
+from .sources.inputs import CLI_INPUT_FORMATS
 from .sources.metadata import DEFAULT_LABEL_COLUMN
 from .slurm import slurm_script
 from .validate import DEFAULT_MAX_PIXELS, VALIDATE_MODES, ErrorPolicy
@@ -141,6 +142,16 @@ def packing_options(command: Callable[..., Any]) -> Callable[..., Any]:
                           "others read as UTF-8 text. A missing one rejects the image."),
         click.option("--sidecars-optional", is_flag=True,
                      help="A missing sidecar leaves the field absent (read back as None) instead."),
+        click.option("--input-format", type=click.Choice(CLI_INPUT_FORMATS), default=None,
+                     help="What SRC is: a folder of images, WebDataset tar shards (a folder, a file or "
+                          "a pattern like 'data-{000000..000127}.tar'), a RecordIO .rec, TFRecord files, "
+                          "or a packed dataset (a folder with index.json).  [default: guessed from SRC]"),
+        click.option("--image-key", default=DEFAULT_IMAGE_KEY, show_default=True,
+                     help="TFRecord input: the Example feature holding the image bytes."),
+        click.option("--label-key", default=DEFAULT_LABEL_KEY, show_default=True,
+                     help="TFRecord input: the Example feature holding the integer label."),
+        click.option("--label-offset", type=int, default=0, show_default=True,
+                     help="TFRecord input: added to every label (-1 for ImageNet's 1-based labels)."),
     ]
     for decorator in reversed(decorators):
         command = decorator(command)
@@ -206,16 +217,13 @@ def make_pack_command(fmt: str) -> click.Command:
                   help="A URL OUT: the local folder where shards are written before upload (a few shards' "
                        "worth at once); default: a temporary folder.")
     @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-    def command(src: Path | str, out: Path | str, workers: int | None, overwrite: bool, task_index: int | None,
-                task_count: int | None, engine: str, scheduler: str | None, quiet: bool, on_error: str,
-                max_errors: int | None, split: str, staging: Path | None, **params: Any) -> None:
-        options = pack_options_from(fmt, params)
-        policy = ErrorPolicy(on_error=on_error, max_errors=max_errors)
-        partition = resolve_partition(task_index, task_count)
+    def command(src: Path | str, out: Path | str, quiet: bool, **params: Any) -> None:
+        try:
+            options, run_options = split_options(fmt, params)
+        except PackError as exc:  # contradictory flags are a usage error (exit 2), like a bad value
+            raise click.UsageError(str(exc)) from None
         with progress_bar(f"pack {fmt}", quiet) as bar:
-            summary = pack(src, out, options, overwrite=overwrite, workers=workers, partition=partition,
-                           engine=engine, scheduler=scheduler, progress=bar.update, policy=policy, split=split,
-                           staging=staging)
+            summary = run(src, out, options, run_options, progress=bar.update)
         print_summary(summary)
 
     return command

@@ -20,6 +20,7 @@ from readers.fields import FieldSpec, encode_value
 from .encode import Encoded, encode
 from .errors import RejectedFile
 from .plan import Entry, PackOptions
+from .sources.inputs import Record
 from .sources.remote import fetch_files
 from .sources.sidecars import read_sidecars
 from .validate import check_image
@@ -138,7 +139,8 @@ class ReadAhead:
         self._runs.clear()
 
 
-Loaded = tuple[Encoded, dict[str, bytes]]  # the encoded image, and its fields' stored bytes
+Loaded = tuple[Encoded, dict[str, bytes], int, str]  # the encoded image, its fields' stored bytes, label, path
+ReadRecord = Callable[[int, int, int], "Record | list[Record]"]  # a container location -> its sample(s)
 
 
 def listed_fields(entry: Entry, specs: Sequence[FieldSpec]) -> dict[str, bytes]:
@@ -157,15 +159,22 @@ def listed_fields(entry: Entry, specs: Sequence[FieldSpec]) -> dict[str, bytes]:
 
 def load_sample(root: str, entry: Entry, validate: str, max_pixels: int, encoding: dict[str, Any],
                 listed: Sequence[FieldSpec], sidecars: Sequence[str], sidecars_optional: bool,
-                read: Callable[[str, int], bytes] = read_file) -> Loaded | RejectedFile:
+                read: Callable[[str, int], bytes] = read_file,
+                records: ReadRecord | None = None) -> Loaded | list[Loaded] | RejectedFile:
     """Read (with `read`), check and encode one file, and its fields: the `listed` ones from its
-    entry, the others from its sidecars. Runs in a reader thread (Pillow's codecs release the GIL),
-    or in line for passthrough."""
+    entry, the others from its sidecars; or one sample of a container input, through `records`.
+    Runs in a reader thread (Pillow's codecs release the GIL), or in line for passthrough."""
     try:
+        if entry.location is not None and records is not None:
+            record = records(*entry.location)
+            if isinstance(record, list):  # an input that gives several samples (pack_samples)
+                return [load_record(one, entry, validate, max_pixels, encoding) for one in record]
+            return load_record(record, entry, validate, max_pixels, encoding)
         data = read(os.path.join(root, entry.path), entry.size)
         codec = check_image(data, validate=validate, max_pixels=max_pixels)
         encoded = encode(data, codec=codec, **encoding)
-        return encoded, {**listed_fields(entry, listed), **read_sidecars(root, entry.path, sidecars, sidecars_optional)}
+        return (encoded, {**listed_fields(entry, listed), **read_sidecars(root, entry.path, sidecars, sidecars_optional)},
+                entry.label, entry.path)
     except RejectedFile as exc:
         return exc
     except OSError as exc:
@@ -179,10 +188,22 @@ def fetched_bytes(data: bytes | OSError, _path: str, _size: int) -> bytes:
     return data
 
 
+def load_record(record: Record, entry: Entry, validate: str, max_pixels: int, encoding: dict[str, Any]) -> Loaded:
+    """A container sample's image checked and encoded like a file's; a reject names its member or record."""
+    try:
+        codec = check_image(record.image, validate=validate, max_pixels=max_pixels)
+        encoded = encode(record.image, codec=codec, **encoding)
+    except RejectedFile as exc:
+        raise RejectedFile(f"{record.image_name}: {exc}") from None
+    return encoded, record.fields, record.label, record.path if record.path is not None else entry.path
+
+
 def load_samples(root: Path | str, entries: list[Entry], options: PackOptions, threads: int,
-                 fields: Sequence[FieldSpec] = ()) -> Iterator[tuple[Entry, Loaded | RejectedFile]]:
-    """Samples in listing order: passthrough in line (`ReadAhead`), others by a thread pool with a
-    read-ahead bounded in bytes and files (`threads` of them).
+                 fields: Sequence[FieldSpec] = (), records: ReadRecord | None = None,
+                 ) -> Iterator[tuple[Entry, Loaded | list[Loaded] | RejectedFile]]:
+    """Samples in listing order: local passthrough files in line (`ReadAhead`), the rest (decoding
+    stores, container records, a remote SRC) by a thread pool with a read-ahead bounded in bytes
+    and files (`threads` of them).
 
     Each task loads a run of consecutive files (up to READ_RUN_FILES or READ_RUN_BYTES), so the
     pool's queue and futures cost once per run instead of once per file.
@@ -190,10 +211,11 @@ def load_samples(root: Path | str, entries: list[Entry], options: PackOptions, t
     load = functools.partial(load_sample, str(root), validate=options.validate, max_pixels=options.max_pixels,
                              encoding=options.encoding,
                              listed=[spec for spec in fields if spec.name not in options.sidecars],
-                             sidecars=options.sidecars, sidecars_optional=options.sidecars_optional)
+                             sidecars=options.sidecars, sidecars_optional=options.sidecars_optional,
+                             records=records)
 
     remote = isinstance(root, str) and "://" in root
-    if options.store in INLINE_STORES and not remote:
+    if options.store in INLINE_STORES and not remote and records is None:
         ahead = ReadAhead(str(root), entries, OPEN_THREADS)
         try:
             for entry in entries:
@@ -202,14 +224,14 @@ def load_samples(root: Path | str, entries: list[Entry], options: PackOptions, t
             ahead.close()
         return
 
-    def load_run(run: list[Entry]) -> list[Loaded | RejectedFile]:
+    def load_run(run: list[Entry]) -> list[Loaded | list[Loaded] | RejectedFile]:
         if remote:  # the run's files in one concurrent batch of GETs
             fetched = fetch_files(str(root), [entry.path for entry in run])
             return [load(entry, read=functools.partial(fetched_bytes, data)) for entry, data in zip(run, fetched)]
         return [load(entry) for entry in run]
 
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="pack-read") as pool:
-        pending: deque[tuple[list[Entry], int, Future[list[Loaded | RejectedFile]]]] = deque()
+        pending: deque[tuple[list[Entry], int, Future[list[Loaded | list[Loaded] | RejectedFile]]]] = deque()
         position = in_flight = 0
         try:
             while position < len(entries) or pending:

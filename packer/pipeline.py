@@ -22,7 +22,7 @@ from readers.formats import ALIASES, FORMATS
 from readers.layouts.wds import image_extension
 from readers.manifest import MANIFEST_NAME, REJECTS_NAME, Manifest
 
-from . import __version__
+from .version import __version__
 from .descriptors import DEFAULT_SPLIT, descriptor_texts, write_descriptors
 from .engines import get_engine
 from .errors import PackError
@@ -33,6 +33,7 @@ from .plan import PackOptions, Plan, load_plan, write_plan
 from .remote_out import RemoteOut, is_remote, opened_output, output_for, staging_dir
 from .scan import Listing, scan
 from .shard import Progress, ShardResult, check_rejects, clean_tmp, finished_shards, shard_file_name
+from .sources.inputs import resolve_source
 from .validate import ErrorPolicy
 
 log = logging.getLogger(__name__)
@@ -198,11 +199,15 @@ def ensure_local_plan(src: Path | str, out: Path, options: PackOptions, *, overw
 
 
 def source_name(src: Path | str) -> str:
-    return src.rstrip("/") if isinstance(src, str) else os.path.abspath(src)
+    """How a plan names SRC: a URL as given (less a trailing slash), a local path absolute."""
+    text = os.fspath(src)
+    return text.rstrip("/") if "://" in text else os.path.abspath(text)
 
 
 def reuse_plan(plan: Plan, src: Path | str, out: Path | RemoteOut, options: PackOptions) -> Plan:
-    if plan.options != options or plan.source != source_name(src):
+    source = resolve_source(src, options.input_format)
+    if plan.options != options or (plan.source, plan.input_kind, plan.inputs) != (
+            source_name(source.root), source.kind, list(source.inputs)):
         raise PackError(
             f"{out}: holds an unfinished run of {plan.source} with options {asdict(plan.options)}; "
             "rerun with those, or pass --overwrite to start over"
@@ -214,7 +219,8 @@ def reuse_plan(plan: Plan, src: Path | str, out: Path | RemoteOut, options: Pack
 def scan_source(src: Path | str, options: PackOptions) -> Listing:
     listing = scan(src, options)
     if not len(listing):
-        raise PackError(f"{src}: no image files found")
+        first = f" (rejected: {listing.rejects[0][0]}: {listing.rejects[0][1]})" if listing.rejects else ""
+        raise PackError(f"{src}: no image files found{first}")
     return listing
 
 

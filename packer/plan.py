@@ -2,7 +2,9 @@
 
 The plan lives in OUT/.pack/: `plan.json` (options, classes, fields, shard boundaries) and
 `listing.jsonl` (one `[path, label, size]` per line, `[path, label, size, {field: value}]` when
-values come with the listing, from a metadata file). Shard boundaries depend only on the sorted
+values come with the listing, from a metadata file, and `[path, label, size, values or null,
+[input, offset, length]]` for a sample inside a container input: a tar shard, a record file, a
+packed dataset; `plan.inputs` names those files). Shard boundaries depend only on the sorted
 listing and the shard options, so every run and every task computes the same shards.
 """
 
@@ -25,12 +27,15 @@ from .encode import DEFAULT_QUALITY, ENCODE_OPTIONS, PIXEL_MODES, STORES
 from .errors import PackError
 from .fsutil import atomic_write_text
 from .outdir import listing_path, plan_path, temp_name, work_dir
+from .sources.inputs import INPUT_FORMATS
 from .sources.listing import Listing
 from .sources.metadata import DEFAULT_LABEL_COLUMN
 from .sources.sidecars import extension_problem
 from .validate import DEFAULT_MAX_PIXELS, VALIDATE_MODES
 
 DEFAULT_SHARD_SIZE = 10_000
+DEFAULT_IMAGE_KEY = "image/encoded"  # TFRecord features (packer.sources.tfrecord): ImageNet's names
+DEFAULT_LABEL_KEY = "image/class/label"
 DEFAULT_SHARD_BYTES = 1 << 30
 
 
@@ -58,6 +63,10 @@ class PackOptions:
     no_classes: bool = False
     sidecars: tuple[str, ...] = ()
     sidecars_optional: bool = False
+    input_format: str | None = None  # None: what SRC looks like (packer.sources.inputs.resolve_source)
+    image_key: str = DEFAULT_IMAGE_KEY  # TFRecord features (packer.sources.tfrecord)
+    label_key: str = DEFAULT_LABEL_KEY
+    label_offset: int = 0
 
     def __post_init__(self) -> None:
         """Reject contradictory options; fill in the defaults of decoding stores (RGB, quality 90)."""
@@ -117,6 +126,8 @@ class PackOptions:
             raise PackError(f"--sidecars names an extension twice: {','.join(self.sidecars)}")
         if self.sidecars_optional and not self.sidecars:
             raise PackError("--sidecars-optional needs --sidecars")
+        if self.input_format is not None and self.input_format not in INPUT_FORMATS:
+            raise PackError(f"--input-format must be one of {', '.join(INPUT_FORMATS)}, not {self.input_format!r}")
 
     @property
     def encoding(self) -> dict[str, Any]:
@@ -139,6 +150,7 @@ class Entry:
     label: int
     size: int
     fields: dict[str, Any] | None = None  # values from the listing (a metadata file's columns)
+    location: list[int] | None = None  # a container sample: [input number, offset, length]
 
 
 @dataclass
@@ -153,6 +165,8 @@ class Plan:
     ignored: int = 0
     scan_rejects: list[dict[str, str]] = field(default_factory=list)
     fields: list[FieldSpec] = field(default_factory=list)
+    input_kind: str = "folder"  # packer.sources.inputs.INPUT_KINDS; "folder": files under `source`
+    inputs: list[str] = field(default_factory=list)  # container inputs, absolute paths, in order
 
     @property
     def num_shards(self) -> int:
@@ -198,6 +212,10 @@ def listing_lines(listing: Listing, start: int, end: int) -> Iterable[str]:
     one call of json's C string encoder on them all shows, no per-row call at all)."""
     paths = listing.paths[start:end]
     rows = zip(paths, listing.labels[start:end], listing.sizes[start:end])
+    if listing.locations is not None:
+        values = listing.values[start:end] if listing.values is not None else [None] * (end - start)
+        return (json.dumps([path, label, size, fields, listing.location(position)]) + "\n"
+                for position, ((path, label, size), fields) in enumerate(zip(rows, values), start))
     if listing.values is None:
         joined = "\0".join(paths)  # escaping adds characters; each NUL becomes \u0000, 5 more
         if len(encode_string(joined)) == len(joined) + 2 + 5 * max(len(paths) - 1, 0):
@@ -212,6 +230,8 @@ def write_plan(out: Path, listing: Listing, options: PackOptions) -> Plan:
     work_dir(out).mkdir(parents=True, exist_ok=True)
     bounds = shard_bounds(listing.sizes, options.shard_size, options.shard_bytes)
     digest = hashlib.sha256()
+    if listing.inputs:  # the locations index them: other inputs, other samples
+        digest.update(json.dumps(listing.inputs).encode())
     offsets: list[int] = []
     position = 0
     listing_file = listing_path(out)
@@ -238,6 +258,8 @@ def write_plan(out: Path, listing: Listing, options: PackOptions) -> Plan:
         ignored=listing.ignored_hidden + listing.ignored_other,
         scan_rejects=[{"path": path, "reason": reason} for path, reason in listing.rejects],
         fields=listing.fields,
+        input_kind=listing.kind,
+        inputs=listing.inputs,
     )
     atomic_write_text(plan_path(out), json.dumps(asdict(plan)) + "\n")
     return plan

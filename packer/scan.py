@@ -3,7 +3,8 @@
 The images come from the folder walk, or from a file list (`--files-from`); their labels from
 their top-level folders (an ImageFolder), from a metadata file (`--metadata`, which adds its other
 columns as fields) or nowhere (`--no-classes`), through a fixed class list when `--classes` names
-one; `--sidecars` adds fields read beside each image when it is packed.
+one; `--sidecars` adds fields read beside each image when it is packed. A SRC that is a container
+input (tar shards, a packed dataset, ...: `packer.sources.inputs`) is listed by its kind's module.
 """
 
 from __future__ import annotations
@@ -12,11 +13,14 @@ import os
 
 from .plan import PackOptions
 from .sources.classes import ClassMap, read_classes, relabel_folders
+from .sources.containers import scan_container
 from .sources.filelist import list_files
+from .sources.inputs import resolve_source
 from .sources.listing import UNLABELLED, Listing, ScanError
 from .sources.metadata import apply_metadata, read_metadata
 from .sources.remote import walk_url
 from .sources.sidecars import sidecar_specs
+from .sources.tfrecord import check_tfrecord_options
 from .sources.walk import walk
 
 __all__ = ["UNLABELLED", "Listing", "ScanError", "scan"]
@@ -26,6 +30,11 @@ def scan(src: str | os.PathLike[str], options: PackOptions | None = None) -> Lis
     """List what `options` says to pack from `src`, sorted by relative path (no options: the walk)."""
     if options is None:
         return walk(src)
+    source = resolve_source(src, options.input_format)
+    if source.kind != "tfrecord":
+        check_tfrecord_options(options)
+    if source.kind != "folder":
+        return scan_container(source, options)
     companions = frozenset("." + extension for extension in options.sidecars)
     folders_are_classes = options.metadata is None and not options.no_classes
     if "://" in str(src):

@@ -23,6 +23,7 @@ from .load import READ_THREADS, load_samples
 from .outdir import DONE_DIR, WORK_DIR, final_name, marker_path, temp_name, tmp_dir
 from .plan import Plan, load_plan, read_shard_entries
 from .remote_out import RemoteOut, staging_dir
+from .sources.containers import open_records
 from .validate import ErrorPolicy
 from .writers import Sample, get_writer, sidecar_path
 
@@ -168,19 +169,20 @@ def run_shard(out: Path | RemoteOut, plan: Plan, shard: int, *, threads: int = R
     source = plan.source if "://" in plan.source else Path(plan.source)  # a URL SRC stays a string
     try:
         with writer_cls(tmp, expected_bytes=sum(entry.size for entry in entries), classes=plan.classes,
-                        sample_shape=plan.options.sample_shape, fields=plan.fields) as writer:
-            for entry, loaded in load_samples(source, entries, plan.options, threads, plan.fields):
+                        sample_shape=plan.options.sample_shape, fields=plan.fields) as writer, \
+                open_records(plan) as records:
+            for entry, loaded in load_samples(source, entries, plan.options, threads, plan.fields, records):
                 if isinstance(loaded, RejectedFile):
                     rejects.append({"path": entry.path, "reason": str(loaded)})
                     check_rejects(out, plan, rejects, policy)
                 else:
-                    encoded, fields = loaded
-                    writer.add(Sample(key=sample_key(shard, count), label=entry.label, path=entry.path,
-                                      payload=encoded.payload, meta=encoded.meta, extension=encoded.extension,
-                                      crc32=encoded.crc32, fields=fields))
-                    count += 1
-                    label_counts[str(entry.label)] = label_counts.get(str(entry.label), 0) + 1
-                    extensions.add(encoded.extension)
+                    for encoded, fields, label, path in loaded if isinstance(loaded, list) else [loaded]:
+                        writer.add(Sample(key=sample_key(shard, count), label=label, path=path,
+                                          payload=encoded.payload, meta=encoded.meta, extension=encoded.extension,
+                                          crc32=encoded.crc32, fields=fields))
+                        count += 1
+                        label_counts[str(label)] = label_counts.get(str(label), 0) + 1
+                        extensions.add(encoded.extension)
                     source_bytes += entry.size
                 if progress:
                     progress(1)

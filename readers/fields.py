@@ -15,7 +15,7 @@ from typing import Any
 
 BUILTIN_FIELDS = ("image", "label", "path", "index")
 FIELD_TYPES = ("str", "int", "float", "bool", "array", "json")
-ARRAY_DTYPES = ("int64", "float64", "bool")
+ARRAY_DTYPES = ("int64", "float64", "float32", "bool")
 # Names a field cannot take: the built-in fields, what the wds layout uses for the image, label
 # and record members (image extensions, `cls`, `pack`).
 RESERVED_NAMES = frozenset({*BUILTIN_FIELDS, "cls", "pack", "jpg", "png", "gif", "bmp", "tif", "webp", "ppm", "raw", "npy"})

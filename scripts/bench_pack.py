@@ -13,10 +13,23 @@ against `("image", "label")` from each packed dataset (goal: within 1.2x).
 `--suite files-from` (issue 20): `pack plan` of `--list-files` empty image files by walking SRC
 and from a `find` list (`--files-from`), same run (goal: planning >= 2x faster than walking).
 
+`--suite inputs` (issue 21): the speed benchmark's folder as WebDataset tar shards (`.JPEG` +
+`.cls` per sample); `pack FORMAT SHARDS/` against `tar xf` of every shard followed by packing the
+extracted folder, and against packing the original folder, interleaved, medians of `--repeats`
+(goal: >= 2x faster than extract-then-pack; the median peak RSS of the whole process tree not
+above that of packing the folder).
+
     python scripts/bench_pack.py                      # 20k ImageNet-sized JPEGs
+    python scripts/bench_pack.py --suite inputs --repeats 3
     python scripts/bench_pack.py --files 2000 --rss-files 20000,200000
     python scripts/bench_pack.py --suite fields --files 20000
     python scripts/bench_pack.py --suite files-from --list-files 1000000
+    python scripts/bench_pack.py --suite recordio --files 20000 --repeats 3
+
+`--suite recordio` (issue 21): the speed benchmark's folder written as an MXNet `.rec` + `.idx`
+(by tests/recordfiles.py, as im2rec lays it out), then `pack FORMAT train.rec` against what
+users do without it: write the records out as files, then pack that folder; same run,
+interleaved, medians. Goals: >= 2x faster, and peak RSS never above packing the folder.
 """
 
 from __future__ import annotations
@@ -24,11 +37,13 @@ from __future__ import annotations
 import argparse
 import io
 import itertools
+import json
 import os
 import random
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 from typing import Iterator
@@ -257,6 +272,64 @@ def scan_seconds(src: Path, listing: Path, repeats: int) -> dict[str, float]:
     return {name: min(values) for name, values in times.items()}
 
 
+def make_tar_shards(src: Path, shards: Path, per_shard: int) -> Path:
+    """The folder as WebDataset shards: `n########/img_########.JPEG` and `.cls` (its class index)
+    per sample, `per_shard` samples per tar; extracting them gives the folder back (plus .cls files)."""
+    marker = shards / benchlib.SOURCE_MARKER
+    wanted = json.dumps({"source": str(src), "per_shard": per_shard})
+    if marker.exists() and marker.read_text() == wanted:
+        return shards
+    shutil.rmtree(shards, ignore_errors=True)
+    shards.mkdir(parents=True)
+    classes = sorted(path.name for path in src.iterdir() if path.is_dir())
+    images = sorted(src.rglob("*.JPEG"))
+    for start in range(0, len(images), per_shard):
+        with tarfile.open(shards / f"data-{start // per_shard:06d}.tar", "w", format=tarfile.USTAR_FORMAT) as tar:
+            for image in images[start:start + per_shard]:
+                name = image.relative_to(src).as_posix()
+                tar.add(image, arcname=name)
+                label = str(classes.index(image.parent.name)).encode()
+                info = tarfile.TarInfo(name.rsplit(".", 1)[0] + ".cls")
+                info.size = len(label)
+                tar.addfile(info, io.BytesIO(label))
+    marker.write_text(wanted)
+    return shards
+
+
+def bench_inputs(work: Path, files: int, repeats: int, extra: list[str], formats: list[str]) -> bool:
+    """Packing tar shards directly, against extracting them and packing the folder; and the folder itself."""
+    src = make_source(work, files)
+    shards = make_tar_shards(src, work / f"shards-{files}", per_shard=1000)
+    cold = benchlib.drop_page_cache()
+    print(f"{files} JPEGs in {len(list(shards.glob('*.tar')))} tar shards; page cache "
+          f"{'dropped before each run' if cold else 'NOT dropped: warm runs'}; medians of {repeats}, interleaved")
+    extracted, out = work / "extracted", work / "inputs-out"
+    ok = True
+    for fmt in formats:
+        runs: dict[str, list[tuple[float, float]]] = {"extract+pack": [], "pack tars": [], "pack folder": []}
+        for _ in range(repeats):
+            shutil.rmtree(extracted, ignore_errors=True)
+            extract = (f"mkdir {extracted} && for t in {shards}/*.tar; do tar xf $t -C {extracted} || exit 1; done && "
+                       + " ".join(pack_command(fmt, extracted, out, extra)))
+            runs["extract+pack"].append(timed(["sh", "-c", extract], cold))
+            shutil.rmtree(extracted)
+            runs["pack tars"].append(timed(pack_command(fmt, shards, out, extra), cold))
+            runs["pack folder"].append(timed(pack_command(fmt, src, out, extra), cold))
+        shutil.rmtree(out, ignore_errors=True)
+        seconds = {name: float(np.median([run[0] for run in values])) for name, values in runs.items()}
+        peaks = {name: float(np.median([run[1] for run in values])) for name, values in runs.items()}
+        ratio = seconds["extract+pack"] / seconds["pack tars"]
+        lean = peaks["pack tars"] <= peaks["pack folder"]
+        ok &= ratio >= 2 and lean
+        for name in runs:
+            print(f"  {fmt:5s} {name:13s} {seconds[name]:6.2f} s  ({files / seconds[name]:6.0f} images/s)  "
+                  f"peak RSS {peaks[name]:5.0f} MB")
+        print(f"  {fmt:5s} tar shards {ratio:4.2f}x faster than extract+pack (goal >= 2x: {'met' if ratio >= 2 else 'MISSED'}); "
+              f"peak RSS {peaks['pack tars']:.0f} MB vs {peaks['pack folder']:.0f} MB packing the folder "
+              f"({'not above: met' if lean else 'ABOVE: MISSED'})")
+    return ok
+
+
 def bench_memory(work: Path, counts: list[int], extra: list[str]) -> None:
     """Peak RSS for tiny-file folders of several sizes: what grows is the listing alone."""
     print("peak RSS by file count (8x8 JPEGs, lmdb):")
@@ -267,9 +340,85 @@ def bench_memory(work: Path, counts: list[int], extra: list[str]) -> None:
         shutil.rmtree(work / "out-rss")
 
 
+def write_rec(src: Path, rec: Path) -> int:
+    """The folder's JPEGs in path order as `rec` + its `.idx`, labelled by class folder; reused when there."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from recordfiles import recordio_payload, write_recordio
+
+    paths = sorted(src.rglob("*.JPEG"))
+    index = rec.with_suffix(".idx")
+    if rec.exists() and index.exists() and len(index.read_text().splitlines()) == len(paths):
+        return len(paths)
+    classes = sorted({path.parent.name for path in paths})
+    write_recordio(rec, (recordio_payload(path.read_bytes(), float(classes.index(path.parent.name)), id=key)
+                         for key, path in enumerate(paths)))
+    return len(paths)
+
+
+def extract_records(rec: Path, folder: Path) -> float:
+    """The usual workaround, timed: read the .rec front to back and write every image out as a file
+    under a folder per label (what an MXNet reader loop does, without MXNet)."""
+    from packer.sources.recordio import join_parts, record_ranges, unpack
+
+    started = time.perf_counter()
+    shutil.rmtree(folder, ignore_errors=True)
+    with open(rec, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        for key, (offset, length) in enumerate(record_ranges(handle, size)):
+            handle.seek(offset)
+            record = unpack(join_parts(handle.read(length), offset)[0])
+            target = folder / f"{int(record.class_label):05d}"
+            target.mkdir(parents=True, exist_ok=True)
+            (target / f"{key:08d}.jpg").write_bytes(record.image)
+    return time.perf_counter() - started
+
+
+def bench_recordio(work: Path, files: int, repeats: int, extra: list[str], formats: list[str]) -> bool:
+    """`pack FORMAT train.rec` against extracting the records to files and packing the folder."""
+    src = make_source(work, files)
+    rec = work / f"records-{files}" / "train.rec"
+    rec.parent.mkdir(exist_ok=True)
+    write_rec(src, rec)
+    cold = benchlib.drop_page_cache()
+    print(f"{files} records, {rec.stat().st_size / 1e9:.2f} GB .rec + .idx; page cache "
+          f"{'dropped before each run' if cold else 'NOT dropped (no permission): warm runs'}; {repeats} interleaved "
+          "rounds, medians; the machine was shared with other jobs")
+    extracted = work / f"records-{files}" / "extracted"
+    runs: dict[str, dict[str, list[tuple[float, float]]]] = {}
+    for round_number in range(repeats):
+        for fmt in formats:
+            out = work / f"records-out-{fmt}"
+            order = ("rec", "files") if round_number % 2 else ("files", "rec")
+            for way in order:
+                if cold:
+                    benchlib.drop_page_cache()
+                if way == "rec":
+                    seconds, peak = timed(pack_command(fmt, rec, out, extra), cold=False)
+                    runs.setdefault(fmt, {}).setdefault("rec", []).append((seconds, peak))
+                else:
+                    extract = extract_records(rec, extracted)
+                    seconds, peak = timed(pack_command(fmt, extracted, out, extra), cold=False)
+                    runs.setdefault(fmt, {}).setdefault("files", []).append((extract + seconds, peak))
+                    runs[fmt].setdefault("extract", []).append((extract, 0.0))
+                shutil.rmtree(out)
+    shutil.rmtree(extracted, ignore_errors=True)
+    ok = True
+    for fmt, ways in runs.items():
+        rec_s, files_s, extract_s = (float(np.median([s for s, _ in ways[way]])) for way in ("rec", "files", "extract"))
+        rec_rss, files_rss = (max(peak for _, peak in ways[way]) for way in ("rec", "files"))
+        ratio = files_s / rec_s
+        met = ratio >= 2 and rec_rss <= files_rss
+        ok &= met
+        print(f"  {fmt:5s} from .rec {rec_s:6.2f} s ({files / rec_s:5.0f}/s), peak RSS {rec_rss:4.0f} MB | write files "
+              f"{extract_s:5.2f} s + pack folder {files_s - extract_s:5.2f} s = {files_s:6.2f} s, pack's peak RSS "
+              f"{files_rss:4.0f} MB | {ratio:4.2f}x faster (goals >= 2x, RSS <= folder's: {'met' if met else 'MISSED'})")
+    return ok
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--suite", choices=("speed", "fields", "files-from"), default="speed")
+    parser.add_argument("--suite", choices=("speed", "fields", "files-from", "inputs", "recordio"), default="speed")
+    parser.add_argument("--formats", default="lmdb,wds", help="formats for --suite inputs and recordio")
     parser.add_argument("--files", type=int, default=20_000)
     parser.add_argument("--list-files", type=int, default=1_000_000, help="files for --suite files-from")
     parser.add_argument("--repeats", type=int, default=1)
@@ -281,6 +430,10 @@ def main() -> None:
     extra = args.pack_args.split()
     if args.suite == "fields":
         sys.exit(0 if bench_fields(args.work, args.files, args.repeats, extra) else 1)
+    if args.suite == "inputs":
+        sys.exit(0 if bench_inputs(args.work, args.files, args.repeats, extra, args.formats.split(",")) else 1)
+    if args.suite == "recordio":
+        sys.exit(0 if bench_recordio(args.work, args.files, max(args.repeats, 1), extra, args.formats.split(",")) else 1)
     if args.suite == "files-from":
         sys.exit(0 if bench_files_from(args.work, args.list_files, max(args.repeats, 3)) else 1)
     ok = bench_speed(args.work, args.files, args.repeats, extra)

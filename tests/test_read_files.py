@@ -48,7 +48,7 @@ def test_load_samples_keeps_listing_order_across_runs(tmp_path: Path, monkeypatc
     assert isinstance(results[5], RejectedFile) and str(results[5]).startswith("cannot read: ")
     for index in set(range(20)) - {3, 5, 10}:
         assert not isinstance(results[index], RejectedFile)
-        encoded, fields = results[index]
+        encoded, fields, _, _ = results[index]
         assert isinstance(encoded, Encoded) and encoded.payload == contents[index] and fields == {}
         assert encoded.crc32 == zlib.crc32(contents[index])
 

@@ -104,6 +104,10 @@ class Listing:
     `paths` is a `PathList` unless a source sets a list. `labels` index `classes` (-1: unlabelled). `rejects` are (path, reason) of files found but not
     packable, known before any is read; `fields` the per-sample fields, of which the ones in
     `values` (one dict per file, or None) come with the listing and the rest are read at packing.
+
+    Container inputs (tar shards, record files, packed datasets: `packer.sources.inputs`) list
+    samples inside `inputs` rather than files under `root`: `locations` holds three integers per
+    sample, (input number, offset, length), the byte range (or position) that `load` reads.
     """
 
     root: str
@@ -116,6 +120,9 @@ class Listing:
     rejects: list[tuple[str, str]] = field(default_factory=list)
     fields: list[FieldSpec] = field(default_factory=list)
     values: list[dict[str, Any]] | None = None
+    kind: str = "folder"
+    inputs: list[str] = field(default_factory=list)
+    locations: array | None = None
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -127,6 +134,13 @@ class Listing:
         self.sizes = array("q", (self.sizes[i] for i in positions))
         if self.values is not None:
             self.values = [self.values[i] for i in positions]
+        if self.locations is not None:
+            locations = self.locations
+            self.locations = array("q", (locations[3 * i + k] for i in positions for k in range(3)))
+
+    def location(self, position: int) -> list[int] | None:
+        """(input number, offset, length) of a container sample; None for a file under `root`."""
+        return None if self.locations is None else list(self.locations[3 * position:3 * position + 3])
 
 
 def is_image_name(name: str) -> bool:

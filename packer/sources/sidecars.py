@@ -51,14 +51,20 @@ def read_sidecars(root: str, path: str, extensions: Sequence[str], optional: boo
             raise RejectedFile(f"missing sidecar {name} (--sidecars-optional packs the sample without it)") from None
         except OSError as exc:
             raise RejectedFile(f"{name}: cannot read ({exc.strerror or exc})") from None
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise RejectedFile(f"{name}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})") from None
-        if extension == JSON_EXTENSION:
-            try:
-                json.loads(text)
-            except ValueError as exc:
-                raise RejectedFile(f"{name}: invalid JSON ({exc})") from None
-        stored[extension] = data
+        stored[extension] = checked_text(name, extension, data)
     return stored
+
+
+def checked_text(name: str, extension: str, data: bytes) -> bytes:
+    """A sidecar's (or tar member's) bytes, once known to be UTF-8 text (JSON for `json`); a
+    RejectedFile naming it otherwise."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RejectedFile(f"{name}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})") from None
+    if extension == JSON_EXTENSION:
+        try:
+            json.loads(text)
+        except ValueError as exc:
+            raise RejectedFile(f"{name}: invalid JSON ({exc})") from None
+    return data

@@ -1,0 +1,144 @@
+"""The Python API: `packer.pack(src, out, format=..., **options)` does what `pack FORMAT SRC OUT`
+does, with the CLI's flags as keyword arguments in snake_case (`--shard-size 5000` ->
+`shard_size=5000`), and returns the run's `Summary`; `packer.pack_samples(fn, inputs, out, ...)`
+packs the samples `fn` makes from each input (`packer.sources.samples`). Expected failures are
+`PackError` with the CLI's one-line messages.
+
+The CLI builds its call through the same `split_options`, so a flag and its keyword can never
+mean different things.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any, Callable, Sequence, TypeVar
+
+from readers.cache import parse_size
+from readers.manifest import DatasetError, Manifest
+
+from .descriptors import DEFAULT_SPLIT
+from .errors import PackError
+from .partition import resolve_partition
+from .outdir import prepare_output, work_dir
+from .pipeline import Summary, merge as merge_shards, pack as run_pipeline
+from .plan import PackOptions
+from .sources.listing import ScanError
+from .sources.samples import save_samples
+from .validate import ErrorPolicy
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How a run goes, as opposed to what it packs (PackOptions): not recorded in the plan."""
+
+    workers: int | None = None
+    overwrite: bool = False
+    task_index: int | None = None
+    task_count: int | None = None
+    engine: str = "local"
+    scheduler: str | None = None
+    on_error: str = "skip"
+    max_errors: int | None = None
+    split: str = DEFAULT_SPLIT
+    staging: str | os.PathLike[str] | None = None  # a URL OUT: where shards are written before upload
+    storage_options: dict[str, Any] | None = None  # a URL OUT: fsspec's options (endpoint, credentials)
+
+
+PACK_OPTION_NAMES = tuple(field.name for field in fields(PackOptions) if field.name != "format")
+RUN_OPTION_NAMES = tuple(field.name for field in fields(RunOptions))
+
+
+def split_options(format: str, options: dict[str, Any]) -> tuple[PackOptions, RunOptions]:
+    """Keyword options -> what shapes the result, and how the run goes. An unknown name or a bad
+    or contradictory value is a PackError naming the flag."""
+    unknown = sorted(set(options) - set(PACK_OPTION_NAMES) - set(RUN_OPTION_NAMES))
+    if unknown:
+        raise PackError(f"unknown option {unknown[0]!r}; options: {', '.join(PACK_OPTION_NAMES + RUN_OPTION_NAMES)}")
+    options = dict(options)
+    if isinstance(options.get("shard_bytes"), str):  # "2GB", as the flag takes it
+        try:
+            options["shard_bytes"] = parse_size(options["shard_bytes"])
+        except ValueError as exc:
+            raise PackError(f"--shard-bytes: {exc}") from None
+    if isinstance(options.get("sidecars"), str):  # "txt,json", as the flag takes it
+        options["sidecars"] = tuple(part.strip().lstrip(".") for part in options["sidecars"].split(",") if part.strip())
+    try:
+        pack_options = PackOptions(format=format, **{name: options[name] for name in PACK_OPTION_NAMES if name in options})
+    except TypeError as exc:  # a value of the wrong kind that a check compared (None < 1)
+        raise PackError(f"invalid option value: {exc}") from None
+    return pack_options, RunOptions(**{name: options[name] for name in RUN_OPTION_NAMES if name in options})
+
+
+def one_line_errors(call: Callable[[], T]) -> T:
+    """Run `call`, turning the library's expected failures into PackError with the message the
+    CLI prints: a missing or unreadable SRC, a damaged dataset, an OS error naming its file."""
+    try:
+        return call()
+    except (ScanError, DatasetError) as exc:
+        raise PackError(str(exc)) from None
+    except OSError as exc:
+        raise PackError(f"{exc.filename or 'pack'}: {exc.strerror or exc}") from None
+
+
+def run(src: str | os.PathLike[str], out: str | os.PathLike[str], options: PackOptions, run_options: RunOptions,
+        progress: Callable[[int], None] | None = None) -> Summary:
+    """Pack with options already split (the CLI's path after parsing)."""
+    def call() -> Summary:
+        policy = ErrorPolicy(on_error=run_options.on_error, max_errors=run_options.max_errors)
+        partition = resolve_partition(run_options.task_index, run_options.task_count)
+        return run_pipeline(src, out, options, overwrite=run_options.overwrite, workers=run_options.workers,
+                            partition=partition, engine=run_options.engine, scheduler=run_options.scheduler,
+                            progress=progress, policy=policy, split=run_options.split,
+                            staging=run_options.staging, storage_options=run_options.storage_options)
+
+    return one_line_errors(call)
+
+
+def pack(src: str | os.PathLike[str], out: str | os.PathLike[str], format: str, *,
+         progress: Callable[[int], None] | None = None, **options: Any) -> Summary:
+    """Pack SRC into `format` shards in OUT, as `pack FORMAT SRC OUT --option value ...` does.
+
+    `options` are the CLI's flags in snake_case (`shard_size=5000`, `store="raw"`, `workers=4`,
+    `on_error="fail"`, `task_index=0, task_count=8`, ...); `progress(n)` is called as samples are
+    done. Returns the Summary the CLI prints; raises PackError with the CLI's one-line message.
+    """
+    pack_options, run_options = split_options(format, options)
+    return run(src, out, pack_options, run_options, progress)
+
+
+def merge(out: str | os.PathLike[str], *, on_error: str = "skip", max_errors: int | None = None,
+          split: str = DEFAULT_SPLIT) -> Manifest:
+    """`pack merge OUT` (a directory or a URL): publish index.json once every task's shards are in
+    OUT; returns the manifest."""
+    return one_line_errors(lambda: merge_shards(out, ErrorPolicy(on_error=on_error, max_errors=max_errors),
+                                                split=split))
+
+
+def pack_samples(fn: Callable[[Any], Any], inputs: Sequence[Any], out: str | os.PathLike[str], format: str, *,
+                 progress: Callable[[int], None] | None = None, **options: Any) -> Summary:
+    """Pack the samples `fn(input)` returns for each of `inputs`, called in the spawned worker
+    processes: a dict (`image` as bytes, a PIL image or a uint8 array; `label`; other keys are
+    fields) or a list of them. Options, shards, resume, engines and rejects are `pack`'s; `fn`
+    must be importable there (a module-level function), and `fn` and `inputs` picklable.
+    """
+    if "input_format" in options:
+        raise PackError("pack_samples: input_format does not apply (the inputs are fn's)")
+    pack_options, run_options = split_options(format, {**options, "input_format": "samples"})
+    out_path = Path(out)
+
+    def call() -> Path:
+        # OUT is checked (and with overwrite emptied of pack's files) before fn and inputs are saved in it.
+        partition = resolve_partition(run_options.task_index, run_options.task_count)
+        if run_options.overwrite and not partition.is_whole:
+            raise PackError(f"{out_path}: --overwrite cannot be combined with a partitioned run; remove OUT first")
+        if out_path.exists() and not out_path.is_dir():
+            raise PackError(f"{out_path}: exists and is not a directory")
+        prepare_output(out_path, overwrite=run_options.overwrite)
+        return Path(save_samples(work_dir(out_path), fn, inputs))
+
+    src = one_line_errors(call)
+    return run(src, out_path, pack_options, replace(run_options, overwrite=False), progress)

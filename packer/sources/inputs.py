@@ -1,0 +1,257 @@
+"""Container inputs: samples that live inside files (tar shards, record files, packed datasets).
+
+A folder of images is listed file by file (`walk`, `filelist`). A container kind lists samples
+inside its input files instead, each at a location `(input number, offset, length)`: a byte range
+(a tar sample's members, a record) or, for a packed dataset, a sample index. Shards are planned
+from those locations exactly as from files, so workers, tasks, merge, resume and reruns behave
+the same, and nothing is extracted to disk.
+
+A kind is one module under `packer.sources` and one line in `INPUT_KINDS` (the file suffixes
+that make `resolve_source` recognise it); `packer.sources.containers` calls it. The module provides:
+
+    scan(source: Source, options: PackOptions) -> Listing
+        the samples in packing order, with `locations`, `fields` and `classes`; labels may be
+        UNLABELLED there when only reading the sample tells them
+    open_reader(plan: Plan) -> RecordReader
+        called once per shard; `reader(input, offset, length) -> Record` is called from reader
+        threads at once (so it must be thread-safe: `InputFiles` reads with pread), and raises
+        RejectedFile naming the member or record and the problem for a bad sample
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import stat
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from readers.manifest import MANIFEST_NAME
+
+from ..errors import RejectedFile
+from .listing import ScanError, is_image_name
+
+
+@dataclass(frozen=True)
+class InputKind:
+    """A container kind: the file suffixes that identify its inputs, and the module reading them
+    (None: recognised, but no reader yet); `python_only`: made by the Python API, never a CLI SRC."""
+
+    suffixes: tuple[str, ...]
+    module: str | None
+    python_only: bool = False
+
+
+INPUT_KINDS: dict[str, InputKind] = {
+    "tar": InputKind((".tar",), "packer.sources.tars"),
+    "recordio": InputKind((".rec",), "packer.sources.recordio"),
+    "tfrecord": InputKind((".tfrecord", ".tfrecords"), "packer.sources.tfrecord"),
+    "pack": InputKind((), "packer.sources.packed"),  # a directory holding index.json
+    "samples": InputKind((), "packer.sources.samples", python_only=True),  # packer.pack_samples' fn + inputs
+}
+INPUT_FORMATS = ("folder", *INPUT_KINDS)
+CLI_INPUT_FORMATS = ("folder", *(name for name, kind in INPUT_KINDS.items() if not kind.python_only))
+
+
+@dataclass(frozen=True)
+class Source:
+    """What SRC is: its kind, the folder sample paths are relative to, and the container inputs."""
+
+    kind: str
+    root: str
+    inputs: tuple[str, ...] = ()
+
+
+@dataclass
+class Record:
+    """One container sample as read: the image's bytes, its label, its fields' stored bytes, what
+    names the image in a reject (`x.jpg` of a tar, a record number), and the path to store where
+    the input keeps one (a packed dataset's samples keep theirs; None: the listing's)."""
+
+    image: bytes
+    label: int
+    fields: dict[str, bytes] = field(default_factory=dict)
+    image_name: str = "image"
+    path: str | None = None
+
+
+class RecordReader(Protocol):
+    def __call__(self, input: int, offset: int, length: int) -> Record | list[Record]: ...
+
+    def close(self) -> None: ...
+
+
+def resolve_source(src: str | os.PathLike[str], input_format: str | None = None) -> Source:
+    """The kind of SRC and its inputs, from what it is or as `input_format` says.
+
+    A directory holding index.json is a packed dataset; a directory whose files are all of one
+    container kind (and no images, no subfolders) is that kind's inputs; a file is known by its
+    suffix; a glob or brace pattern (`data-{000000..000127}.tar`) names input files. Anything
+    else is a folder of images, as before.
+    """
+    text = os.fspath(src)
+    if input_format == "folder":
+        return Source("folder", text)
+    path = Path(text)
+    if path.is_dir():
+        if input_format in (None, "pack") and (path / MANIFEST_NAME).is_file():
+            return Source("pack", os.path.abspath(text), (os.path.abspath(text),))
+        if input_format == "pack":
+            raise ScanError(f"{text}: no {MANIFEST_NAME}; not a packed dataset")
+        return _directory(text, input_format)
+    if path.is_file():
+        if path.name == MANIFEST_NAME and input_format in (None, "pack"):
+            root = os.path.abspath(path.parent)
+            return Source("pack", root, (root,))
+        return _files(text, [os.path.abspath(text)], input_format)
+    if not path.exists() and _is_pattern(text):
+        files = expand_pattern(text)
+        if not files:
+            raise ScanError(f"{text}: matches no file")
+        return _files(text, files, input_format)
+    if input_format is not None:
+        raise ScanError(f"{text}: does not exist")
+    return Source("folder", text)  # the walk names what is wrong with it
+
+
+def _directory(text: str, input_format: str | None) -> Source:
+    try:
+        entries = sorted(os.scandir(text), key=lambda entry: entry.name)
+    except OSError as exc:
+        raise ScanError(f"{text}: cannot list ({exc.strerror})") from None
+    visible = [entry for entry in entries if not entry.name.startswith(".")]
+    files = [entry for entry in visible if _is_file(entry)]
+    if input_format is not None:
+        suffixes = INPUT_KINDS[input_format].suffixes
+        inputs = [os.path.abspath(entry.path) for entry in files if not suffixes or entry.name.endswith(suffixes)]
+        if not inputs:
+            raise ScanError(f"{text}: no {input_format} files ({', '.join(suffixes)}) in this folder")
+        return _files(text, inputs, input_format)
+    kinds = {kind_of(entry.name) for entry in files} - {None}
+    plain_folder = any(is_image_name(entry.name) for entry in files) or len(files) < len(visible)
+    if not kinds or plain_folder:
+        return Source("folder", text)
+    if len(kinds) > 1:
+        raise ScanError(f"{text}: holds inputs of several kinds ({', '.join(sorted(map(str, kinds)))}); "
+                        "choose one with --input-format or a pattern")
+    kind = kinds.pop()
+    return _files(text, [os.path.abspath(entry.path) for entry in files if kind_of(entry.name) == kind], kind)
+
+
+def _files(text: str, inputs: list[str], input_format: str | None) -> Source:
+    """Input files of one kind: the kind from their suffixes unless given; sorted by path."""
+    kind = input_format
+    if kind is None:
+        kinds = {kind_of(name) for name in inputs}
+        if None in kinds or len(kinds) > 1:
+            odd = next(name for name in inputs if kind_of(name) is None) if None in kinds else inputs[0]
+            raise ScanError(f"{odd}: cannot tell what kind of input this is; say it with --input-format "
+                            f"({'|'.join(CLI_INPUT_FORMATS)})")
+        kind = kinds.pop()
+    assert kind is not None
+    if kind == "folder":
+        raise ScanError(f"{text}: --input-format folder needs a directory of images")
+    inputs = sorted(set(inputs))
+    return Source(kind, os.path.commonpath([os.path.dirname(name) for name in inputs]), tuple(inputs))
+
+
+def kind_of(name: str) -> str | None:
+    """The container kind a file name's suffix says, or None."""
+    for kind, spec in INPUT_KINDS.items():
+        if spec.suffixes and name.lower().endswith(spec.suffixes):
+            return kind
+    return None
+
+
+def _is_file(entry: os.DirEntry[str]) -> bool:
+    try:
+        return stat.S_ISREG(entry.stat().st_mode)
+    except OSError:
+        return False
+
+
+_BRACE = re.compile(r"\{([^{}]*)\}")
+_RANGE = re.compile(r"(\d+)\.\.(\d+)")
+
+
+def _is_pattern(text: str) -> bool:
+    return bool(_BRACE.search(text)) or glob.has_magic(text)
+
+
+def expand_braces(text: str) -> list[str]:
+    """`a-{000..002}.tar` -> a-000.tar, a-001.tar, a-002.tar (zero-padded as written); `{x,y}` -> x, y."""
+    match = _BRACE.search(text)
+    if match is None:
+        return [text]
+    inner = match.group(1)
+    numbers = _RANGE.fullmatch(inner)
+    if numbers:
+        first, last = numbers.groups()
+        width = len(first) if first.startswith("0") else 0
+        step = 1 if int(last) >= int(first) else -1
+        choices = [str(number).zfill(width) for number in range(int(first), int(last) + step, step)]
+    else:
+        choices = inner.split(",")
+    head, tail = text[:match.start()], text[match.end():]
+    return [expanded for choice in choices for expanded in expand_braces(head + choice + tail)]
+
+
+def expand_pattern(text: str) -> list[str]:
+    """The files a brace and/or glob pattern names, absolute; a braced name that is missing is an error."""
+    files: list[str] = []
+    for name in expand_braces(text):
+        if glob.has_magic(name):
+            files += [match for match in glob.glob(name) if os.path.isfile(match)]
+        elif os.path.isfile(name):
+            files.append(name)
+        else:
+            raise ScanError(f"{name}: does not exist (named by {text})")
+    return sorted({os.path.abspath(name) for name in files})
+
+
+READ_AHEAD_BYTES = 16 << 20
+
+
+class InputFiles:
+    """The input files of a shard, each opened once on first use and read with `pread`, which
+    reader threads may call at once on one descriptor (no shared file position).
+
+    Eight threads reading neighbouring ranges of one file look random to the kernel, which then
+    stops reading ahead: each read would wait for the disk. So the reads announce the next
+    READ_AHEAD_BYTES of the file (posix_fadvise WILLNEED), and the kernel fetches it in large
+    requests while the threads work.
+    """
+
+    def __init__(self, inputs: list[str]) -> None:
+        self.inputs = inputs
+        self._fds: dict[int, int] = {}
+        self._announced: dict[int, int] = {}  # input -> end of the range announced so far
+        self._lock = threading.Lock()
+
+    def read(self, input: int, offset: int, length: int) -> bytes:
+        """`length` bytes at `offset`; fewer where the file ends first (the caller names the damage)."""
+        fd = self._fds.get(input)
+        if fd is None:
+            with self._lock:
+                fd = self._fds.get(input)
+                if fd is None:
+                    try:
+                        fd = self._fds[input] = os.open(self.inputs[input], os.O_RDONLY)
+                    except OSError as exc:
+                        raise RejectedFile(f"{self.inputs[input]}: cannot open ({exc.strerror or exc})") from None
+        if offset + length > self._announced.get(input, 0):
+            self._announced[input] = offset + max(length, READ_AHEAD_BYTES)
+            os.posix_fadvise(fd, offset, max(length, READ_AHEAD_BYTES), os.POSIX_FADV_WILLNEED)
+        try:
+            return os.pread(fd, length, offset)
+        except OSError as exc:
+            raise RejectedFile(f"{self.inputs[input]}: cannot read ({exc.strerror or exc})") from None
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()

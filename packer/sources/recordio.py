@@ -1,0 +1,334 @@
+"""MXNet RecordIO (`train.rec`, with `train.idx` beside it or not), read by our own code: MXNet is
+retired and no longer installs on current Python.
+
+Framing (dmlc-core recordio.h): a record is one or more parts, each `u32 MAGIC`, `u32 lrec`
+(length: the low 29 bits; cflag: the top 3, 0 whole, 1 first, 2 middle, 3 last), the data, zero
+padding to 4 bytes. A writer splits a record where MAGIC appears 4-aligned inside it and drops
+that MAGIC; the reader puts it back between the parts. Payload (mxnet.recordio.pack): `<IfQQ`
+(flag, label, id, id2); when flag > 0, `flag` float32 labels follow (the first is the class,
+the whole array becomes field `label_array`), then the image bytes.
+
+insightface (MS1M, Glint360K): record 0 is a header without image whose first label is one past
+the last image record; identity records follow the images and are not samples.
+
+With a `.idx` (`key\\toffset` lines) the scan reads only the `.idx`, the header record and the
+first image record; without one it hops from part header to part header through the file once
+(8 bytes read per part, never the images). Each sample is the byte range of its record, read by
+the reader threads with one pread: nothing is extracted to disk.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import struct
+from array import array
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, BinaryIO, Iterator
+
+from readers.fields import FieldSpec, encode_value
+
+from ..errors import RejectedFile
+from .classes import read_classes
+from .inputs import InputFiles, Record, Source
+from .listing import UNLABELLED, Listing, ScanError
+
+if TYPE_CHECKING:
+    from ..plan import PackOptions, Plan
+
+log = logging.getLogger(__name__)
+
+MAGIC = 0xCED7230A
+MAGIC_BYTES = struct.pack("<I", MAGIC)
+PART_HEADER = struct.Struct("<II")
+IMAGE_HEADER = struct.Struct("<IfQQ")
+LENGTH_BITS = 29
+LENGTH_MASK = (1 << LENGTH_BITS) - 1
+WHOLE, FIRST, MIDDLE, LAST = range(4)
+LABEL_ARRAY_FIELD = "label_array"
+HEAD_BYTES = 256
+"""What a reader thread reads first of a record: the part and image headers and any label array."""
+
+
+class RecordError(ValueError):
+    """A record that cannot be read; the message says where and why."""
+
+
+def padded(length: int) -> int:
+    return (length + 3) & ~3
+
+
+def join_parts(data: bytes | memoryview, base: int = 0) -> tuple[bytes | memoryview, int]:
+    """The record at the start of `data` (read at byte `base` of its file, which messages name):
+    (its payload, the offset just past it, padding included). Split parts are joined with MAGIC
+    put back between them; a whole record's payload is a view of `data`, not a copy (`unpack`
+    copies the image out once)."""
+    view = memoryview(data)
+    parts: list[memoryview] = []
+    position = 0
+    while True:
+        if position + PART_HEADER.size > len(view):
+            raise RecordError(f"ends inside a part header at byte {base + position}")
+        magic, lrec = PART_HEADER.unpack_from(view, position)
+        if magic != MAGIC:
+            raise RecordError(f"bad magic 0x{magic:08x} at byte {base + position} (expected 0x{MAGIC:08x})")
+        length, cflag = lrec & LENGTH_MASK, lrec >> LENGTH_BITS
+        if cflag > LAST or (cflag in (WHOLE, FIRST)) != (not parts):
+            raise RecordError(f"part at byte {base + position} has continuation flag {cflag} "
+                              + ("inside a split record" if parts else "but starts a record"))
+        begin = position + PART_HEADER.size
+        if begin + length > len(view):
+            raise RecordError(f"part at byte {base + position} claims {length} bytes, past the end of the record "
+                              f"(byte {base + len(view)})")
+        parts.append(view[begin:begin + length])
+        position = begin + padded(length)
+        if cflag in (WHOLE, LAST):
+            return MAGIC_BYTES.join(parts) if len(parts) > 1 else parts[0], min(position, len(view))
+
+
+def whole_record(head: bytes, length: int) -> tuple[int, int] | None:
+    """Where the image of a record read `length` bytes long lies, from its first HEAD_BYTES: (start,
+    end) within the record, when it is one part that fills the range and its labels are in `head`;
+    None otherwise (a split or damaged record: read it whole, and let `join_parts` say what is wrong)."""
+    if len(head) < PART_HEADER.size + IMAGE_HEADER.size:
+        return None
+    magic, lrec = PART_HEADER.unpack_from(head)
+    size, cflag = lrec & LENGTH_MASK, lrec >> LENGTH_BITS
+    start = PART_HEADER.size + IMAGE_HEADER.size + 4 * IMAGE_HEADER.unpack_from(head, PART_HEADER.size)[0]
+    end = PART_HEADER.size + size
+    if magic != MAGIC or cflag != WHOLE or end > length or min(PART_HEADER.size + padded(size), length) != length \
+            or start > min(end, len(head)):
+        return None
+    return start, end
+
+
+def next_record(handle: BinaryIO, offset: int, size: int) -> int:
+    """Offset just past the record starting at `offset`, reading only its part headers."""
+    position = offset
+    first = True
+    while True:
+        handle.seek(position)
+        header = handle.read(PART_HEADER.size)
+        if len(header) < PART_HEADER.size:
+            raise RecordError(f"ends inside a part header at byte {position}")
+        magic, lrec = PART_HEADER.unpack(header)
+        if magic != MAGIC:
+            raise RecordError(f"bad magic 0x{magic:08x} at byte {position} (expected 0x{MAGIC:08x})")
+        length, cflag = lrec & LENGTH_MASK, lrec >> LENGTH_BITS
+        if cflag > LAST or (cflag in (WHOLE, FIRST)) != first:
+            raise RecordError(f"part at byte {position} has continuation flag {cflag} "
+                              + ("but starts a record" if first else "inside a split record"))
+        end = position + PART_HEADER.size + length
+        if end > size:
+            raise RecordError(f"part at byte {position} claims {length} bytes, past the end ({size})")
+        position = min(position + PART_HEADER.size + padded(length), size)
+        first = False
+        if cflag in (WHOLE, LAST):
+            return position
+
+
+def record_ranges(handle: BinaryIO, size: int) -> Iterator[tuple[int, int]]:
+    """(offset, length) of every record, in file order: one pass over the part headers.
+    A RecordError stops it: past a bad header no record boundary can be trusted."""
+    offset = 0
+    while offset < size:
+        end = next_record(handle, offset, size)
+        yield offset, end - offset
+        offset = end
+
+
+@dataclass(frozen=True)
+class ImageRecord:
+    """A payload unpacked: the image header, the label array (flag > 0) and the image bytes."""
+
+    flag: int
+    label: float
+    id: int
+    id2: int
+    labels: tuple[float, ...]
+    image: bytes
+
+    @property
+    def class_label(self) -> float:
+        return self.labels[0] if self.labels else self.label
+
+
+def unpack(payload: bytes | memoryview) -> ImageRecord:
+    """mxnet.recordio.unpack, without MXNet; the image comes out as bytes of its own."""
+    if len(payload) < IMAGE_HEADER.size:
+        raise RecordError(f"payload of {len(payload)} bytes is shorter than the {IMAGE_HEADER.size}-byte image header")
+    flag, label, id_, id2 = IMAGE_HEADER.unpack_from(payload)
+    start = IMAGE_HEADER.size + 4 * flag
+    if start > len(payload):
+        raise RecordError(f"header says {flag} labels follow, but the payload has only {len(payload)} bytes")
+    labels = struct.unpack_from(f"<{flag}f", payload, IMAGE_HEADER.size) if flag else ()
+    return ImageRecord(flag, label, id_, id2, labels, bytes(payload[start:]))
+
+
+def read_index(path: str, size: int, rec_name: str) -> tuple[list[tuple[int, int]], list[str]]:
+    """The `.idx` beside a `.rec`: (key, offset) pairs in file order, and the problems found
+    (an offset outside the file, a malformed line): each a reject naming the line."""
+    entries: list[tuple[int, int]] = []
+    problems: list[str] = []
+    name = os.path.basename(path)
+    with open(path, encoding="ascii", errors="replace") as handle:
+        for number, line in enumerate(handle, 1):
+            fields = line.split()
+            if not fields:
+                continue
+            try:
+                key, offset = int(fields[0]), int(fields[1])
+                if len(fields) != 2:
+                    raise ValueError
+            except (ValueError, IndexError):
+                problems.append(f"{name} line {number}: not 'key<TAB>offset': {line.strip()[:60]!r}")
+                continue
+            if not 0 <= offset < size:
+                problems.append(f"{name} line {number}: record {key} at byte {offset} is outside {rec_name} "
+                                f"({size} bytes)")
+                continue
+            entries.append((key, offset))
+    entries.sort(key=lambda entry: entry[1])
+    for (key, offset), (other, following) in zip(entries, entries[1:]):
+        if offset == following:
+            problems.append(f"{name}: records {key} and {other} both at byte {offset}")
+    seen: set[int] = set()
+    unique = []
+    for key, offset in entries:
+        if offset not in seen:
+            seen.add(offset)
+            unique.append((key, offset))
+    return unique, problems
+
+
+def index_path(path: str) -> str:
+    """`train.rec` -> `train.idx`, where im2rec and insightface put the index."""
+    return os.path.splitext(path)[0] + ".idx"
+
+
+def scan(source: Source, options: PackOptions) -> Listing:
+    """The image records of every `.rec` in `source.inputs`, in file order, from their `.idx` or
+    one pass over the part headers; labels are read with each sample."""
+    listing = Listing(root=source.root, classes=read_classes(options.classes) if options.classes else [],
+                      locations=array("q"))
+    widths: dict[int, str] = {}  # label-array length -> the file that has it
+    for number, path in enumerate(source.inputs):
+        name = os.path.relpath(path, source.root)
+        width = scan_file(listing, number, path, name)
+        if width is not None:
+            widths.setdefault(width, name)
+    if len(widths) > 1:
+        raise ScanError("; ".join(f"{name}: {width} labels per record" for width, name in widths.items())
+                        + ": every input must have label arrays of one length")
+    width = next(iter(widths), 0)
+    if width:
+        listing.fields = [FieldSpec(LABEL_ARRAY_FIELD, "array", dtype="float32", shape=(width,))]
+    log.info("scanned %d RecordIO files under %s: %d samples, %d rejected", len(source.inputs), source.root,
+             len(listing), len(listing.rejects))
+    return listing
+
+
+def scan_file(listing: Listing, number: int, path: str, name: str) -> int | None:
+    """List one file's image records; returns its label-array length (None: no image record read)."""
+    try:
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            records = list_records(listing, handle, path, name, size)
+            if not records:
+                return None
+            first = _unpack_at(handle, *records[0][1:])
+            if first is not None and first.flag > 0 and not first.image:  # insightface's header record
+                end = int(first.labels[0])
+                images = [record for record in records[1:] if record[0] < end]
+                listing.ignored_other += len(records) - 1 - len(images)  # identity records: not samples
+                records = images
+            width = next((found.flag for record in records[:1] if (found := _unpack_at(handle, *record[1:]))), None)
+    except OSError as exc:
+        raise ScanError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    assert listing.locations is not None
+    for key, offset, length in records:
+        listing.paths.append(f"{name}/{key}")
+        listing.labels.append(UNLABELLED)  # read with the sample
+        listing.sizes.append(length)
+        listing.locations.extend((number, offset, length))
+    return width
+
+
+def list_records(listing: Listing, handle: BinaryIO, path: str, name: str, size: int) -> list[tuple[int, int, int]]:
+    """(key, offset, length) of every record: from the .idx (keys as it gives them), else from
+    one pass over the part headers (keys 0, 1, ... in file order). Bad entries become rejects."""
+    idx = index_path(path)
+    if os.path.isfile(idx):
+        entries, problems = read_index(idx, size, name)
+        listing.rejects += [(name, problem) for problem in problems]
+        ends = [offset for _, offset in entries[1:]] + [size]
+        return [(key, offset, end - offset) for (key, offset), end in zip(entries, ends)]
+    records = []
+    try:
+        for key, (offset, length) in enumerate(record_ranges(handle, size)):
+            records.append((key, offset, length))
+    except RecordError as exc:
+        listing.rejects.append((f"{name}/{len(records)}", f"{exc}: the rest of {name} cannot be read"))
+    return records
+
+
+def _unpack_at(handle: BinaryIO, offset: int, length: int) -> ImageRecord | None:
+    """The record at `offset`, or None when it is damaged (its reject comes when it is packed)."""
+    handle.seek(offset)
+    try:
+        return unpack(join_parts(handle.read(length), offset)[0])
+    except RecordError:
+        return None
+
+
+class RecordIOReader:
+    """Reads one record's byte range and unpacks its label, label array and image."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.files = InputFiles(plan.inputs)
+        self.spec = next((spec for spec in plan.fields if spec.name == LABEL_ARRAY_FIELD), None)
+        self.width = self.spec.shape[0] if self.spec is not None and self.spec.shape else 0
+
+    def __call__(self, input: int, offset: int, length: int) -> Record:
+        head = self.files.read(input, offset, min(length, HEAD_BYTES))
+        whole = whole_record(head, length)
+        if whole is not None:  # the usual record: read its image alone, as a file's bytes would be
+            start, end = whole
+            image = self.files.read(input, offset + start, end - start)
+            if len(image) == end - start:
+                return self.sample(replace(unpack(head[PART_HEADER.size:start]), image=image), offset)
+        data = self.files.read(input, offset, length)
+        try:
+            if len(data) < length:
+                raise RecordError(f"the file ends at byte {offset + len(data)}, before the record does "
+                                  "(shorter than when it was scanned)")
+            payload, end = join_parts(data, offset)
+            if end != length:
+                raise RecordError(f"the record ends at byte {offset + end}, but the next one should start at byte "
+                                  f"{offset + length} (the .idx disagrees with the .rec)")
+            record = unpack(payload)
+        except RecordError as exc:
+            raise RejectedFile(f"record at byte {offset}: {exc}") from None
+        return self.sample(record, offset)
+
+    def sample(self, record: ImageRecord, offset: int) -> Record:
+        if not record.image:
+            raise RejectedFile(f"record at byte {offset}: no image bytes after its header")
+        if record.flag != self.width:
+            raise RejectedFile(f"record at byte {offset}: {record.flag} labels, where the first image record "
+                               f"has {self.width}")
+        label = record.class_label
+        if not math.isfinite(label) or label < 0 or label != int(label):
+            raise RejectedFile(f"record at byte {offset}: label {label} is not a class index (a whole number >= 0)")
+        fields = {}
+        if self.spec is not None:
+            fields[LABEL_ARRAY_FIELD] = encode_value(self.spec, list(record.labels))
+        return Record(image=record.image, label=int(label), fields=fields)
+
+    def close(self) -> None:
+        self.files.close()
+
+
+def open_reader(plan: Plan) -> RecordIOReader:
+    return RecordIOReader(plan)

@@ -1,0 +1,323 @@
+"""WebDataset tar shards as SRC (img2dataset output, `pack wds` output, any `tar` of samples).
+
+WebDataset's rules: a sample's key is the member path up to the first "." of its file name, the
+rest its (lower-cased) extension; only adjacent members group. The image is the first member
+with an image extension; `cls`, `class` or `label` holds an integer label; every other member
+whose extension is a valid field name is a field (`json`: JSON, others: UTF-8 text, as
+`--sidecars`). Shards are read in name order, samples in tar order.
+
+The scan reads only the tar headers (PAX headers included) and lists each sample as the byte
+range from its first header to the end of its last member; the reader threads read that range
+with one pread and take the members out of it, so nothing is extracted to disk.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tarfile
+from array import array
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from readers.fields import FieldSpec, check_field_name
+
+from ..errors import RejectedFile
+from ..plan import PackOptions, Plan
+from .classes import read_classes
+from .inputs import InputFiles, Record, Source
+from .listing import IMAGE_EXTENSIONS, UNLABELLED, Listing, ScanError
+from .sidecars import JSON_EXTENSION, checked_text
+
+log = logging.getLogger(__name__)
+
+LABEL_EXTENSIONS = ("cls", "class", "label")
+SCAN_THREADS = 8
+BLOCK = tarfile.BLOCKSIZE
+
+
+@dataclass(slots=True)
+class Group:
+    """Adjacent members sharing a key, as the scan sees them."""
+
+    key: str
+    start: int
+    end: int = 0
+    members: list[tuple[str, str, int]] = field(default_factory=list)  # (extension, name, size)
+
+
+def split_name(name: str) -> tuple[str, str] | None:
+    """`dir/x.seg.png` -> (`dir/x`, `seg.png`); None for a name without an extension."""
+    base = name.rfind("/") + 1
+    dot = name.find(".", base)
+    if dot <= base:
+        return None
+    return name[:dot], name[dot + 1:].lower()
+
+
+def image_member(extensions: list[str]) -> int | None:
+    """Position of the first member with an image extension."""
+    return next((k for k, extension in enumerate(extensions) if "." + extension in IMAGE_EXTENSIONS), None)
+
+
+def is_field(extension: str) -> bool:
+    return extension not in LABEL_EXTENSIONS and "." + extension not in IMAGE_EXTENSIONS \
+        and check_field_name(extension) is None
+
+
+def scan(source: Source, options: PackOptions) -> Listing:
+    """The samples of every tar in `source.inputs`, from their headers; bad ones are rejects."""
+    listing = Listing(root=source.root, classes=read_classes(options.classes) if options.classes else [],
+                      locations=array("q"))
+    seen: dict[str, int] = {}  # field extension -> samples that have it
+    names = [os.path.relpath(path, source.root) for path in source.inputs]
+    # Reading headers is one small read every member: on a cold cache, disk latency. Several tars
+    # at once keep several reads in flight (pread releases the GIL); at most 2 x SCAN_THREADS
+    # tars' listings wait at once, and they are appended in tar order.
+    with ThreadPoolExecutor(SCAN_THREADS, thread_name_prefix="pack-scan") as pool:
+        pending: deque[Future[tuple[Listing, dict[str, int]]]] = deque()
+        for number in range(len(names)):
+            while len(pending) < 2 * SCAN_THREADS and number + len(pending) < len(names):
+                ahead = number + len(pending)
+                pending.append(pool.submit(scan_tar, ahead, source.inputs[ahead], names[ahead]))
+            part, fields = pending.popleft().result()
+            append(listing, part)
+            for extension, count in fields.items():
+                seen[extension] = seen.get(extension, 0) + count
+    listing.fields = [FieldSpec(extension, "json" if extension == JSON_EXTENSION else "str",
+                                optional=count < len(listing))
+                      for extension, count in sorted(seen.items())]
+    log.info("scanned %d tar files under %s: %d samples, %d rejected", len(source.inputs), source.root,
+             len(listing), len(listing.rejects))
+    return listing
+
+
+def append(listing: Listing, part: Listing) -> None:
+    assert listing.locations is not None and part.locations is not None
+    listing.paths += part.paths
+    listing.labels += part.labels
+    listing.sizes += part.sizes
+    listing.locations += part.locations
+    listing.rejects += part.rejects
+    listing.ignored_other += part.ignored_other
+
+
+def scan_tar(number: int, path: str, name: str) -> tuple[Listing, dict[str, int]]:
+    """Input `number`'s samples (a listing to append) and how many samples have each field; each
+    sample is classified as soon as its last member is seen, so only one waits at a time."""
+    part = Listing(root="", classes=[], locations=array("q"))
+    seen: dict[str, int] = {}
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        raise ScanError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    try:
+        size = os.fstat(fd).st_size
+        group: Group | None = None
+        last = ""
+        try:
+            for member in read_members(lambda offset, length: os.pread(fd, length, offset), 0, size):
+                last = member.name
+                parts = split_name(member.name) if member.is_file else None
+                if parts is None:
+                    part.ignored_other += member.is_file
+                    continue
+                key, extension = parts
+                if group is None or group.key != key:
+                    if group is not None:
+                        add_sample(part, number, name, group, seen, size)
+                    group = Group(key=key, start=member.start)
+                group.members.append((extension, member.name, member.size))
+                group.end = member.end
+        except TarDamage as exc:
+            if group is None or group.end <= size:  # else that sample is rejected as truncated
+                part.rejects.append((name, f"{exc} (after member {last or 'none'}): the rest of the file "
+                                           "cannot be read"))
+        except OSError as exc:
+            raise ScanError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        if group is not None:
+            add_sample(part, number, name, group, seen, size)
+    finally:
+        os.close(fd)
+    return part, seen
+
+
+def add_sample(listing: Listing, number: int, name: str, group: Group, seen: dict[str, int], size: int) -> None:
+    path = f"{name}/{group.key}"
+    extensions = [extension for extension, _, _ in group.members]
+    twice = next((extension for k, extension in enumerate(extensions) if extension in extensions[:k]), None)
+    image = image_member(extensions)
+    if group.end > size:
+        listing.rejects.append((path, f"member {group.members[-1][1]} is truncated (the tar ends at byte {size})"))
+    elif twice is not None:
+        listing.rejects.append((path, f"two members {group.key}.{twice} in one sample"))
+    elif image is None:
+        listing.rejects.append((path, "no image member (members: "
+                                      + ", ".join(member for _, member, _ in group.members) + ")"))
+    else:
+        assert listing.locations is not None
+        listing.paths.append(path)
+        listing.labels.append(UNLABELLED)  # read with the sample
+        listing.sizes.append(group.members[image][2])
+        listing.locations.extend((number, group.start, group.end - group.start))
+        for extension in extensions:
+            if is_field(extension):
+                seen[extension] = seen.get(extension, 0) + 1
+        listing.ignored_other += sum(1 for k, extension in enumerate(extensions)
+                                     if k != image and extension not in LABEL_EXTENSIONS and not is_field(extension))
+
+
+class TarReader:
+    """Reads one sample's byte range and takes its image, label and fields out of the members."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.files = InputFiles(plan.inputs)
+        self.fields = {spec.name for spec in plan.fields}
+
+    def __call__(self, input: int, offset: int, length: int) -> Record:
+        data = self.files.read(input, offset, length)
+        if len(data) < length:
+            raise RejectedFile(f"{self.files.inputs[input]}: shorter than when it was scanned")
+        view = memoryview(data)
+        try:
+            contents = [(member.name, view[member.data - offset:member.data - offset + member.size])
+                        for member in read_members(lambda at, size: view[at - offset:at - offset + size],
+                                                   offset, offset + length) if member.is_file]
+        except TarDamage as exc:
+            raise RejectedFile(f"{self.files.inputs[input]}: {exc} (changed since the scan?)") from None
+        image: tuple[str, bytes] | None = None
+        label = UNLABELLED
+        fields: dict[str, bytes] = {}
+        for name, content in contents:
+            parts = split_name(name)
+            if parts is None:
+                continue
+            extension = parts[1]
+            if image is None and "." + extension in IMAGE_EXTENSIONS:
+                image = (name, bytes(content))
+            elif extension in LABEL_EXTENSIONS and label == UNLABELLED:
+                label = parse_label(name, bytes(content))
+            elif extension in self.fields:
+                fields[extension] = checked_text(name, extension, bytes(content))
+        if image is None:
+            raise RejectedFile(f"{self.files.inputs[input]} at byte {offset}: no image member (changed since the scan?)")
+        return Record(image=image[1], label=label, fields=fields, image_name=image[0])
+
+    def close(self) -> None:
+        self.files.close()
+
+
+class TarDamage(Exception):
+    """The tar cannot be read on from here; the message says where and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One tar member: where its headers start (PAX and GNU long-name headers included), where its
+    data starts, its size, and where it ends with its padding."""
+
+    name: str
+    start: int
+    data: int
+    size: int
+    is_file: bool
+
+    @property
+    def end(self) -> int:
+        return self.data + padded(self.size)
+
+
+def read_members(read: Callable[[int, int], bytes | memoryview], start: int, end: int) -> Iterator[Member]:
+    """The members of the tar bytes `start`..`end` (`read(offset, length)` gives them), from their
+    headers alone: ustar, PAX ('x', its path and size) and GNU long names ('L'). The tar module
+    takes ~100 us a member, several times the cost of packing the sample; this takes a few."""
+    offset = first = start
+    name: str | None = None
+    size_override: int | None = None
+    while offset < end:
+        header = bytes(read(offset, BLOCK))
+        if len(header) < BLOCK:
+            raise TarDamage(f"truncated at byte {offset}, inside a header")
+        if header == ZERO_BLOCK:
+            return  # the end-of-archive marker
+        if header_checksum(header) != octal(header[148:156], offset):
+            raise TarDamage(f"damaged at byte {offset}: a header's checksum does not match")
+        size, kind = octal(header[124:136], offset), header[156:157]
+        data = offset + BLOCK
+        offset = data + padded(size)
+        if kind == b"L":  # a GNU long name for the next header
+            name = bytes(read(data, size)).rstrip(b"\0").decode("utf-8", "surrogateescape")
+            continue
+        if kind == b"x":  # PAX attributes of the next header
+            attributes = pax_attributes(bytes(read(data, size)), data)
+            name = attributes.get("path", name)
+            size_override = int(attributes["size"]) if "size" in attributes else size_override
+            continue
+        if kind == b"g":  # PAX global attributes: nothing a sample needs
+            first = offset
+            continue
+        if size_override is not None:
+            size, offset = size_override, data + padded(size_override)
+        if name is None:
+            name = header[0:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            if header[257:262] == b"ustar" and header[345] != 0:
+                name = header[345:500].split(b"\0", 1)[0].decode("utf-8", "surrogateescape") + "/" + name
+        yield Member(name, first, data, size, kind in (b"0", b"\0", b"7"))
+        first, name, size_override = offset, None, None
+
+
+def padded(size: int) -> int:
+    return -(-size // BLOCK) * BLOCK
+
+
+ZERO_BLOCK = bytes(BLOCK)
+
+
+def header_checksum(header: bytes) -> int:
+    """The ustar checksum: the header's bytes summed with the checksum field read as spaces."""
+    return sum(header[:148]) + 8 * 32 + sum(header[156:])
+
+
+def octal(field: bytes, offset: int) -> int:
+    """A numeric header field: octal text, or GNU base-256 for large sizes."""
+    if field[0] & 0x80:
+        return int.from_bytes(field[1:], "big")
+    text = field.split(b"\0", 1)[0].strip()
+    try:
+        return int(text, 8) if text else 0
+    except ValueError:
+        raise TarDamage(f"damaged at byte {offset}: a header field is not a number ({text[:12]!r})") from None
+
+
+def pax_attributes(data: bytes, offset: int) -> dict[str, str]:
+    """`length key=value\\n` records; only path and size matter here."""
+    attributes = {}
+    position = 0
+    while position < len(data) and data[position:position + 1] != b"\0":
+        space = data.find(b" ", position)
+        try:
+            length = int(data[position:space])
+        except ValueError:
+            raise TarDamage(f"damaged at byte {offset}: unreadable PAX attributes") from None
+        record = data[space + 1:position + length - 1]
+        key, _, value = record.partition(b"=")
+        attributes[key.decode("utf-8", "replace")] = value.decode("utf-8", "surrogateescape")
+        position += length
+    return attributes
+
+
+def parse_label(name: str, content: bytes) -> int:
+    text = content.decode("utf-8", "replace").strip()
+    try:
+        label = int(text)
+    except ValueError:
+        raise RejectedFile(f"{name}: label {text[:40]!r} is not an integer") from None
+    if label < 0:
+        raise RejectedFile(f"{name}: label {label} is negative")
+    return label
+
+
+def open_reader(plan: Plan) -> TarReader:
+    return TarReader(plan)
