@@ -65,6 +65,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 time.sleep(len(chunk) / bandwidth)
 
 
+class _Server(http.server.ThreadingHTTPServer):
+    request_queue_size = 128  # the default backlog of 5 drops bursts of connections (SYN retried a second later)
+
+
 class LoopbackHTTP:
     """Serve `directory` at `self.url` until `close()`.
 
@@ -83,7 +87,7 @@ class LoopbackHTTP:
         self.faults: dict[str, list[int | str]] = {}
         self.closing = threading.Event()
         self._lock = threading.Lock()
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Handler, owner=self))
+        self._server = _Server(("127.0.0.1", 0), functools.partial(_Handler, owner=self))
         self._server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._server.server_port}"
         threading.Thread(target=self._server.serve_forever, name="loopback-http", daemon=True).start()
