@@ -13,6 +13,7 @@ with one pread and take the members out of it, so nothing is extracted to disk.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import tarfile
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 
 LABEL_EXTENSIONS = ("cls", "class", "label")
 SCAN_THREADS = 8
+SCAN_READ = 4096
 BLOCK = tarfile.BLOCKSIZE
 
 
@@ -57,9 +59,24 @@ def split_name(name: str) -> tuple[str, str] | None:
     return name[:dot], name[dot + 1:].lower()
 
 
-def image_member(extensions: list[str]) -> int | None:
-    """Position of the first member with an image extension."""
-    return next((k for k, extension in enumerate(extensions) if "." + extension in IMAGE_EXTENSIONS), None)
+@dataclass(frozen=True)
+class Layout:
+    """What a sample's member extensions make of it; samples mostly share one (`layout` caches it)."""
+
+    image: int | None  # position of the first member with an image extension
+    twice: str | None  # an extension two members have
+    fields: tuple[str, ...]
+    ignored: int  # members that are neither the image, nor a label, nor a field
+
+
+@functools.lru_cache(maxsize=1024)
+def layout(extensions: tuple[str, ...]) -> Layout:
+    image = next((k for k, extension in enumerate(extensions) if "." + extension in IMAGE_EXTENSIONS), None)
+    twice = next((extension for k, extension in enumerate(extensions) if extension in extensions[:k]), None)
+    fields = tuple(extension for extension in extensions if is_field(extension))
+    ignored = sum(1 for k, extension in enumerate(extensions)
+                  if k != image and extension not in LABEL_EXTENSIONS and extension not in fields)
+    return Layout(image, twice, fields, ignored)
 
 
 def is_field(extension: str) -> bool:
@@ -118,7 +135,7 @@ def scan_tar(number: int, path: str, name: str) -> tuple[Listing, dict[str, int]
         group: Group | None = None
         last = ""
         try:
-            for member in read_members(lambda offset, length: os.pread(fd, length, offset), 0, size):
+            for member in read_members(HeaderReader(fd), 0, size):
                 last = member.name
                 parts = split_name(member.name) if member.is_file else None
                 if parts is None:
@@ -144,29 +161,40 @@ def scan_tar(number: int, path: str, name: str) -> tuple[Listing, dict[str, int]
     return part, seen
 
 
+class HeaderReader:
+    """`read(offset, length)` for the scan: each pread takes SCAN_READ bytes, so a small member
+    (a label, a caption) and the next header usually come with the header before them."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.start = 0
+        self.data = b""
+
+    def __call__(self, offset: int, length: int) -> bytes:
+        if not (self.start <= offset and offset + length <= self.start + len(self.data)):
+            self.start, self.data = offset, os.pread(self.fd, max(length, SCAN_READ), offset)
+        return self.data[offset - self.start:offset - self.start + length]
+
+
 def add_sample(listing: Listing, number: int, name: str, group: Group, seen: dict[str, int], size: int) -> None:
     path = f"{name}/{group.key}"
-    extensions = [extension for extension, _, _ in group.members]
-    twice = next((extension for k, extension in enumerate(extensions) if extension in extensions[:k]), None)
-    image = image_member(extensions)
+    found = layout(tuple(extension for extension, _, _ in group.members))
     if group.end > size:
         listing.rejects.append((path, f"member {group.members[-1][1]} is truncated (the tar ends at byte {size})"))
-    elif twice is not None:
-        listing.rejects.append((path, f"two members {group.key}.{twice} in one sample"))
-    elif image is None:
+    elif found.twice is not None:
+        listing.rejects.append((path, f"two members {group.key}.{found.twice} in one sample"))
+    elif found.image is None:
         listing.rejects.append((path, "no image member (members: "
                                       + ", ".join(member for _, member, _ in group.members) + ")"))
     else:
         assert listing.locations is not None
         listing.paths.append(path)
         listing.labels.append(UNLABELLED)  # read with the sample
-        listing.sizes.append(group.members[image][2])
+        listing.sizes.append(group.members[found.image][2])
         listing.locations.extend((number, group.start, group.end - group.start))
-        for extension in extensions:
-            if is_field(extension):
-                seen[extension] = seen.get(extension, 0) + 1
-        listing.ignored_other += sum(1 for k, extension in enumerate(extensions)
-                                     if k != image and extension not in LABEL_EXTENSIONS and not is_field(extension))
+        for extension in found.fields:
+            seen[extension] = seen.get(extension, 0) + 1
+        listing.ignored_other += found.ignored
 
 
 class TarReader:
