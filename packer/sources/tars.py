@@ -7,8 +7,8 @@ whose extension is a valid field name is a field (`json`: JSON, others: UTF-8 te
 `--sidecars`). Shards are read in name order, samples in tar order.
 
 The scan reads only the tar headers (PAX headers included) and lists each sample as the byte
-range from its first header to the end of its last member; the reader threads read that range
-with one pread and take the members out of it, so nothing is extracted to disk.
+range from its first header to the end of its last member; the reader threads read the members
+of that range with pread (the image in one read of its own), so nothing is extracted to disk.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ log = logging.getLogger(__name__)
 
 LABEL_EXTENSIONS = ("cls", "class", "label")
 SCAN_THREADS = 8
-SCAN_READ = 4096
 BLOCK = tarfile.BLOCKSIZE
 
 
@@ -135,7 +134,7 @@ def scan_tar(number: int, path: str, name: str) -> tuple[Listing, dict[str, int]
         group: Group | None = None
         last = ""
         try:
-            for member in read_members(HeaderReader(fd), 0, size):
+            for member in read_members(SpanReader(lambda offset, length: os.pread(fd, length, offset)), 0, size):
                 last = member.name
                 parts = split_name(member.name) if member.is_file else None
                 if parts is None:
@@ -161,19 +160,26 @@ def scan_tar(number: int, path: str, name: str) -> tuple[Listing, dict[str, int]
     return part, seen
 
 
-class HeaderReader:
-    """`read(offset, length)` for the scan: each pread takes SCAN_READ bytes, so a small member
-    (a label, a caption) and the next header usually come with the header before them."""
+class SpanReader:
+    """`read(offset, length)` over `read_at` (a pread): a small span comes out of one CHUNK-byte read,
+    which usually holds a header, the small members after it (a label, a caption) and the next
+    header; a large span (an image) is read on its own, into the bytes object that is handed on
+    (no copy, so one image costs one allocation, as a file does)."""
 
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
+    CHUNK = 4096
+
+    def __init__(self, read_at: Callable[[int, int], bytes]) -> None:
+        self.read_at = read_at
         self.start = 0
         self.data = b""
 
     def __call__(self, offset: int, length: int) -> bytes:
-        if not (self.start <= offset and offset + length <= self.start + len(self.data)):
-            self.start, self.data = offset, os.pread(self.fd, max(length, SCAN_READ), offset)
-        return self.data[offset - self.start:offset - self.start + length]
+        if self.start <= offset and offset + length <= self.start + len(self.data):
+            return self.data[offset - self.start:offset - self.start + length]
+        if length > self.CHUNK:
+            return self.read_at(offset, length)
+        self.start, self.data = offset, self.read_at(offset, self.CHUNK)
+        return self.data[:length]
 
 
 def add_sample(listing: Listing, number: int, name: str, group: Group, seen: dict[str, int], size: int) -> None:
@@ -205,30 +211,30 @@ class TarReader:
         self.fields = {spec.name for spec in plan.fields}
 
     def __call__(self, input: int, offset: int, length: int) -> Record:
-        data = self.files.read(input, offset, length)
-        if len(data) < length:
-            raise RejectedFile(f"{self.files.inputs[input]}: shorter than when it was scanned")
-        view = memoryview(data)
-        try:
-            contents = [(member.name, view[member.data - offset:member.data - offset + member.size])
-                        for member in read_members(lambda at, size: view[at - offset:at - offset + size],
-                                                   offset, offset + length) if member.is_file]
-        except TarDamage as exc:
-            raise RejectedFile(f"{self.files.inputs[input]}: {exc} (changed since the scan?)") from None
+        read = SpanReader(lambda at, size: self.files.read(input, at, size))
         image: tuple[str, bytes] | None = None
         label = UNLABELLED
         fields: dict[str, bytes] = {}
-        for name, content in contents:
-            parts = split_name(name)
-            if parts is None:
-                continue
-            extension = parts[1]
-            if image is None and "." + extension in IMAGE_EXTENSIONS:
-                image = (name, bytes(content))
-            elif extension in LABEL_EXTENSIONS and label == UNLABELLED:
-                label = parse_label(name, bytes(content))
-            elif extension in self.fields:
-                fields[extension] = checked_text(name, extension, bytes(content))
+        try:
+            for member in read_members(read, offset, offset + length):
+                parts = split_name(member.name) if member.is_file else None
+                if parts is None:
+                    continue
+                extension = parts[1]
+                is_image = image is None and "." + extension in IMAGE_EXTENSIONS
+                if not (is_image or extension in self.fields or (extension in LABEL_EXTENSIONS and label == UNLABELLED)):
+                    continue
+                content = read(member.data, member.size)
+                if len(content) < member.size:
+                    raise TarDamage(f"member {member.name} is cut short at byte {member.data + len(content)}")
+                if is_image:
+                    image = (member.name, content)
+                elif extension in self.fields:
+                    fields[extension] = checked_text(member.name, extension, content)
+                else:
+                    label = parse_label(member.name, content)
+        except TarDamage as exc:
+            raise RejectedFile(f"{self.files.inputs[input]}: {exc} (changed since the scan?)") from None
         if image is None:
             raise RejectedFile(f"{self.files.inputs[input]} at byte {offset}: no image member (changed since the scan?)")
         return Record(image=image[1], label=label, fields=fields, image_name=image[0])
