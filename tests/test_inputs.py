@@ -267,3 +267,19 @@ def test_tar_headers_are_read_as_the_tar_module_reads_them(tmp_path: Path, tar_f
     ours = [(member.name, member.data, member.size) for member in read_members(lambda at, size: data[at:at + size], 0, len(data))]
     with tarfile.open(path) as tar:
         assert ours == [(member.name, member.offset_data, member.size) for member in tar] and [name for name, _, _ in ours] == names
+
+
+def test_input_format_names_what_the_file_names_do_not(tmp_path: Path, tars: tuple[Path, list[dict]]) -> None:
+    folder, samples = tars
+    renamed = tmp_path / "renamed"
+    renamed.mkdir()
+    for number, tar in enumerate(sorted(folder.glob("*.tar"))):
+        shutil.copy(tar, renamed / f"train-{number:05d}-of-00003")
+    code, output = run("lmdb", renamed / "train-*-of-00003", tmp_path / "out")
+    assert code == 1 and "say it with --input-format" in output
+    code, output = run("lmdb", renamed / "train-*-of-00003", tmp_path / "out", "--input-format", "tar")
+    assert code == 0, output
+    assert [bytes(image) for image, _ in readers.open_dataset(tmp_path / "out", decode="bytes")] == \
+        [sample["jpg"] for sample in samples]
+    code, output = run("lmdb", renamed, tmp_path / "folder", "--input-format", "folder")
+    assert code == 1 and "no image files found" in output

@@ -7,12 +7,13 @@ whose extension is a valid field name is a field (`json`: JSON, others: UTF-8 te
 `--sidecars`). Shards are read in name order, samples in tar order.
 
 The scan reads only the tar headers (PAX headers included) and lists each sample as the byte
-range from its first header to the end of its last member; the reader threads read that range
-with one pread and take the members out of it, so nothing is extracted to disk.
+range from its first header to the end of its last member; the reader threads read the members
+of that range with pread (the image in one read of its own), so nothing is extracted to disk.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import tarfile
@@ -57,9 +58,24 @@ def split_name(name: str) -> tuple[str, str] | None:
     return name[:dot], name[dot + 1:].lower()
 
 
-def image_member(extensions: list[str]) -> int | None:
-    """Position of the first member with an image extension."""
-    return next((k for k, extension in enumerate(extensions) if "." + extension in IMAGE_EXTENSIONS), None)
+@dataclass(frozen=True)
+class Layout:
+    """What a sample's member extensions make of it; samples mostly share one (`layout` caches it)."""
+
+    image: int | None  # position of the first member with an image extension
+    twice: str | None  # an extension two members have
+    fields: tuple[str, ...]
+    ignored: int  # members that are neither the image, nor a label, nor a field
+
+
+@functools.lru_cache(maxsize=1024)
+def layout(extensions: tuple[str, ...]) -> Layout:
+    image = next((k for k, extension in enumerate(extensions) if "." + extension in IMAGE_EXTENSIONS), None)
+    twice = next((extension for k, extension in enumerate(extensions) if extension in extensions[:k]), None)
+    fields = tuple(extension for extension in extensions if is_field(extension))
+    ignored = sum(1 for k, extension in enumerate(extensions)
+                  if k != image and extension not in LABEL_EXTENSIONS and extension not in fields)
+    return Layout(image, twice, fields, ignored)
 
 
 def is_field(extension: str) -> bool:
@@ -118,7 +134,7 @@ def scan_tar(number: int, path: str, name: str) -> tuple[Listing, dict[str, int]
         group: Group | None = None
         last = ""
         try:
-            for member in read_members(lambda offset, length: os.pread(fd, length, offset), 0, size):
+            for member in read_members(SpanReader(lambda offset, length: os.pread(fd, length, offset)), 0, size):
                 last = member.name
                 parts = split_name(member.name) if member.is_file else None
                 if parts is None:
@@ -144,29 +160,47 @@ def scan_tar(number: int, path: str, name: str) -> tuple[Listing, dict[str, int]
     return part, seen
 
 
+class SpanReader:
+    """`read(offset, length)` over `read_at` (a pread): a small span comes out of one CHUNK-byte read,
+    which usually holds a header, the small members after it (a label, a caption) and the next
+    header; a large span (an image) is read on its own, into the bytes object that is handed on
+    (no copy, so one image costs one allocation, as a file does)."""
+
+    CHUNK = 4096
+
+    def __init__(self, read_at: Callable[[int, int], bytes]) -> None:
+        self.read_at = read_at
+        self.start = 0
+        self.data = b""
+
+    def __call__(self, offset: int, length: int) -> bytes:
+        if self.start <= offset and offset + length <= self.start + len(self.data):
+            return self.data[offset - self.start:offset - self.start + length]
+        if length > self.CHUNK:
+            return self.read_at(offset, length)
+        self.start, self.data = offset, self.read_at(offset, self.CHUNK)
+        return self.data[:length]
+
+
 def add_sample(listing: Listing, number: int, name: str, group: Group, seen: dict[str, int], size: int) -> None:
     path = f"{name}/{group.key}"
-    extensions = [extension for extension, _, _ in group.members]
-    twice = next((extension for k, extension in enumerate(extensions) if extension in extensions[:k]), None)
-    image = image_member(extensions)
+    found = layout(tuple(extension for extension, _, _ in group.members))
     if group.end > size:
         listing.rejects.append((path, f"member {group.members[-1][1]} is truncated (the tar ends at byte {size})"))
-    elif twice is not None:
-        listing.rejects.append((path, f"two members {group.key}.{twice} in one sample"))
-    elif image is None:
+    elif found.twice is not None:
+        listing.rejects.append((path, f"two members {group.key}.{found.twice} in one sample"))
+    elif found.image is None:
         listing.rejects.append((path, "no image member (members: "
                                       + ", ".join(member for _, member, _ in group.members) + ")"))
     else:
         assert listing.locations is not None
         listing.paths.append(path)
         listing.labels.append(UNLABELLED)  # read with the sample
-        listing.sizes.append(group.members[image][2])
+        listing.sizes.append(group.members[found.image][2])
         listing.locations.extend((number, group.start, group.end - group.start))
-        for extension in extensions:
-            if is_field(extension):
-                seen[extension] = seen.get(extension, 0) + 1
-        listing.ignored_other += sum(1 for k, extension in enumerate(extensions)
-                                     if k != image and extension not in LABEL_EXTENSIONS and not is_field(extension))
+        for extension in found.fields:
+            seen[extension] = seen.get(extension, 0) + 1
+        listing.ignored_other += found.ignored
 
 
 class TarReader:
@@ -177,30 +211,30 @@ class TarReader:
         self.fields = {spec.name for spec in plan.fields}
 
     def __call__(self, input: int, offset: int, length: int) -> Record:
-        data = self.files.read(input, offset, length)
-        if len(data) < length:
-            raise RejectedFile(f"{self.files.inputs[input]}: shorter than when it was scanned")
-        view = memoryview(data)
-        try:
-            contents = [(member.name, view[member.data - offset:member.data - offset + member.size])
-                        for member in read_members(lambda at, size: view[at - offset:at - offset + size],
-                                                   offset, offset + length) if member.is_file]
-        except TarDamage as exc:
-            raise RejectedFile(f"{self.files.inputs[input]}: {exc} (changed since the scan?)") from None
+        read = SpanReader(lambda at, size: self.files.read(input, at, size))
         image: tuple[str, bytes] | None = None
         label = UNLABELLED
         fields: dict[str, bytes] = {}
-        for name, content in contents:
-            parts = split_name(name)
-            if parts is None:
-                continue
-            extension = parts[1]
-            if image is None and "." + extension in IMAGE_EXTENSIONS:
-                image = (name, bytes(content))
-            elif extension in LABEL_EXTENSIONS and label == UNLABELLED:
-                label = parse_label(name, bytes(content))
-            elif extension in self.fields:
-                fields[extension] = checked_text(name, extension, bytes(content))
+        try:
+            for member in read_members(read, offset, offset + length):
+                parts = split_name(member.name) if member.is_file else None
+                if parts is None:
+                    continue
+                extension = parts[1]
+                is_image = image is None and "." + extension in IMAGE_EXTENSIONS
+                if not (is_image or extension in self.fields or (extension in LABEL_EXTENSIONS and label == UNLABELLED)):
+                    continue
+                content = read(member.data, member.size)
+                if len(content) < member.size:
+                    raise TarDamage(f"member {member.name} is cut short at byte {member.data + len(content)}")
+                if is_image:
+                    image = (member.name, content)
+                elif extension in self.fields:
+                    fields[extension] = checked_text(member.name, extension, content)
+                else:
+                    label = parse_label(member.name, content)
+        except TarDamage as exc:
+            raise RejectedFile(f"{self.files.inputs[input]}: {exc} (changed since the scan?)") from None
         if image is None:
             raise RejectedFile(f"{self.files.inputs[input]} at byte {offset}: no image member (changed since the scan?)")
         return Record(image=image[1], label=label, fields=fields, image_name=image[0])
