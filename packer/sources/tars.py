@@ -112,7 +112,7 @@ def scan(source: Source, options: PackOptions) -> Listing:
 
 def append(listing: Listing, part: Listing) -> None:
     assert listing.locations is not None and part.locations is not None
-    listing.paths += part.paths
+    listing.paths.extend(part.paths)
     listing.labels += part.labels
     listing.sizes += part.sizes
     listing.locations += part.locations
