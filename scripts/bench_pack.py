@@ -59,10 +59,10 @@ GOALS = {"lmdb": 2.0, "wds": 2.0, "hdf5": 1.5}
 DISTINCT_IMAGES = 256
 
 
-def jpeg_pool(count: int, seed: int) -> list[bytes]:
-    """Noisy 500x375 JPEGs around ImageNet's average file size (~100 KB)."""
+def jpeg_pool(count: int, seed: int, width: int = 500, height: int = 375) -> list[bytes]:
+    """Noisy JPEGs; at the default 500x375 around ImageNet's average file size (~100 KB)."""
     rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:375, 0:500]
+    y, x = np.mgrid[0:height, 0:width]
     pool = []
     for _ in range(count):
         base = np.stack([(x * rng.uniform(0.2, 1) + rng.integers(256)) % 256,

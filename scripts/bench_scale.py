@@ -34,8 +34,7 @@ from pathlib import Path
 from typing import Iterator
 
 import benchlib
-import numpy as np
-from bench_pack import copies, tree_rss
+from bench_pack import copies, jpeg_pool, tree_rss
 from PIL import Image
 
 from packer.writers import WRITERS
@@ -154,18 +153,7 @@ def bench_scale(work: Path, counts: list[int], fmt: str, repeats: int, extra: li
 
 def small_pool(count: int, seed: int) -> list[bytes]:
     """Noisy 296x222 JPEGs, ~33 KB each: downsampled-ImageNet-sized files."""
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:222, 0:296]
-    pool = []
-    for _ in range(count):
-        base = np.stack([(x * rng.uniform(0.2, 1) + rng.integers(256)) % 256,
-                         (y * rng.uniform(0.2, 1) + rng.integers(256)) % 256,
-                         ((x + y) * rng.uniform(0.1, 0.5)) % 256], -1)
-        pixels = np.clip(base + rng.normal(0, 20, base.shape), 0, 255).astype(np.uint8)
-        buffer = io.BytesIO()
-        Image.fromarray(pixels).save(buffer, "JPEG", quality=90)
-        pool.append(buffer.getvalue())
-    return pool
+    return jpeg_pool(count, seed, 296, 222)
 
 
 def small_source(work: Path, files: int) -> Path:

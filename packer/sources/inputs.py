@@ -27,7 +27,7 @@ import stat
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Iterator, Protocol
 
 from readers.manifest import MANIFEST_NAME
 
@@ -255,3 +255,19 @@ class InputFiles:
             for fd in self._fds.values():
                 os.close(fd)
             self._fds.clear()
+
+
+def index_lines(path: str) -> Iterator[tuple[int, tuple[int, int] | None, str]]:
+    """The non-blank lines of a text index beside an input (RecordIO's `.idx`, a `.tfindex`):
+    (line number, its two integers or None where the line is not two integers, the line)."""
+    with open(path, encoding="ascii", errors="replace") as handle:
+        for number, line in enumerate(handle, 1):
+            fields = line.split()
+            if not fields:
+                continue
+            try:
+                first, second = (int(value) for value in fields)
+            except ValueError:
+                yield number, None, line
+                continue
+            yield number, (first, second), line

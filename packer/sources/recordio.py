@@ -31,7 +31,7 @@ from readers.fields import FieldSpec, encode_value
 
 from ..errors import RejectedFile
 from .classes import read_classes
-from .inputs import InputFiles, Record, Source
+from .inputs import InputFiles, Record, Source, index_lines
 from .listing import UNLABELLED, Listing, ScanError
 
 if TYPE_CHECKING:
@@ -172,23 +172,16 @@ def read_index(path: str, size: int, rec_name: str) -> tuple[list[tuple[int, int
     entries: list[tuple[int, int]] = []
     problems: list[str] = []
     name = os.path.basename(path)
-    with open(path, encoding="ascii", errors="replace") as handle:
-        for number, line in enumerate(handle, 1):
-            fields = line.split()
-            if not fields:
-                continue
-            try:
-                key, offset = int(fields[0]), int(fields[1])
-                if len(fields) != 2:
-                    raise ValueError
-            except (ValueError, IndexError):
-                problems.append(f"{name} line {number}: not 'key<TAB>offset': {line.strip()[:60]!r}")
-                continue
-            if not 0 <= offset < size:
-                problems.append(f"{name} line {number}: record {key} at byte {offset} is outside {rec_name} "
-                                f"({size} bytes)")
-                continue
-            entries.append((key, offset))
+    for number, values, line in index_lines(path):
+        if values is None:
+            problems.append(f"{name} line {number}: not 'key<TAB>offset': {line.strip()[:60]!r}")
+            continue
+        key, offset = values
+        if not 0 <= offset < size:
+            problems.append(f"{name} line {number}: record {key} at byte {offset} is outside {rec_name} "
+                            f"({size} bytes)")
+            continue
+        entries.append((key, offset))
     entries.sort(key=lambda entry: entry[1])
     for (key, offset), (other, following) in zip(entries, entries[1:]):
         if offset == following:

@@ -38,7 +38,7 @@ from readers.fields import FieldSpec, check_field_name, encode_value
 from ..errors import RejectedFile
 from ..plan import DEFAULT_IMAGE_KEY, DEFAULT_LABEL_KEY, PackOptions, Plan
 from .classes import read_classes
-from .inputs import InputFiles, Record, Source
+from .inputs import InputFiles, Record, Source, index_lines
 from .listing import UNLABELLED, Listing, ScanError
 
 log = logging.getLogger(__name__)
@@ -107,19 +107,14 @@ def record_ranges(handle: BinaryIO, size: int) -> Iterator[tuple[int, int]]:
 def read_index(path: str, size: int, name: str) -> list[tuple[int, int]]:
     """A `.tfindex`'s (offset, length) pairs; one outside the file is an error naming the line."""
     ranges = []
-    with open(path, encoding="ascii", errors="replace") as handle:
-        for number, line in enumerate(handle, 1):
-            fields = line.split()
-            if not fields:
-                continue
-            try:
-                offset, length = (int(value) for value in fields)
-            except ValueError:
-                raise RecordError(f"{path} line {number}: not 'offset length': {line.strip()[:60]!r}") from None
-            if offset < 0 or length < OVERHEAD or offset + length > size:
-                raise RecordError(f"{path} line {number}: record at byte {offset} of {length} bytes is outside "
-                                  f"{name} ({size} bytes)")
-            ranges.append((offset, length))
+    for number, values, line in index_lines(path):
+        if values is None:
+            raise RecordError(f"{path} line {number}: not 'offset length': {line.strip()[:60]!r}")
+        offset, length = values
+        if offset < 0 or length < OVERHEAD or offset + length > size:
+            raise RecordError(f"{path} line {number}: record at byte {offset} of {length} bytes is outside "
+                              f"{name} ({size} bytes)")
+        ranges.append((offset, length))
     return ranges
 
 
