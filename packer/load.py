@@ -214,7 +214,7 @@ def load_samples(root: Path | str, entries: list[Entry], options: PackOptions, t
                              sidecars=options.sidecars, sidecars_optional=options.sidecars_optional,
                              records=records)
 
-    remote = isinstance(root, str) and "://" in root
+    remote = records is None and isinstance(root, str) and "://" in root  # a folder of images at a URL
     if options.store in INLINE_STORES and not remote and records is None:
         ahead = ReadAhead(str(root), entries, OPEN_THREADS)
         try:

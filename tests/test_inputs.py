@@ -283,3 +283,22 @@ def test_input_format_names_what_the_file_names_do_not(tmp_path: Path, tars: tup
         [sample["jpg"] for sample in samples]
     code, output = run("lmdb", renamed, tmp_path / "folder", "--input-format", "folder")
     assert code == 1 and "no image files found" in output
+
+
+def test_a_packed_dataset_in_a_bucket_repacks_like_the_local_one(packed_as: Callable, s3_packed: Callable,
+                                                                  s3_options: dict, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """`pack lmdb s3://bucket/x.wds out`: the index.json there makes it a packed dataset, whose
+    shards the workers fetch through the readers' cache; the result is the local re-pack's."""
+    import fsspec.config
+
+    monkeypatch.setitem(fsspec.config.conf, "s3", s3_options)  # this process; the workers read the variable
+    monkeypatch.setenv("FSSPEC_S3", json.dumps(s3_options))
+    monkeypatch.setenv("PACK_CACHE_DIR", str(tmp_path / "cache"))
+    url = s3_packed("wds")
+    code, output = run("lmdb", url, tmp_path / "remote", "--shard-size", "4", "--workers", "2", "-q")
+    assert code == 0, output
+    pack(packed_as("wds")[0], tmp_path / "local", PackOptions(format="lmdb", shard_size=4), workers=1)
+    assert shard_bytes(tmp_path / "remote") == shard_bytes(tmp_path / "local") == shard_bytes(packed_as("lmdb")[0])
+    code, output = run("lmdb", url, tmp_path / "tar-kind", "--input-format", "tar", "-q")
+    assert code == 1 and "tar inputs must be local files" in output, output

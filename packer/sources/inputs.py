@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Protocol
 
-from readers.manifest import MANIFEST_NAME
+from readers.manifest import MANIFEST_NAME, DatasetError
+from readers.remote import RemoteStore, is_url
 
 from ..errors import RejectedFile
 from .listing import ScanError, is_image_name
@@ -95,6 +96,8 @@ def resolve_source(src: str | os.PathLike[str], input_format: str | None = None)
     text = os.fspath(src)
     if input_format == "folder":
         return Source("folder", text)
+    if is_url(text):
+        return _url_source(text, input_format)
     path = Path(text)
     if path.is_dir():
         if input_format in (None, "pack") and (path / MANIFEST_NAME).is_file():
@@ -115,6 +118,22 @@ def resolve_source(src: str | os.PathLike[str], input_format: str | None = None)
     if input_format is not None:
         raise ScanError(f"{text}: does not exist")
     return Source("folder", text)  # the walk names what is wrong with it
+
+
+def _url_source(text: str, input_format: str | None) -> Source:
+    """A URL SRC: a packed dataset where an index.json answers there, else a folder of images."""
+    url = text.rstrip("/")
+    if input_format in (None, "pack"):
+        try:
+            RemoteStore(url).manifest()
+            return Source("pack", url, (url,))
+        except DatasetError as exc:
+            if input_format == "pack":
+                raise ScanError(str(exc)) from None
+    elif input_format is not None:
+        raise ScanError(f"{text}: {input_format} inputs must be local files; a URL SRC is a folder of images "
+                        "or a packed dataset")
+    return Source("folder", text)
 
 
 def _directory(text: str, input_format: str | None) -> Source:

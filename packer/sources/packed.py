@@ -16,7 +16,8 @@ from array import array
 from typing import Any
 
 from readers.fields import encode_value
-from readers.manifest import DatasetError, load_manifest
+from readers.manifest import DatasetError, Manifest, load_manifest
+from readers.remote import RemoteStore, is_url
 
 from ..errors import RejectedFile
 from ..plan import PackOptions, Plan
@@ -25,9 +26,15 @@ from .inputs import Record, Source
 from .listing import UNLABELLED, Listing, ScanError
 
 
+def read_manifest(root: str) -> Manifest:
+    """The input dataset's manifest: a local index.json, or one in a bucket or behind HTTP (whose
+    shards `readers` then fetches through its cache, $PACK_CACHE_DIR or ~/.cache/pack)."""
+    return RemoteStore(root).manifest() if is_url(root) else load_manifest(root)
+
+
 def scan(source: Source, options: PackOptions) -> Listing:
     try:
-        manifest = load_manifest(source.root)
+        manifest = read_manifest(source.root)
     except DatasetError as exc:
         raise ScanError(str(exc)) from None
     classes = read_classes(options.classes) if options.classes else list(manifest.classes)
@@ -54,7 +61,7 @@ class PackedReader:
         self.root = plan.inputs[0]
         self.names = [spec.name for spec in plan.fields]
         self.specs = {spec.name: spec for spec in plan.fields}
-        manifest = load_manifest(self.root)
+        manifest = read_manifest(self.root)
         self.raw = manifest.store == "raw"
         self.dataset = readers.open_dataset(self.root, decode="numpy" if self.raw else "bytes",
                                             fields=("image", "label", "path", *self.names))
