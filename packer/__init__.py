@@ -11,7 +11,7 @@ from typing import Any
 
 from .version import __version__
 
-__all__ = ["PackError", "Summary", "merge", "pack", "pack_samples"]
+__all__ = ["PackError", "Summary", "__version__", "merge", "pack", "pack_samples"]
 
 
 def __getattr__(name: str) -> Any:

@@ -15,7 +15,7 @@ import click
 from tqdm import tqdm
 
 from readers.cache import parse_size
-from readers.manifest import DECODE_MODES, MANIFEST_NAME, ON_ERROR_MODES, REJECTS_NAME, DatasetError, load_manifest
+from readers.manifest import DECODE_MODES, MANIFEST_NAME, ON_ERROR_MODES, REJECTS_NAME, DatasetError
 
 from .version import __version__
 from .descriptors import DEFAULT_SPLIT
