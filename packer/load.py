@@ -200,10 +200,11 @@ def load_record(record: Record, entry: Entry, validate: str, max_pixels: int, en
 
 def load_samples(root: Path | str, entries: list[Entry], options: PackOptions, threads: int,
                  fields: Sequence[FieldSpec] = (), records: ReadRecord | None = None,
-                 ) -> Iterator[tuple[Entry, Loaded | list[Loaded] | RejectedFile]]:
-    """Samples in listing order: local passthrough files in line (`ReadAhead`), the rest (decoding
-    stores, container records, a remote SRC) by a thread pool with a read-ahead bounded in bytes
-    and files (`threads` of them).
+                 records_in_line: bool = True) -> Iterator[tuple[Entry, Loaded | list[Loaded] | RejectedFile]]:
+    """Samples in listing order: passthrough in line (local files through `ReadAhead`, container
+    records as they come, where `records_in_line`), the rest (decoding stores, a remote SRC,
+    pack_samples' calls) by a thread pool with a read-ahead bounded in bytes and files (`threads`
+    of them).
 
     Each task loads a run of consecutive files (up to READ_RUN_FILES or READ_RUN_BYTES), so the
     pool's queue and futures cost once per run instead of once per file.
@@ -215,6 +216,10 @@ def load_samples(root: Path | str, entries: list[Entry], options: PackOptions, t
                              records=records)
 
     remote = records is None and isinstance(root, str) and "://" in root  # a folder of images at a URL
+    if options.store in INLINE_STORES and records is not None and records_in_line:
+        for entry in entries:
+            yield entry, load(entry)
+        return
     if options.store in INLINE_STORES and not remote and records is None:
         ahead = ReadAhead(str(root), entries, OPEN_THREADS)
         try:

@@ -23,7 +23,7 @@ from .load import READ_THREADS, load_samples
 from .outdir import DONE_DIR, WORK_DIR, final_name, marker_path, temp_name, tmp_dir
 from .plan import Plan, load_plan, read_shard_entries
 from .remote_out import RemoteOut, staging_dir
-from .sources.containers import open_records
+from .sources.containers import open_records, reads_in_line
 from .validate import ErrorPolicy
 from .writers import Sample, get_writer, sidecar_path
 
@@ -171,7 +171,8 @@ def run_shard(out: Path | RemoteOut, plan: Plan, shard: int, *, threads: int = R
         with writer_cls(tmp, expected_bytes=sum(entry.size for entry in entries), classes=plan.classes,
                         sample_shape=plan.options.sample_shape, fields=plan.fields) as writer, \
                 open_records(plan) as records:
-            for entry, loaded in load_samples(source, entries, plan.options, threads, plan.fields, records):
+            for entry, loaded in load_samples(source, entries, plan.options, threads, plan.fields, records,
+                                              records_in_line=reads_in_line(plan.input_kind)):
                 if isinstance(loaded, RejectedFile):
                     rejects.append({"path": entry.path, "reason": str(loaded)})
                     check_rejects(out, plan, rejects, policy)

@@ -39,11 +39,15 @@ from .listing import ScanError, is_image_name
 @dataclass(frozen=True)
 class InputKind:
     """A container kind: the file suffixes that identify its inputs, and the module reading them
-    (None: recognised, but no reader yet); `python_only`: made by the Python API, never a CLI SRC."""
+    (None: recognised, but no reader yet); `python_only`: made by the Python API, never a CLI SRC;
+    `in_line`: passthrough reads its records in the shard's own thread (byte ranges of a file in
+    order, which the kernel reads ahead by itself), not in reader threads that would only pass the
+    GIL around; not for code of the user's, which may wait on I/O."""
 
     suffixes: tuple[str, ...]
     module: str | None
     python_only: bool = False
+    in_line: bool = True
 
 
 INPUT_KINDS: dict[str, InputKind] = {
@@ -51,7 +55,7 @@ INPUT_KINDS: dict[str, InputKind] = {
     "recordio": InputKind((".rec",), "packer.sources.recordio"),
     "tfrecord": InputKind((".tfrecord", ".tfrecords"), "packer.sources.tfrecord"),
     "pack": InputKind((), "packer.sources.packed"),  # a directory holding index.json
-    "samples": InputKind((), "packer.sources.samples", python_only=True),  # packer.pack_samples' fn + inputs
+    "samples": InputKind((), "packer.sources.samples", python_only=True, in_line=False),  # packer.pack_samples' fn + inputs
 }
 INPUT_FORMATS = ("folder", *INPUT_KINDS)
 CLI_INPUT_FORMATS = ("folder", *(name for name, kind in INPUT_KINDS.items() if not kind.python_only))
