@@ -116,9 +116,11 @@ def shard_runs(indices: np.ndarray, offsets: np.ndarray) -> list[Run]:
 
 
 class ShardPrefetcher:
-    """Leases a worker's shards in reading order in a background thread, up to `ahead` shards past
-    the one being read, so downloads overlap reading. The references are taken when a download is
-    scheduled, not when reading starts."""
+    """Leases a worker's shards in reading order, up to `ahead` shards past the one being read,
+    each downloaded in a thread of its own, so downloads overlap reading and each other: an object
+    store gives each connection a share of its bandwidth, and one shard at a time left a worker's
+    link mostly idle. The references are taken when a download is scheduled, not when reading
+    starts."""
 
     def __init__(self, files: ShardFiles, shards: Sequence[CachedFile], ahead: int) -> None:
         self._files = files
@@ -126,8 +128,8 @@ class ShardPrefetcher:
         self._ahead = ahead
         self._cond = threading.Condition()
         self._ready: dict[int, Lease] = {}
+        self._errors: dict[int, BaseException] = {}
         self._reading = 0
-        self._error: BaseException | None = None
         self._closed = False
         threading.Thread(target=self._run, name="pack-prefetch", daemon=True).start()
 
@@ -137,32 +139,35 @@ class ShardPrefetcher:
                 self._cond.wait_for(lambda: self._closed or number <= self._reading + self._ahead)
                 if self._closed:
                     return
-            try:
-                lease = self._files.lease(file, cancelled=lambda: self._closed)
-            except Cancelled:
-                return
-            except BaseException as exc:  # noqa: BLE001 - handed to the reading thread, raised there
-                with self._cond:
-                    self._error = exc
-                    self._cond.notify_all()
-                return
+            threading.Thread(target=self._download, args=(number, file), name="pack-prefetch-get",
+                             daemon=True).start()
+
+    def _download(self, number: int, file: CachedFile) -> None:
+        try:
+            lease = self._files.lease(file, cancelled=lambda: self._closed)
+        except Cancelled:
+            return
+        except BaseException as exc:  # noqa: BLE001 - handed to the reading thread, raised there
             with self._cond:
-                if self._closed:
-                    lease.release()
-                    return
-                self._ready[number] = lease
+                self._errors[number] = exc
                 self._cond.notify_all()
+            return
+        with self._cond:
+            if self._closed:
+                lease.release()
+                return
+            self._ready[number] = lease
+            self._cond.notify_all()
 
     def take(self, number: int) -> Lease:
         """The lease of the `number`-th shard, waiting for its download; the caller releases it."""
         with self._cond:
             self._reading = number
             self._cond.notify_all()
-            self._cond.wait_for(lambda: number in self._ready or self._error is not None)
+            self._cond.wait_for(lambda: number in self._ready or number in self._errors)
             if number in self._ready:
                 return self._ready.pop(number)
-            assert self._error is not None
-            raise self._error
+            raise self._errors.pop(number)
 
     def close(self) -> None:
         """Stop scheduling and release what was fetched ahead (a download under way finishes first)."""
