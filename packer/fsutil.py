@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import gc
 import hashlib
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -64,3 +67,14 @@ def free_bytes(path: Path) -> int | None:
     """Bytes an unprivileged process may still write on `path`'s filesystem; None where it reports no size."""
     stats = os.statvfs(path)
     return stats.f_bavail * stats.f_frsize if stats.f_blocks else None
+
+
+def release_freed_memory() -> None:
+    """Hand the heap that planning used and freed back to the OS (glibc keeps it otherwise), so the
+    parent holds only the plan while its shard workers run: their peaks add up with its RSS."""
+    gc.collect()
+    name = ctypes.util.find_library("c")
+    if name:
+        trim = getattr(ctypes.CDLL(name), "malloc_trim", None)  # glibc only
+        if trim is not None:
+            trim(0)

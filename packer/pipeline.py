@@ -26,7 +26,7 @@ from .version import __version__
 from .descriptors import DEFAULT_SPLIT, descriptor_texts, write_descriptors
 from .engines import get_engine
 from .errors import PackError
-from .fsutil import atomic_write_text
+from .fsutil import atomic_write_text, release_freed_memory
 from .outdir import WORK_DIR, check_paths, lock_path, prepare_output, tmp_dir, work_dir
 from .partition import Partition
 from .plan import PackOptions, Plan, load_plan, write_plan
@@ -118,6 +118,7 @@ def pack_into(src: str | os.PathLike[str], out_path: Path | RemoteOut, options: 
     if progress:
         progress(sum(plan.bounds[k + 1] - plan.bounds[k] for k, result in done.items() if result is not None))
     clean_tmp(out_path, plan, pending)
+    release_freed_memory()
     get_engine(engine)(out_path, plan, pending, workers=workers or available_cpus(), scheduler=scheduler,
                        progress=progress, policy=policy)
     results = list(finished_shards(out_path, plan, mine, check_hash=False).values())
