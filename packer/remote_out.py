@@ -28,9 +28,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
-from readers.remote import EXTRAS
-
 from readers.manifest import MANIFEST_NAME
+from readers.remote import UrlFilesystem, url_folder_name
 
 from .errors import PackError
 from .fsutil import atomic_write_text, sha256_file
@@ -130,27 +129,20 @@ def md5_etags(path: Path, part_bytes: int | None) -> set[str]:
     return etags
 
 
-class RemoteOut:
+class RemoteOut(UrlFilesystem):
     """A remote OUT and the local staging folder that mirrors it.
 
-    Picklable (it travels to worker processes and Dask workers): the filesystem is made on first
-    use in each process; storage options, which may hold credentials, are never logged.
+    Picklable (it travels to worker processes and Dask workers), as its `UrlFilesystem` is.
     """
+
+    purpose = "writing"
 
     def __init__(self, url: str, *, staging: str | os.PathLike[str] | None = None,
                  storage_options: dict[str, Any] | None = None) -> None:
-        self.url = url.rstrip("/")
-        self.storage_options = dict(storage_options or {})
+        super().__init__(url, storage_options)
         self.owns_staging = staging is None
         root = Path(tempfile.mkdtemp(prefix="pack-staging-")) if staging is None else Path(staging)
-        readable = re.sub(r"[^A-Za-z0-9._-]+", "_", self.url.split("://", 1)[-1]).strip("_")[-60:]
-        self.staging = root.resolve() / f"{readable}-{hashlib.sha256(self.url.encode()).hexdigest()[:8]}"
-        self._fs: Any = None
-        self._base = ""
-        self._pid = 0
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_fs": None}
+        self.staging = root.resolve() / url_folder_name(self.url, 60, 8)
 
     def __str__(self) -> str:
         return self.url
@@ -165,18 +157,10 @@ class RemoteOut:
     # --- the store ---------------------------------------------------------------------------
 
     def filesystem(self) -> tuple[Any, str]:
-        if self._fs is None or self._pid != os.getpid():
-            scheme = self.url.split("://", 1)[0]
-            try:
-                from fsspec.core import url_to_fs
-
-                self._fs, self._base = url_to_fs(self.url, **self.storage_options)
-            except ImportError as exc:
-                extra = EXTRAS.get(scheme)
-                hint = f"pip install 'pack[{extra}]'" if extra else "install the fsspec back end for it"
-                raise PackError(f"{self.url}: writing {scheme}:// needs {hint} ({exc})") from None
-            self._pid = os.getpid()
-        return self._fs, self._base.rstrip("/")
+        try:
+            return super().filesystem()
+        except ImportError as exc:
+            raise PackError(str(exc)) from None
 
     def key(self, name: str) -> str:
         return f"{self.filesystem()[1]}/{name}"

@@ -41,8 +41,13 @@ def default_cache_dir(url: str) -> Path:
     configured = os.environ.get(CACHE_DIR_ENV)
     if configured:
         return Path(configured).expanduser()
-    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", url.split("://", 1)[-1]).strip("_")[-80:]
-    return Path(DEFAULT_CACHE_HOME).expanduser() / f"{readable}-{hashlib.sha256(url.encode()).hexdigest()[:12]}"
+    return Path(DEFAULT_CACHE_HOME).expanduser() / url_folder_name(url, 80, 12)
+
+
+def url_folder_name(url: str, readable_chars: int, hash_chars: int) -> str:
+    """A folder name for `url`: its tail, readable, plus a hash of the whole, so two URLs never share one."""
+    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", url.split("://", 1)[-1]).strip("_")[-readable_chars:]
+    return f"{readable}-{hashlib.sha256(url.encode()).hexdigest()[:hash_chars]}"
 
 
 def http_status(exc: BaseException) -> int | None:
@@ -63,16 +68,14 @@ def permanent(status: int | None) -> bool:
 _REASONS = {403: "access denied", 404: "not found"}
 
 
-class RemoteStore:
-    """The files of one dataset URL, fetched through fsspec with `storage_options`.
+class UrlFilesystem:
+    """A URL and its fsspec storage options; the filesystem is made on first use in each process.
 
-    Picklable: the filesystem is made on first use in each process (never shared across a fork),
-    and storage options, which may hold credentials, are never logged.
+    Picklable: the filesystem is never shared across a fork, and storage options, which may hold
+    credentials, are never logged.
     """
 
-    retries = 5
-    backoff_s = 0.5
-    max_backoff_s = 20.0
+    purpose = "reading"
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
         self.url = url.rstrip("/")
@@ -84,34 +87,44 @@ class RemoteStore:
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_fs": None}
 
-    def __repr__(self) -> str:
-        return f"RemoteStore({self.url!r})"
-
-    def _filesystem(self) -> tuple[Any, str]:
+    def filesystem(self) -> tuple[Any, str]:
+        """The filesystem and the URL's path in it (no trailing slash); ImportError names the extra."""
         if self._fs is None or self._pid != os.getpid():
             scheme = self.url.split("://", 1)[0]
             try:
                 from fsspec.core import url_to_fs
 
-                self._fs, self._base = url_to_fs(self.url, **self.storage_options)
+                self._fs, base = url_to_fs(self.url, **self.storage_options)
             except ImportError as exc:
                 extra = EXTRAS.get(scheme)
                 hint = f"pip install 'pack[{extra}]'" if extra else "install the fsspec back end for it"
-                raise ImportError(f"{self.url}: reading {scheme}:// needs {hint} ({exc})") from None
+                raise ImportError(f"{self.url}: {self.purpose} {scheme}:// needs {hint} ({exc})") from None
+            self._base = base.rstrip("/")
             self._pid = os.getpid()
         return self._fs, self._base
+
+
+class RemoteStore(UrlFilesystem):
+    """The files of one dataset URL: index.json, and whole files downloaded with retries."""
+
+    retries = 5
+    backoff_s = 0.5
+    max_backoff_s = 20.0
+
+    def __repr__(self) -> str:
+        return f"RemoteStore({self.url!r})"
 
     def url_of(self, name: str) -> str:
         return f"{self.url}/{name}"
 
     def manifest(self) -> Manifest:
-        fs, base = self._filesystem()
+        fs, base = self.filesystem()
         text = self._retry(MANIFEST_NAME, lambda: fs.cat_file(f"{base}/{MANIFEST_NAME}"))
         return parse_manifest(text, self.url_of(MANIFEST_NAME))
 
     def fetch(self, name: str, dest: Path) -> None:
         """The whole file `name` into `dest` (overwritten), retried on transient errors."""
-        fs, base = self._filesystem()
+        fs, base = self.filesystem()
         self._retry(name, lambda: fs.get_file(f"{base}/{name}", str(dest)))
 
     def _retry(self, name: str, call: Callable[[], Any]) -> Any:

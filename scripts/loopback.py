@@ -14,7 +14,7 @@ import threading
 import time
 import urllib.parse
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 CHUNK = 64 * 1024
 
@@ -69,7 +69,26 @@ class _Server(http.server.ThreadingHTTPServer):
     request_queue_size = 128  # the default backlog of 5 drops bursts of connections (SYN retried a second later)
 
 
-class LoopbackHTTP:
+_S = TypeVar("_S", bound="_LoopbackServer")
+
+
+class _LoopbackServer:
+    """A server on 127.0.0.1 serving from a daemon thread, shut down on leaving a `with` block."""
+
+    _server: Any
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def __enter__(self: _S) -> _S:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class LoopbackHTTP(_LoopbackServer):
     """Serve `directory` at `self.url` until `close()`.
 
     `delay_s`: sleep before answering each request (an object store's first-byte latency).
@@ -100,14 +119,7 @@ class LoopbackHTTP:
 
     def close(self) -> None:
         self.closing.set()
-        self._server.shutdown()
-        self._server.server_close()
-
-    def __enter__(self) -> LoopbackHTTP:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        super().close()
 
 
 class PeakSampler:
@@ -134,7 +146,7 @@ class PeakSampler:
         self._thread.join()
 
 
-class LoopbackS3:
+class LoopbackS3(_LoopbackServer):
     """moto's S3 (the real protocol, objects in memory) on 127.0.0.1, answering every request after
     `delay_s` (an object store's first-byte latency) and taking request bodies at most at
     `bandwidth` bytes per second each (None: as fast as loopback goes). Run it in a process of
@@ -161,12 +173,3 @@ class LoopbackS3:
         return {"key": "testing", "secret": "testing",
                 "client_kwargs": {"endpoint_url": self.url, "region_name": "us-east-1"}}
 
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-    def __enter__(self) -> LoopbackS3:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -13,26 +13,22 @@ import os
 import threading
 from typing import Any, Sequence
 
+from readers.remote import UrlFilesystem
+
 from ..errors import PackError
 from .listing import UNLABELLED, Listing, ScanError, is_image_name
 
 log = logging.getLogger(__name__)
 
-_filesystems: dict[tuple[int, str], tuple[Any, str]] = {}
+_urls: dict[str, UrlFilesystem] = {}
 _lock = threading.Lock()
 
 
 def filesystem(url: str) -> tuple[Any, str]:
     """The fsspec filesystem of `url` and its path there, made once per process (credentials and
     endpoints from fsspec's configuration and the environment)."""
-    key = (os.getpid(), url)
     with _lock:
-        if key not in _filesystems:
-            from fsspec.core import url_to_fs
-
-            fs, base = url_to_fs(url)
-            _filesystems[key] = (fs, base.rstrip("/"))
-        return _filesystems[key]
+        return _urls.setdefault(url, UrlFilesystem(url)).filesystem()
 
 
 def walk_url(url: str, *, folders_are_classes: bool = True, companions: frozenset[str] = frozenset()) -> Listing:
