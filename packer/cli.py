@@ -214,8 +214,8 @@ def make_pack_command(fmt: str) -> click.Command:
                   help="Where shard tasks run.")
     @click.option("--scheduler", default=None, help="For --engine dask: 'local' or a scheduler address.")
     @click.option("--staging", type=click.Path(file_okay=False, path_type=Path), default=None,
-                  help="A URL OUT: the local folder where shards are written before upload (a few shards' "
-                       "worth at once); default: a temporary folder.")
+                  help="A URL OUT: the local folder where shards wait for their upload (256 MiB or 2 shards, "
+                       "whichever is more, beyond those being packed); default: a temporary folder.")
     @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
     def command(src: Path | str, out: Path | str, quiet: bool, **params: Any) -> None:
         try:

@@ -113,7 +113,8 @@ def pack_into(src: str | os.PathLike[str], out_path: Path | RemoteOut, options: 
     if policy.on_error == "fail":
         check_rejects(out_path, plan, plan.scan_rejects, policy)
     mine = partition.shards(plan.num_shards)
-    done = finished_shards(out_path, plan, mine)
+    fresh = isinstance(out_path, RemoteOut) and out_path.fresh  # no marker there yet: spare the store's round trips
+    done: dict[int, ShardResult | None] = dict.fromkeys(mine) if fresh else finished_shards(out_path, plan, mine)
     pending = [shard for shard, result in done.items() if result is None]
     if progress:
         progress(sum(plan.bounds[k + 1] - plan.bounds[k] for k, result in done.items() if result is not None))
@@ -121,10 +122,11 @@ def pack_into(src: str | os.PathLike[str], out_path: Path | RemoteOut, options: 
     release_freed_memory()
     get_engine(engine)(out_path, plan, pending, workers=workers or available_cpus(), scheduler=scheduler,
                        progress=progress, policy=policy)
-    results = list(finished_shards(out_path, plan, mine, check_hash=False).values())
+    final = finished_shards(out_path, plan, mine, check_hash=False)
+    results = list(final.values())
     published = partition.is_whole
     if published:
-        publish(out_path, policy, split)
+        publish(out_path, policy, split, known=(plan, final))
     finished = [result for result in results if result is not None]
     return Summary(
         out=str(out_path),
@@ -228,7 +230,7 @@ def scan_source(src: Path | str, options: PackOptions) -> Listing:
 def ensure_remote_plan(src: Path | str, out: RemoteOut, options: PackOptions, *, overwrite: bool) -> Plan:
     """The plan in a remote OUT, mirrored in staging; written there by whichever task comes first."""
     out.prepare(overwrite=overwrite)
-    plan = out.mirror_plan()
+    plan = None if out.fresh else out.mirror_plan()
     if plan is not None:
         return reuse_plan(plan, src, out, options)
     return out.publish_plan(write_plan(out.staging, scan_source(src, options), options))
@@ -247,14 +249,21 @@ def merge(out: str | os.PathLike[str] | RemoteOut, policy: ErrorPolicy = ErrorPo
         return publish(target, policy, split)
 
 
-def publish(out: Path | RemoteOut, policy: ErrorPolicy, split: str) -> Manifest:
+def publish(out: Path | RemoteOut, policy: ErrorPolicy, split: str, *,
+            known: tuple[Plan, dict[int, ShardResult | None]] | None = None) -> Manifest:
+    """`merge`'s work; `known`: the plan and every shard's marker, just read by the caller (a remote
+    OUT's reads are round trips to the store)."""
     folder = staging_dir(out)
-    plan = out.mirror_plan() if isinstance(out, RemoteOut) else load_plan(out)
-    if plan is None:
-        raise PackError(f"{out / WORK_DIR}: no plan; nothing was packed here")
+    if known is None:
+        plan = out.mirror_plan() if isinstance(out, RemoteOut) else load_plan(out)
+        if plan is None:
+            raise PackError(f"{out / WORK_DIR}: no plan; nothing was packed here")
+        done = finished_shards(out, plan, list(range(plan.num_shards)), check_hash=False)
+    else:
+        plan, done = known
     results: list[ShardResult] = []
     missing: list[str] = []
-    for shard, result in finished_shards(out, plan, list(range(plan.num_shards)), check_hash=False).items():
+    for shard, result in done.items():
         if result is None:
             missing.append(shard_file_name(plan, shard))
         else:
@@ -267,9 +276,12 @@ def publish(out: Path | RemoteOut, policy: ErrorPolicy, split: str) -> Manifest:
         key=lambda reject: reject["path"],
     )
     atomic_write_text(folder / REJECTS_NAME, "".join(json.dumps(reject) + "\n" for reject in rejects))
-    if isinstance(out, RemoteOut):
-        out.upload(folder / REJECTS_NAME, REJECTS_NAME)
-    check_rejects(out, plan, rejects, policy)
+    try:
+        check_rejects(out, plan, rejects, policy)
+    except PackError:
+        if isinstance(out, RemoteOut):  # there too, so the bad files can be looked at
+            out.upload(folder / REJECTS_NAME, REJECTS_NAME)
+        raise
     manifest = Manifest(
         format=plan.options.format,
         store=plan.options.store,
@@ -287,7 +299,7 @@ def publish(out: Path | RemoteOut, policy: ErrorPolicy, split: str) -> Manifest:
     manifest.descriptors = write_descriptors(
         folder, descriptor_texts(manifest, split, extensions, plan.options.sample_shape))
     if isinstance(out, RemoteOut):
-        out.upload_all([(folder / info.name, info.name) for info in manifest.descriptors])
+        out.upload_all([(folder / name, name) for name in (REJECTS_NAME, *(info.name for info in manifest.descriptors))])
         out.upload_text(MANIFEST_NAME, manifest.to_json())
         out.clean_uploads()
         for name in (REJECTS_NAME, *(info.name for info in manifest.descriptors)):

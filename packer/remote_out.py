@@ -143,6 +143,8 @@ class RemoteOut(UrlFilesystem):
         self.owns_staging = staging is None
         root = Path(tempfile.mkdtemp(prefix="pack-staging-")) if staging is None else Path(staging)
         self.staging = root.resolve() / url_folder_name(self.url, 60, 8)
+        self.fresh = False
+        """True once `prepare` found OUT empty (or emptied it): no plan, marker or upload of an earlier run there."""
 
     def __str__(self) -> str:
         return self.url
@@ -235,7 +237,7 @@ class RemoteOut(UrlFilesystem):
         """
         fs, _ = self.filesystem()
         size = local.stat().st_size
-        direct = not ATOMIC_PUT.isdisjoint(protocols(fs))
+        direct = self.atomic_puts()
         target = name if direct else f"{WORK_DIR}/{TMP_DIR}/{temp_name(name)}"
         part_bytes = multipart_part_bytes(fs, size)
         if direct and part_bytes and size < 2 * part_bytes:  # what s3fs sends in one PUT
@@ -302,8 +304,15 @@ class RemoteOut(UrlFilesystem):
         if names:
             self.call(names[0], lambda: fs.rm([self.key(name) for name in names], recursive=True))
 
+    def atomic_puts(self) -> bool:
+        return not ATOMIC_PUT.isdisjoint(protocols(self.filesystem()[0]))
+
     def clean_uploads(self, finals: set[str] | None = None) -> None:
-        """Remove temporary keys left by killed uploads (of files named in `finals`; None: all)."""
+        """Remove temporary keys left by killed uploads (of files named in `finals`; None: all).
+        An OUT that was empty at `prepare` has none from earlier runs, and this run's object
+        store uploads make none (`upload`): spared a listing."""
+        if self.fresh and self.atomic_puts():
+            return
         folder = f"{WORK_DIR}/{TMP_DIR}"
         leftovers = [f"{folder}/{name}" for name in self.names(folder)
                      if finals is None or final_name(name) in finals]
@@ -317,6 +326,7 @@ class RemoteOut(UrlFilesystem):
     def prepare(self, *, overwrite: bool) -> None:
         """As `outdir.prepare_output`: refuse a finished dataset or foreign keys; with overwrite, remove ours."""
         names = self.names()
+        self.fresh = overwrite or not names
         ours = pack_outputs(list(names))
         if overwrite:
             self.remove(sorted(ours))

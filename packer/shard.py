@@ -10,7 +10,10 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import multiprocessing
 import os
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -31,6 +34,11 @@ log = logging.getLogger(__name__)
 
 Progress = Callable[[int], None]
 DISK_FULL_MARGIN = 1 << 20
+UPLOAD_BYTES_IN_FLIGHT = 256 << 20
+"""What a process uploads at once to a remote OUT while its workers pack (see BackgroundUploads)..."""
+UPLOADS_IN_FLIGHT = (2, 16)
+"""... in at least 2 and at most 16 shards: large shards go up two at a time, small ones many, as
+an object store's latency is paid per request and its bandwidth per connection."""
 
 
 @dataclass
@@ -143,9 +151,11 @@ def shard_files(plan: Plan, shard: int) -> list[str]:
 
 
 def run_shard(out: Path | RemoteOut, plan: Plan, shard: int, *, threads: int = READ_THREADS,
-              progress: Progress | None = None, policy: ErrorPolicy = ErrorPolicy()) -> ShardResult:
+              progress: Progress | None = None, policy: ErrorPolicy = ErrorPolicy(),
+              upload: bool = True) -> ShardResult:
     """Pack one planned shard: temp files, renamed when synced (sidecars first), then the marker.
-    For a remote OUT all that happens in staging; the files are then uploaded, the marker last.
+    For a remote OUT all that happens in staging; the files are then uploaded, the marker last
+    (`upload=False`: left staged, for the caller's `upload_shard`).
 
     Under `policy` the shard stops early, publishing nothing, at its first reject (fail) or when
     its own rejects alone exceed --max-errors; the total over all shards is checked in `merge`.
@@ -198,7 +208,8 @@ def run_shard(out: Path | RemoteOut, plan: Plan, shard: int, *, threads: int = R
                              fingerprint=plan.fingerprint, rejects=rejects, label_counts=label_counts,
                              source_bytes=source_bytes, sidecars=sidecars, extensions=sorted(extensions))
         if isinstance(out, RemoteOut):
-            upload_shard(out, local, result)
+            if upload:
+                upload_shard(out, result)
         else:
             marker = marker_path(out, name)
             marker.parent.mkdir(parents=True, exist_ok=True)
@@ -217,14 +228,69 @@ def run_shard(out: Path | RemoteOut, plan: Plan, shard: int, *, threads: int = R
     return result
 
 
-def upload_shard(out: RemoteOut, local: Path, result: ShardResult) -> None:
-    """Upload a shard staged in `local` (files side by side, then its marker) and free its staging space."""
-    files = [local / file for file, _, _ in result.files()]
+def upload_shard(out: RemoteOut, result: ShardResult) -> None:
+    """Upload a staged shard (files side by side, then its marker) and free its staging space."""
+    files = [out.staging / file for file, _, _ in result.files()]
     try:
         out.upload_all([(path, path.name) for path in files])
         out.upload_text(f"{WORK_DIR}/{DONE_DIR}/{result.name}.json", json.dumps(asdict(result)) + "\n")
     finally:
         remove_files(*files)
+
+
+class BackgroundUploads:
+    """Staged shards uploaded in threads of this process while its workers pack the next ones.
+
+    An upload mostly waits on the store (latency, then bandwidth): done in line, each worker
+    would stop packing for it. `full()` tells the caller to hold back new shards once
+    UPLOAD_BYTES_IN_FLIGHT (or the most shards of UPLOADS_IN_FLIGHT) are on their way, so
+    staging never holds more than that beyond the shards being packed. `wakeup` becomes
+    readable when an upload ends, for a caller waiting on several things at once.
+    """
+
+    def __init__(self, out: RemoteOut, limit_bytes: int = UPLOAD_BYTES_IN_FLIGHT,
+                 limit_shards: tuple[int, int] = UPLOADS_IN_FLIGHT) -> None:
+        self.out = out
+        self.limit_bytes = limit_bytes
+        self.fewest, self.most = limit_shards
+        self.running: dict[Future[None], int] = {}
+        self._pool = ThreadPoolExecutor(max_workers=self.most, thread_name_prefix="pack-shard-upload")
+        self.wakeup, self._wake = multiprocessing.Pipe(duplex=False)
+
+    def submit(self, result: ShardResult) -> None:
+        future = self._pool.submit(upload_shard, self.out, result)
+        future.add_done_callback(self._ended)
+        self.running[future] = sum(size for _, size, _ in result.files())
+
+    def _ended(self, _: Future[None]) -> None:
+        try:
+            self._wake.send_bytes(b"")
+        except OSError:  # closed: nobody waits any more
+            pass
+
+    def full(self) -> bool:
+        count = len(self.running)
+        return count >= self.most or (count >= self.fewest and sum(self.running.values()) >= self.limit_bytes)
+
+    def reap(self, *, block: bool = False) -> None:
+        """Take the uploads that ended (with `block`, wait for one first); the first failure is raised."""
+        if block and self.running:
+            wait_futures(self.running, return_when=FIRST_COMPLETED)
+        while self.wakeup.poll():
+            self.wakeup.recv_bytes()
+        for future in [future for future in self.running if future.done()]:
+            del self.running[future]
+            future.result()
+
+    def finish(self) -> None:
+        while self.running:
+            self.reap(block=True)
+
+    def close(self) -> None:
+        """Stop: queued uploads are dropped; running ones end by themselves (their shards have no marker)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.wakeup.close()
+        self._wake.close()
 
 
 def remove_files(*paths: Path) -> None:

@@ -22,19 +22,22 @@ local. The cache's peak size (sampled every 5 ms) is printed against its limit. 
 
 Pack suite: a folder packed straight into a loopback S3 (moto, in a process of its own, `--delay-ms`
 before each request, request bodies at `--bandwidth-mb` MB/s) against the same folder packed to local
-disk and then uploaded with fsspec's recursive `put` (what `aws s3 cp --recursive` does), the two
-interleaved `--repeats` times in one run, with `--workers` packing processes each. Goal (issue 14):
+disk and then uploaded by a command running fsspec's recursive `put` (what `aws s3 cp --recursive` does), the two
+interleaved `--repeats` times in one run, each a `pack` command with `--workers` workers. Goal (issue 14):
 packing to the bucket within 1.3x of packing locally plus the upload.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import multiprocessing
 import os
 import shutil
 import statistics
+import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -115,13 +118,22 @@ def timed(action: Callable[[], Any]) -> float:
     return time.perf_counter() - started
 
 
+UPLOAD = "import sys, fsspec; fsspec.filesystem('s3').put(sys.argv[1], sys.argv[2], recursive=True)"
+"""The baseline's upload, a command of its own as `aws s3 cp --recursive` is: fsspec's recursive put,
+every file in one concurrent batch, the endpoint from FSSPEC_S3 as for `pack`."""
+
+
 def pack_suite(args: argparse.Namespace) -> None:
     import s3fs
 
     work = Path(args.work)
     source = work / "src"
     bench_read.make_source(source, args.images)
-    options = PackOptions(format=args.format, shard_size=args.shard_size)
+
+    def pack_command(out: Path | str) -> list[str]:  # the CLI, as users run it (its workers import no benchmark)
+        return [sys.executable, "-m", "packer.cli", args.format, str(source), str(out), "--quiet",
+                "--shard-size", str(args.shard_size), "--workers", str(args.workers)]
+
     context = multiprocessing.get_context("spawn")
     queue, stop = context.Queue(), context.Event()
     store = context.Process(target=serve_s3, args=(args.delay_ms / 1000, args.bandwidth_mb * 1e6, queue, stop))
@@ -130,6 +142,7 @@ def pack_suite(args: argparse.Namespace) -> None:
     try:
         storage = queue.get(timeout=60)
         fs = s3fs.S3FileSystem(**storage, skip_instance_cache=True)
+        env = {**os.environ, "FSSPEC_S3": json.dumps(storage)}  # the store's endpoint, through fsspec's config
         fs.call_s3("create_bucket", Bucket="bench")
         local = work / "packed-local"
         print(f"{args.images} images -> {args.format} shards of {args.shard_size}; bucket: {args.delay_ms:g} ms per "
@@ -141,11 +154,11 @@ def pack_suite(args: argparse.Namespace) -> None:
                 prefix = f"bench/{case.replace(' ', '-').replace('+', 'and')}-{repeat}"
                 if case == "local + put":
                     def run() -> None:
-                        pack(source, local, options, workers=args.workers)
-                        fs.put(str(local), prefix, recursive=True)
+                        subprocess.run(pack_command(local), check=True, stdout=subprocess.DEVNULL)
+                        subprocess.run([sys.executable, "-c", UPLOAD, str(local), prefix], check=True, env=env)
                 else:
                     def run() -> None:
-                        pack(source, f"s3://{prefix}", options, workers=args.workers, storage_options=storage)
+                        subprocess.run(pack_command(f"s3://{prefix}"), check=True, env=env, stdout=subprocess.DEVNULL)
                 times[case].append(timed(run))
                 print(f"  repeat {repeat}: {case:<16} {times[case][-1]:6.2f} s")
             sizes = [{key.split("/", 2)[2]: info["size"] for key, info in fs.find(f"bench/{name}-{repeat}",

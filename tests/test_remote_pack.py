@@ -247,12 +247,20 @@ def test_a_store_gone_mid_run_is_one_line_and_the_rerun_resumes(image_folder: tu
     url = f"s3://{S3_BUCKET}/gone"
     no_retries = {"config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 2}}
     first = LoopbackS3()
+    store = s3fs_of(s3_options)
+    marker = f"{S3_BUCKET}/gone/.pack/done/shard-000000.lmdb.json"
     packed = 0
 
     def progress(count: int) -> None:
         nonlocal packed
         packed += count
-        if packed == 6:  # the first shard (5 files) is up; the second is being packed
+        if packed == 6:  # the second shard is being packed: close once the first one's upload is done
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                store.invalidate_cache()
+                if store.exists(marker):
+                    break
+                time.sleep(0.05)
             first.close()
 
     with pytest.raises(PackError) as error:
@@ -260,7 +268,8 @@ def test_a_store_gone_mid_run_is_one_line_and_the_rerun_resumes(image_folder: tu
              storage_options={**first.storage_options, **no_retries})
     message = str(error.value)
     assert message.startswith(f"{url}/") and "cannot reach the store" in message and "\n" not in message
-    assert s3fs_of(s3_options).exists(f"{S3_BUCKET}/gone/.pack/done/shard-000000.lmdb.json")
+    store.invalidate_cache()
+    assert store.exists(marker)
     with LoopbackS3() as second:
         summary = pack(src, url, PackOptions(format="lmdb", shard_size=5), workers=1,
                        storage_options=second.storage_options)

@@ -29,7 +29,8 @@ from typing import Any, Callable, Iterator
 
 from ..errors import PackError
 from ..plan import Plan
-from ..shard import run_shard, shard_file_name
+from ..remote_out import RemoteOut
+from ..shard import BackgroundUploads, ShardResult, run_shard, shard_file_name
 from ..validate import ErrorPolicy
 
 log = logging.getLogger(__name__)
@@ -72,18 +73,18 @@ def _serve(conn: Connection, progress: Any, slot: int, parent: int) -> None:
             return
         out, plan, shard, policy = task
         try:
-            run_shard(out, plan, shard, progress=count, policy=policy)
+            result = run_shard(out, plan, shard, progress=count, policy=policy, upload=False)
         except Exception as exc:  # noqa: BLE001 - every error goes back to the parent, which decides
             _reply(conn, exc, traceback.format_exc())
         else:
-            _reply(conn, None, "")
+            _reply(conn, None, "", result)
 
 
-def _reply(conn: Connection, error: BaseException | None, trace: str) -> None:
+def _reply(conn: Connection, error: BaseException | None, trace: str, result: ShardResult | None = None) -> None:
     try:
-        conn.send((error, trace))
+        conn.send((error, trace, result))
     except Exception:  # noqa: BLE001 - an error that cannot be pickled still gets home as text
-        conn.send((PackError(f"{type(error).__name__}: {error}"), trace))
+        conn.send((PackError(f"{type(error).__name__}: {error}"), trace, None))
 
 
 @dataclass
@@ -151,10 +152,10 @@ def died(out: Path, plan: Plan, worker: Worker) -> PackError:
     )
 
 
-def collect(out: Path, plan: Plan, worker: Worker) -> None:
-    """Take a busy worker's answer: the shard is done, or its error is raised here."""
+def collect(out: Path, plan: Plan, worker: Worker) -> ShardResult:
+    """Take a busy worker's answer: the shard is packed (staged, for a remote OUT), or its error is raised here."""
     try:
-        error, trace = worker.conn.recv()
+        error, trace, result = worker.conn.recv()
     except (EOFError, OSError):
         raise died(out, plan, worker) from None
     worker.shard = None
@@ -162,6 +163,7 @@ def collect(out: Path, plan: Plan, worker: Worker) -> None:
         if isinstance(error, PackError):
             raise error
         raise error from RemoteTraceback(trace)
+    return result
 
 
 def stop_workers(workers: list[Worker]) -> None:
@@ -190,13 +192,36 @@ def stop_workers(workers: list[Worker]) -> None:
         worker.conn.close()
 
 
-def run_local(out: Path, plan: Plan, shards: list[int], *, workers: int, scheduler: str | None = None,
+def run_local(out: Path | RemoteOut, plan: Plan, shards: list[int], *, workers: int, scheduler: str | None = None,
               progress: Callable[[int], None] | None = None, policy: ErrorPolicy = ErrorPolicy()) -> None:
+    """Pack `shards` in `workers` processes (in this one for a single worker or shard).
+
+    For a remote OUT the workers only stage their shards: this process uploads them in the
+    background (`BackgroundUploads`) while the workers go on packing, and holds back new shards
+    while as many uploads as it runs at once are under way.
+    """
     del scheduler
-    if workers <= 1 or len(shards) <= 1:
-        for shard in shards:
-            run_shard(out, plan, shard, progress=progress, policy=policy)
-        return
+    uploads = BackgroundUploads(out) if isinstance(out, RemoteOut) else None
+    try:
+        if workers <= 1 or len(shards) <= 1:
+            for shard in shards:
+                result = run_shard(out, plan, shard, progress=progress, policy=policy, upload=False)
+                if uploads:
+                    if uploads.full():
+                        uploads.reap(block=True)
+                    uploads.submit(result)
+        else:
+            run_workers(out, plan, shards, workers, progress, policy, uploads)
+        if uploads:
+            uploads.finish()
+    finally:
+        if uploads:
+            uploads.close()
+
+
+def run_workers(out: Path | RemoteOut, plan: Plan, shards: list[int], workers: int,
+                progress: Callable[[int], None] | None, policy: ErrorPolicy,
+                uploads: BackgroundUploads | None) -> None:
     count = min(workers, len(shards))
     done_samples = multiprocessing.get_context("spawn").Array("q", count, lock=False)
     pool = start_workers(count, done_samples)
@@ -205,22 +230,26 @@ def run_local(out: Path, plan: Plan, shards: list[int], *, workers: int, schedul
     try:
         while True:
             for worker in pool:
-                if worker.shard is None and pending:
+                if worker.shard is None and pending and not (uploads and uploads.full()):
                     worker.shard = pending.popleft()
                     try:
                         worker.conn.send((out, plan, worker.shard, policy))
                     except OSError:
                         raise died(out, plan, worker) from None
             busy = [worker for worker in pool if worker.shard is not None]
-            if not busy:
+            if not busy and not (uploads and uploads.running):
                 break
-            ready = wait([worker.conn for worker in busy] + [worker.process.sentinel for worker in busy],
-                         timeout=POLL_SECONDS)
+            waited: list[Any] = [worker.conn for worker in busy] + [worker.process.sentinel for worker in busy]
+            ready = wait(waited + ([uploads.wakeup] if uploads else []), timeout=POLL_SECONDS)
             for worker in busy:
                 if worker.conn in ready or worker.conn.poll():
-                    collect(out, plan, worker)
+                    result = collect(out, plan, worker)
+                    if uploads:
+                        uploads.submit(result)
                 elif worker.process.sentinel in ready:
                     raise died(out, plan, worker)
+            if uploads:
+                uploads.reap()
             if progress:
                 current = sum(done_samples)
                 progress(current - reported)
