@@ -60,8 +60,8 @@ def test_bad_magic_and_length_are_named(tmp_path):
 
 def test_index_outside_the_file_is_a_problem_naming_the_line(tmp_path):
     (tmp_path / "a.idx").write_text("0\t0\n1\t40\n2\t9999\nnonsense\n3\t40\n")
-    entries, problems = recordio.read_index(str(tmp_path / "a.idx"), 100, "a.rec")
-    assert entries == [(0, 0), (1, 40)]
+    (keys, offsets), problems = recordio.read_index(str(tmp_path / "a.idx"), 100, "a.rec")
+    assert list(zip(keys, offsets)) == [(0, 0), (1, 40)]
     assert problems == ["a.idx line 3: record 2 at byte 9999 is outside a.rec (100 bytes)",
                         "a.idx line 4: not 'key<TAB>offset': 'nonsense'",
                         "a.idx: records 1 and 3 both at byte 40"]
@@ -101,3 +101,9 @@ def test_tfrecord_framing_crc_and_example_decoding(tmp_path):
     with pytest.raises(tfrecord.RecordError, match="bad length CRC at byte 0"):
         tfrecord.record_data(bytes(damaged[:length]), 0)
     assert tfrecord.field_name("image/class/text") == "image_class_text"
+
+
+def test_an_index_out_of_file_order_lists_records_in_file_order(tmp_path):
+    (tmp_path / "a.idx").write_text("2\t80\n0\t0\n1\t40\n")
+    (keys, offsets), problems = recordio.read_index(str(tmp_path / "a.idx"), 100, "a.rec")
+    assert (list(keys), list(offsets), problems) == ([0, 1, 2], [0, 40, 80], [])

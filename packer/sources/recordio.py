@@ -19,6 +19,7 @@ the reader threads with one pread: nothing is extracted to disk.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import os
@@ -166,10 +167,11 @@ def unpack(payload: bytes | memoryview) -> ImageRecord:
     return ImageRecord(flag, label, id_, id2, labels, bytes(payload[start:]))
 
 
-def read_index(path: str, size: int, rec_name: str) -> tuple[list[tuple[int, int]], list[str]]:
-    """The `.idx` beside a `.rec`: (key, offset) pairs in file order, and the problems found
-    (an offset outside the file, a malformed line): each a reject naming the line."""
-    entries: list[tuple[int, int]] = []
+def read_index(path: str, size: int, rec_name: str) -> tuple[tuple[array, array], list[str]]:
+    """The `.idx` beside a `.rec`: keys and offsets in file order (arrays: at millions of records,
+    tuples would cost a few hundred bytes each), and the problems found (an offset outside the
+    file, a malformed line, two keys at one offset): each a reject naming the line."""
+    keys, offsets = array("q"), array("q")
     problems: list[str] = []
     name = os.path.basename(path)
     for number, values, line in index_lines(path):
@@ -181,18 +183,21 @@ def read_index(path: str, size: int, rec_name: str) -> tuple[list[tuple[int, int
             problems.append(f"{name} line {number}: record {key} at byte {offset} is outside {rec_name} "
                             f"({size} bytes)")
             continue
-        entries.append((key, offset))
-    entries.sort(key=lambda entry: entry[1])
-    for (key, offset), (other, following) in zip(entries, entries[1:]):
-        if offset == following:
-            problems.append(f"{name}: records {key} and {other} both at byte {offset}")
-    seen: set[int] = set()
-    unique = []
-    for key, offset in entries:
-        if offset not in seen:
-            seen.add(offset)
-            unique.append((key, offset))
-    return unique, problems
+        keys.append(key)
+        offsets.append(offset)
+    if any(offset > following for offset, following in zip(offsets, offsets[1:])):  # not in file order: sort
+        order = sorted(range(len(offsets)), key=offsets.__getitem__)
+        keys, offsets = array("q", (keys[i] for i in order)), array("q", (offsets[i] for i in order))
+    unique_keys, unique_offsets = array("q"), array("q")
+    previous: tuple[int, int] | None = None
+    for key, offset in zip(keys, offsets):
+        if previous is not None and previous[1] == offset:
+            problems.append(f"{name}: records {previous[0]} and {key} both at byte {offset}")
+        else:
+            unique_keys.append(key)
+            unique_offsets.append(offset)
+        previous = key, offset
+    return (unique_keys, unique_offsets), problems
 
 
 def index_path(path: str) -> str:
@@ -227,43 +232,55 @@ def scan_file(listing: Listing, number: int, path: str, name: str) -> int | None
     try:
         with open(path, "rb") as handle:
             size = os.fstat(handle.fileno()).st_size
-            records = list_records(listing, handle, path, name, size)
-            if not records:
+            keys, offsets, lengths = list_records(listing, handle, path, name, size)
+            if not keys:
                 return None
-            first = _unpack_at(handle, *records[0][1:])
-            if first is not None and first.flag > 0 and not first.image:  # insightface's header record
-                end = int(first.labels[0])
-                images = [record for record in records[1:] if record[0] < end]
-                listing.ignored_other += len(records) - 1 - len(images)  # identity records: not samples
-                records = images
-            width = next((found.flag for record in records[:1] if (found := _unpack_at(handle, *record[1:]))), None)
+            first = _unpack_at(handle, offsets[0], lengths[0])
+            header = first is not None and first.flag > 0 and not first.image  # insightface's header record
+            end = int(first.labels[0]) if header and first is not None else None
+
+            def images() -> Iterator[int]:
+                """Positions of the image records: after an insightface header, those before its end."""
+                for position in range(1 if header else 0, len(keys)):
+                    if end is None or keys[position] < end:
+                        yield position
+
+            one = next(images(), None)
+            found = _unpack_at(handle, offsets[one], lengths[one]) if one is not None else None
+            width = found.flag if found is not None else None
     except OSError as exc:
         raise ScanError(f"{path}: cannot read ({exc.strerror or exc})") from None
     assert listing.locations is not None
-    for key, offset, length in records:
-        listing.paths.append(f"{name}/{key}")
+    count = 0
+    for position in images():
+        listing.paths.append(f"{name}/{keys[position]}")
         listing.labels.append(UNLABELLED)  # read with the sample
-        listing.sizes.append(length)
-        listing.locations.extend((number, offset, length))
+        listing.sizes.append(lengths[position])
+        listing.locations.extend((number, offsets[position], lengths[position]))
+        count += 1
+    if header:
+        listing.ignored_other += len(keys) - 1 - count  # identity records: not samples
     return width
 
 
-def list_records(listing: Listing, handle: BinaryIO, path: str, name: str, size: int) -> list[tuple[int, int, int]]:
-    """(key, offset, length) of every record: from the .idx (keys as it gives them), else from
+def list_records(listing: Listing, handle: BinaryIO, path: str, name: str, size: int) -> tuple[array, array, array]:
+    """Keys, offsets and lengths of every record: from the .idx (keys as it gives them), else from
     one pass over the part headers (keys 0, 1, ... in file order). Bad entries become rejects."""
     idx = index_path(path)
     if os.path.isfile(idx):
-        entries, problems = read_index(idx, size, name)
+        (keys, offsets), problems = read_index(idx, size, name)
         listing.rejects += [(name, problem) for problem in problems]
-        ends = [offset for _, offset in entries[1:]] + [size]
-        return [(key, offset, end - offset) for (key, offset), end in zip(entries, ends)]
-    records = []
+        ends = itertools.chain(itertools.islice(offsets, 1, None), [size])
+        return keys, offsets, array("q", (end - offset for offset, end in zip(offsets, ends)))
+    keys, offsets, lengths = array("q"), array("q"), array("q")
     try:
         for key, (offset, length) in enumerate(record_ranges(handle, size)):
-            records.append((key, offset, length))
+            keys.append(key)
+            offsets.append(offset)
+            lengths.append(length)
     except RecordError as exc:
-        listing.rejects.append((f"{name}/{len(records)}", f"{exc}: the rest of {name} cannot be read"))
-    return records
+        listing.rejects.append((f"{name}/{len(keys)}", f"{exc}: the rest of {name} cannot be read"))
+    return keys, offsets, lengths
 
 
 def _unpack_at(handle: BinaryIO, offset: int, length: int) -> ImageRecord | None:
