@@ -198,7 +198,7 @@ def run_local(out: Path | RemoteOut, plan: Plan, shards: list[int], *, workers: 
 
     For a remote OUT the workers only stage their shards: this process uploads them in the
     background (`BackgroundUploads`) while the workers go on packing, and holds back new shards
-    while as many uploads as it runs at once are under way.
+    while its budget of uploads in flight is full.
     """
     del scheduler
     uploads = BackgroundUploads(out) if isinstance(out, RemoteOut) else None
