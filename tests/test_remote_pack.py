@@ -328,3 +328,42 @@ def test_a_listing_that_does_not_match_its_plan_is_refused(image_folder: tuple[P
     fs.pipe_file(key, fs.cat_file(key).replace(b", 0, ", b", 1, ", 1))
     with pytest.raises(PackError, match=r"listing.jsonl: does not match plan.json \(another task"):
         RemoteOut(url, staging=tmp_path / "b", storage_options=s3_options).mirror_plan()
+
+
+def test_background_uploads_hold_back_shards_past_their_budget(s3_options: dict, tmp_path: Path) -> None:
+    """Staged shards go up from threads; `full()` says when the budget (bytes, with a least and a
+    most count of shards) is spent; each upload leaves its files and marker in the bucket and
+    frees its staging space."""
+    from packer.remote_out import RemoteOut
+    from packer.shard import BackgroundUploads, ShardResult
+
+    out = RemoteOut(f"s3://{S3_BUCKET}/background", staging=tmp_path / "staging", storage_options=s3_options)
+    out.staging.mkdir(parents=True)
+
+    def staged(number: int, size: int) -> ShardResult:
+        name = f"shard-{number:06d}.tar"
+        (out.staging / name).write_bytes(bytes([number]) * size)
+        return ShardResult(name=name, num_samples=1, bytes=size, sha256="-", fingerprint="-", rejects=[],
+                           label_counts={}, source_bytes=size)
+
+    uploads = BackgroundUploads(out, limit_bytes=1000, limit_shards=(2, 3))
+    try:  # `running` changes only at reap(), so `full()` is the same at every run
+        uploads.submit(staged(0, 5000))
+        assert not uploads.full()  # over the bytes, but fewer shards than the least
+        uploads.submit(staged(1, 10))
+        assert uploads.full()  # two shards, over the bytes
+        uploads.finish()
+        assert not uploads.running and not uploads.full()
+        fulls = []
+        for number in range(2, 5):
+            uploads.submit(staged(number, 10))
+            fulls.append(uploads.full())
+        assert fulls == [False, False, True]  # under the bytes: full at the most shards
+        uploads.finish()
+    finally:
+        uploads.close()
+    fs = s3fs_of(s3_options)
+    for number, size in enumerate([5000, 10, 10, 10, 10]):
+        assert fs.cat_file(f"{S3_BUCKET}/background/shard-{number:06d}.tar") == bytes([number]) * size
+        assert json.loads(fs.cat_file(f"{S3_BUCKET}/background/.pack/done/shard-{number:06d}.tar.json"))["bytes"] == size
+    assert not list(out.staging.glob("*.tar"))
