@@ -168,7 +168,7 @@ def test_bad_tar_samples_are_rejects_naming_tar_member_and_reason(tmp_path: Path
     (folder / "c.tar").write_bytes((folder / "c.tar").read_bytes()[:cut])  # cut inside k9.jpg's header
     out = tmp_path / "out"
     summary = pack(folder, out, PackOptions(format="lmdb"))
-    assert summary.num_samples == 3
+    assert summary.num_samples == 2
     rejects = {row["path"]: row["reason"] for row in map(json.loads, (out / "rejects.jsonl").read_text().splitlines())}
     assert rejects["a.tar/k1"] == "no image member (members: k1.txt)"
     assert rejects["a.tar/k2"].startswith("k2.jpg: not an image")
@@ -176,10 +176,43 @@ def test_bad_tar_samples_are_rejects_naming_tar_member_and_reason(tmp_path: Path
     assert rejects["a.tar/k5"].startswith("k5.json: invalid JSON")
     assert rejects["b.tar/k7"].startswith("member k7.jpg is truncated")
     assert rejects["c.tar"].startswith("truncated at byte ") and "after member k8.jpg" in rejects["c.tar"]
-    assert len(rejects) == 6
+    assert rejects["c.tar/k8"].startswith("may be incomplete: truncated at byte ")  # the cut header may be its own
+    assert len(rejects) == 7
     assert [(bytes(image), label) for image, label in readers.open_dataset(out, decode="bytes")][1] == (good, -1)
     code, output = run("lmdb", folder, tmp_path / "fail", "--on-error", "fail")
     assert code == 1 and output.strip().splitlines()[-1].startswith(f"Error: {folder / 'a.tar/k1'}: no image member")
+
+
+def ustar_member(name: str, data: bytes, kind: bytes = b"0") -> bytes:
+    info = tarfile.TarInfo(name)
+    info.size, info.type = len(data), kind
+    return info.tobuf(format=tarfile.USTAR_FORMAT) + data + bytes(-len(data) % 512)
+
+
+@pytest.mark.parametrize("pax", [b"0 path=x\n", b"-9 path=x\n", b"12path=b.jpg\n", b"13 size=zz\n\0\0"])
+def test_damaged_pax_headers_and_a_tar_cut_between_members_are_rejects(tmp_path: Path, pax: bytes) -> None:
+    """A PAX record whose length does not move on (it looped forever), a PAX size that is not a
+    number (a traceback), and a tar without its end-of-archive marker: rejects naming the tar; the
+    sample before the damage, whose members may go on past it, too."""
+    rng = random.Random(9)
+    first = ustar_member("a.jpg", image_bytes(rng)) + ustar_member("a.cls", b"1")
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    (folder / "pax.tar").write_bytes(first + ustar_member("pax", pax, b"x") + ustar_member("b.jpg", image_bytes(rng))
+                                     + bytes(1024))
+    (folder / "w.tar").write_bytes(ustar_member("c.jpg", image_bytes(rng)) + ustar_member("c.cls", b"2")
+                                   + ustar_member("d.jpg", image_bytes(rng)))  # cut after d.jpg: d.cls may be gone
+    out = tmp_path / "out"
+    summary = pack(folder, out, PackOptions(format="wds"), workers=1)
+    rejects = {row["path"]: row["reason"] for row in map(json.loads, (out / "rejects.jsonl").read_text().splitlines())}
+    assert rejects["pax.tar"].startswith("damaged at byte ") and "PAX" in rejects["pax.tar"]
+    assert "after member a.cls" in rejects["pax.tar"]
+    assert rejects["pax.tar/a"].startswith("may be incomplete: damaged at byte ")
+    assert rejects["w.tar"].startswith("truncated at byte ") and "no end-of-archive marker" in rejects["w.tar"]
+    assert rejects["w.tar/d"].startswith("may be incomplete: truncated")
+    assert summary.num_samples == 1 and len(rejects) == 4
+    assert [(label, path) for _, label, path in readers.open_dataset(out, fields=("image", "label", "path"))] == \
+        [(2, "w.tar/c")]
 
 
 def test_interrupted_tar_run_resumes_to_the_same_bytes(tmp_path: Path, tars: tuple[Path, list[dict]]) -> None:
@@ -302,3 +335,17 @@ def test_a_packed_dataset_in_a_bucket_repacks_like_the_local_one(packed_as: Call
     assert shard_bytes(tmp_path / "remote") == shard_bytes(tmp_path / "local") == shard_bytes(packed_as("lmdb")[0])
     code, output = run("lmdb", url, tmp_path / "tar-kind", "--input-format", "tar", "-q")
     assert code == 1 and "tar inputs must be local files" in output, output
+
+
+def test_a_label_beyond_int64_is_a_reject(tmp_path: Path) -> None:
+    """Every format stores labels as int64: a larger one is a reject naming the sample (HDF5 gave a traceback)."""
+    rng = random.Random(10)
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    (folder / "a.tar").write_bytes(ustar_member("a.jpg", image_bytes(rng)) + ustar_member("a.cls", b"99999999999999999999")
+                                   + ustar_member("b.jpg", image_bytes(rng)) + ustar_member("b.cls", b"3") + bytes(1024))
+    out = tmp_path / "out"
+    summary = pack(folder, out, PackOptions(format="hdf5"), workers=1)
+    rows = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
+    assert summary.num_samples == 1 and rows == [{"path": "a.tar/a", "reason": "label 99999999999999999999 is out of "
+                                                  "range (0 to 9223372036854775807)"}]

@@ -205,3 +205,32 @@ def test_an_index_that_disagrees_with_its_file(samples, tmp_path):
     Path(f"{tfrecord}.tfindex").write_text(f"0 {tfrecord.stat().st_size + 1}\n")
     with pytest.raises(packer.PackError, match=r"b.tfrecord.tfindex line 1: record at byte 0 of \d+ bytes is outside"):
         packer.pack(tfrecord, tmp_path / "tf", format="lmdb")
+
+
+def test_odd_recordio_headers_and_labels_are_rejects_not_tracebacks(tmp_path):
+    """A header record whose end is NaN, a first image record that cannot be read (the label-array
+    length comes from the next), a label beyond int64 and an .idx key beyond 64 bits: rejects
+    naming the record or line, the other records packed."""
+    rng = random.Random(11)
+    images = [image_bytes(rng) for _ in range(3)]
+    src = tmp_path / "src"
+    src.mkdir()
+    write_recordio(src / "nan.rec", [recordio_payload(b"", [float("nan"), 5.0]), recordio_payload(images[0], 1.0),
+                                     recordio_payload(images[1], 2.0)])
+    write_recordio(src / "first.rec", [recordio_payload(image, [float(n), 0.5]) for n, image in enumerate(images)])
+    damaged = bytearray((src / "first.rec").read_bytes())
+    damaged[0] ^= 0xFF  # record 0's magic
+    (src / "first.rec").write_bytes(bytes(damaged))
+    write_recordio(src / "huge.rec", [recordio_payload(images[0], 1e20), recordio_payload(images[1], 1.0)])
+    for name, expected in [("nan", {"nan.rec/0": "record at byte 0: no image bytes after its header"}),
+                           ("first", {"first.rec/0": "record at byte 0: bad magic 0xced723f5 at byte 0 "
+                                                     "(expected 0xced7230a)"}),
+                           ("huge", {"huge.rec/0": "label 100000002004087734272 is out of range (0 to "
+                                                   "9223372036854775807)"})]:
+        out = tmp_path / f"out-{name}"
+        summary = packer.pack(src / f"{name}.rec", out, format="hdf5", workers=1)
+        rejects = {row["path"]: row["reason"] for row in map(json.loads, (out / "rejects.jsonl").read_text().splitlines())}
+        assert rejects == expected and summary.num_samples == (2 if name != "huge" else 1), name
+    (src / "huge.idx").write_text("99999999999999999999\t0\n")
+    code, output = run("wds", src / "huge.rec", tmp_path / "out-key", "--on-error", "fail")
+    assert code == 1 and "huge.idx line 1: key 99999999999999999999 does not fit in 64 bits" in output.splitlines()[-1]

@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterator
 from ..errors import RejectedFile
 from ..plan import PackOptions, Plan
 from .inputs import INPUT_KINDS, Record, RecordReader, Source
-from .listing import UNLABELLED, Listing, ScanError
+from .listing import MAX_LABEL, UNLABELLED, Listing, ScanError
 
 FOLDER_OPTIONS = ("files_from", "metadata", "sidecars", "no_classes")
 """PackOptions that describe a folder of image files, meaningless for a container."""
@@ -51,6 +51,8 @@ def open_records(plan: Plan) -> Iterator[Callable[[int, int, int], Record | list
     def read(input: int, offset: int, length: int) -> Record | list[Record]:
         found = reader(input, offset, length)
         for record in found if isinstance(found, list) else [found]:
+            if record.label != UNLABELLED and not 0 <= record.label <= MAX_LABEL:
+                raise RejectedFile(f"label {record.label} is out of range (0 to {MAX_LABEL})")
             if fixed is not None and record.label != UNLABELLED and not 0 <= record.label < fixed:
                 raise RejectedFile(f"label {record.label} is out of range for the {fixed} classes of {plan.options.classes}")
         return found

@@ -15,6 +15,8 @@ IMAGE_EXTENSIONS = frozenset(
     {".jpg", ".jpeg", ".jpe", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif", ".ppm", ".pgm"}
 )
 UNLABELLED = -1
+MAX_LABEL = 2**63 - 1
+"""The largest label: every format stores labels as int64."""
 
 
 class ScanError(Exception):

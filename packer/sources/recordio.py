@@ -167,6 +167,10 @@ def unpack(payload: bytes | memoryview) -> ImageRecord:
     return ImageRecord(flag, label, id_, id2, labels, bytes(payload[start:]))
 
 
+WIDTH_PROBES = 64
+"""Image records tried, from the first, for the label-array length every record must have."""
+
+
 def read_index(path: str, size: int, rec_name: str) -> tuple[tuple[array, array], list[str]]:
     """The `.idx` beside a `.rec`: keys and offsets in file order (arrays: at millions of records,
     tuples would cost a few hundred bytes each), and the problems found (an offset outside the
@@ -179,6 +183,9 @@ def read_index(path: str, size: int, rec_name: str) -> tuple[tuple[array, array]
             problems.append(f"{name} line {number}: not 'key<TAB>offset': {line.strip()[:60]!r}")
             continue
         key, offset = values
+        if not -2**63 <= key < 2**63:
+            problems.append(f"{name} line {number}: key {str(key)[:30]} does not fit in 64 bits")
+            continue
         if not 0 <= offset < size:
             problems.append(f"{name} line {number}: record {key} at byte {offset} is outside {rec_name} "
                             f"({size} bytes)")
@@ -236,7 +243,8 @@ def scan_file(listing: Listing, number: int, path: str, name: str) -> int | None
             if not keys:
                 return None
             first = _unpack_at(handle, offsets[0], lengths[0])
-            header = first is not None and first.flag > 0 and not first.image  # insightface's header record
+            header = (first is not None and first.flag > 0 and not first.image  # insightface's header record
+                      and math.isfinite(first.labels[0]))
             end = int(first.labels[0]) if header and first is not None else None
 
             def images() -> Iterator[int]:
@@ -245,9 +253,10 @@ def scan_file(listing: Listing, number: int, path: str, name: str) -> int | None
                     if end is None or keys[position] < end:
                         yield position
 
-            one = next(images(), None)
-            found = _unpack_at(handle, offsets[one], lengths[one]) if one is not None else None
-            width = found.flag if found is not None else None
+            found = next((record for position in itertools.islice(images(), WIDTH_PROBES)
+                          if (record := _unpack_at(handle, offsets[position], lengths[position])) is not None
+                          and record.image), None)
+            width = found.flag if found is not None else None  # from the first image record that can be read
     except OSError as exc:
         raise ScanError(f"{path}: cannot read ({exc.strerror or exc})") from None
     assert listing.locations is not None

@@ -134,7 +134,8 @@ def scan_tar(number: int, path: str, name: str) -> tuple[Listing, dict[str, int]
         group: Group | None = None
         last = ""
         try:
-            for member in read_members(SpanReader(lambda offset, length: os.pread(fd, length, offset)), 0, size):
+            for member in read_members(SpanReader(lambda offset, length: os.pread(fd, length, offset)), 0, size,
+                                       archive=True):
                 last = member.name
                 parts = split_name(member.name) if member.is_file else None
                 if parts is None:
@@ -151,6 +152,9 @@ def scan_tar(number: int, path: str, name: str) -> tuple[Listing, dict[str, int]
             if group is None or group.end <= size:  # else that sample is rejected as truncated
                 part.rejects.append((name, f"{exc} (after member {last or 'none'}): the rest of the file "
                                            "cannot be read"))
+            if group is not None and group.end <= size:  # its other members may be past the damage
+                part.rejects.append((f"{name}/{group.key}", f"may be incomplete: {exc}"))
+                group = None
         except OSError as exc:
             raise ScanError(f"{path}: cannot read ({exc.strerror or exc})") from None
         if group is not None:
@@ -263,10 +267,12 @@ class Member:
         return self.data + padded(self.size)
 
 
-def read_members(read: Callable[[int, int], bytes | memoryview], start: int, end: int) -> Iterator[Member]:
+def read_members(read: Callable[[int, int], bytes | memoryview], start: int, end: int, *,
+                 archive: bool = False) -> Iterator[Member]:
     """The members of the tar bytes `start`..`end` (`read(offset, length)` gives them), from their
     headers alone: ustar, PAX ('x', its path and size) and GNU long names ('L'). The tar module
-    takes ~100 us a member, several times the cost of packing the sample; this takes a few."""
+    takes ~100 us a member, several times the cost of packing the sample; this takes a few.
+    `archive`: the bytes are a whole tar, which ends with its end-of-archive marker (none: it was cut)."""
     offset = first = start
     name: str | None = None
     size_override: int | None = None
@@ -287,7 +293,10 @@ def read_members(read: Callable[[int, int], bytes | memoryview], start: int, end
         if kind == b"x":  # PAX attributes of the next header
             attributes = pax_attributes(bytes(read(data, size)), data)
             name = attributes.get("path", name)
-            size_override = int(attributes["size"]) if "size" in attributes else size_override
+            if "size" in attributes:
+                size_override = int(attributes["size"]) if attributes["size"].isdigit() else -1
+                if size_override < 0:
+                    raise TarDamage(f"damaged at byte {offset}: a PAX size that is not a number")
             continue
         if kind == b"g":  # PAX global attributes: nothing a sample needs
             first = offset
@@ -300,6 +309,8 @@ def read_members(read: Callable[[int, int], bytes | memoryview], start: int, end
                 name = header[345:500].split(b"\0", 1)[0].decode("utf-8", "surrogateescape") + "/" + name
         yield Member(name, first, data, size, kind in (b"0", b"\0", b"7"))
         first, name, size_override = offset, None, None
+    if archive and offset == end:
+        raise TarDamage(f"truncated at byte {end}: no end-of-archive marker after the last member")
 
 
 def padded(size: int) -> int:
@@ -334,7 +345,9 @@ def pax_attributes(data: bytes, offset: int) -> dict[str, str]:
         try:
             length = int(data[position:space])
         except ValueError:
-            raise TarDamage(f"damaged at byte {offset}: unreadable PAX attributes") from None
+            length = 0
+        if space < 0 or length <= space - position or position + length > len(data):  # also: no progress
+            raise TarDamage(f"damaged at byte {offset}: unreadable PAX attributes")
         record = data[space + 1:position + length - 1]
         key, _, value = record.partition(b"=")
         attributes[key.decode("utf-8", "replace")] = value.decode("utf-8", "surrogateescape")
