@@ -22,6 +22,7 @@ from .descriptors import DEFAULT_SPLIT
 from .encode import DEFAULT_QUALITY, PIXEL_MODES, STORES
 from .engines import ENGINES
 from .errors import PackError
+from .fsutil import limit_malloc_arenas
 from .api import run, split_options
 from .pipeline import Summary, ensure_plan, merge
 from .plan import DEFAULT_IMAGE_KEY, DEFAULT_LABEL_KEY, DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SIZE, PackOptions
@@ -263,6 +264,7 @@ def main(ctx: click.Context, verbose: bool) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     # Dask reads this when first imported (by --engine dask): keep its INFO chatter out of the output.
     os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "info" if verbose else "warning")
+    limit_malloc_arenas()
 
 
 @main.command("plan")

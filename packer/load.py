@@ -13,7 +13,7 @@ import os
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from readers.fields import FieldSpec, encode_value
 
@@ -81,42 +81,59 @@ def open_run(paths: list[tuple[str, int]]) -> list[int | OSError]:
 
 
 class ReadAhead:
-    """Reads `entries`' files in order, each opened ahead of its turn by `threads` opener threads
-    that announce it to the kernel (`open_run`): the kernel reads up to OPEN_AHEAD_FILES files
-    (READAHEAD_BYTES) in the background, the openers wait on cold inodes in parallel, and the
-    caller's `read` finds the bytes there. The openers do two system calls a file and no Python
-    work on the data, so they seldom hold the GIL. `close` closes what is still open."""
+    """Hands out `entries` in order (iterate it), each file opened ahead of its turn by `threads`
+    opener threads that announce it to the kernel (`open_run`): the kernel reads up to
+    OPEN_AHEAD_FILES files (READAHEAD_BYTES) in the background, the openers wait on cold inodes in
+    parallel, and the caller's `read` finds the bytes there. The openers do two system calls a
+    file and no Python work on the data, so they seldom hold the GIL. Only the entries opened
+    ahead are held, not the shard's. `close` closes what is still open."""
 
-    def __init__(self, root: str, entries: Sequence[Entry], threads: int) -> None:
+    def __init__(self, root: str, entries: Iterable[Entry], threads: int) -> None:
         self._root = root
-        self._entries = entries
-        self._next = 0  # the next entry to hand to an opener
+        self._entries = iter(entries)
+        self._listed_all = False
         self._pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="pack-open")
-        self._runs: deque[tuple[list[tuple[str, int]], Future[list[int | OSError]]]] = deque()
-        self._current: deque[tuple[str, int, int | OSError]] = deque()  # the run being read: path, size, fd
+        self._runs: deque[tuple[list[Entry], Future[list[int | OSError]]]] = deque()
+        self._current: deque[tuple[Entry, str, int | OSError]] = deque()  # the run being read: entry, path, fd
         self._bytes = 0
 
     def _open_ahead(self) -> None:
-        while self._next < len(self._entries) and len(self._runs) * READ_RUN_FILES < OPEN_AHEAD_FILES and \
+        while not self._listed_all and len(self._runs) * READ_RUN_FILES < OPEN_AHEAD_FILES and \
                 (not self._runs or self._bytes < READAHEAD_BYTES):
-            run = []
-            for entry in self._entries[self._next:self._next + READ_RUN_FILES]:
-                run.append((os.path.join(self._root, entry.path), entry.size))
-                self._bytes += entry.size
-            self._next += len(run)
-            self._runs.append((run, self._pool.submit(open_run, run)))
+            run, run_bytes = take_run(self._entries, READ_RUN_FILES)
+            if not run:
+                self._listed_all = True
+                break
+            self._bytes += run_bytes
+            paths = [(os.path.join(self._root, entry.path), entry.size) for entry in run]
+            self._runs.append((run, self._pool.submit(open_run, paths)))
+
+    def __iter__(self) -> Iterator[Entry]:
+        while True:
+            if not self._current:
+                self._open_ahead()
+                if not self._runs:
+                    return
+                run, future = self._runs.popleft()
+                self._current.extend((entry, os.path.join(self._root, entry.path), fd)
+                                     for entry, fd in zip(run, future.result()))
+            entry = self._current[0][0]
+            yield entry
+            if self._current and self._current[0][0] is entry:  # its file was not read (rejected before)
+                fd = self._take()
+                if isinstance(fd, int):
+                    os.close(fd)
+
+    def _take(self) -> int | OSError:
+        entry, _, fd = self._current.popleft()
+        self._bytes -= entry.size
+        return fd
 
     def read(self, path: str, size: int) -> bytes:
-        """The file at `path`: the next one in order (any other is read the plain way)."""
-        if not self._current:
-            self._open_ahead()
-            if self._runs:
-                run, future = self._runs.popleft()
-                self._current.extend((name, planned, fd) for (name, planned), fd in zip(run, future.result()))
-        if not self._current or self._current[0][0] != path:
+        """The file at `path`: the current entry's, opened ahead (any other is read the plain way)."""
+        if not self._current or self._current[0][1] != path:
             return read_file(path, size)
-        _, planned, fd = self._current.popleft()
-        self._bytes -= planned
+        fd = self._take()
         if isinstance(fd, OSError):
             raise fd
         try:
@@ -137,6 +154,20 @@ class ReadAhead:
                 os.close(fd)
         self._current.clear()
         self._runs.clear()
+
+
+def take_run(entries: Iterator[Entry], max_files: int, max_bytes: int = 1 << 62) -> tuple[list[Entry], int]:
+    """The next consecutive entries, up to `max_files` or until they reach `max_bytes` of source;
+    an empty run when none are left."""
+    run: list[Entry] = []
+    run_bytes = 0
+    while len(run) < max_files and run_bytes < max_bytes:
+        entry = next(entries, None)
+        if entry is None:
+            break
+        run.append(entry)
+        run_bytes += entry.size
+    return run, run_bytes
 
 
 Loaded = tuple[Encoded, dict[str, bytes], int, str]  # the encoded image, its fields' stored bytes, label, path
@@ -198,7 +229,7 @@ def load_record(record: Record, entry: Entry, validate: str, max_pixels: int, en
     return encoded, record.fields, record.label, record.path if record.path is not None else entry.path
 
 
-def load_samples(root: Path | str, entries: list[Entry], options: PackOptions, threads: int,
+def load_samples(root: Path | str, entries: Iterable[Entry], options: PackOptions, threads: int,
                  fields: Sequence[FieldSpec] = (), records: ReadRecord | None = None,
                  records_in_line: bool = True) -> Iterator[tuple[Entry, Loaded | list[Loaded] | RejectedFile]]:
     """Samples in listing order: passthrough in line (local files through `ReadAhead`, container
@@ -223,7 +254,7 @@ def load_samples(root: Path | str, entries: list[Entry], options: PackOptions, t
     if options.store in INLINE_STORES and not remote and records is None:
         ahead = ReadAhead(str(root), entries, OPEN_THREADS)
         try:
-            for entry in entries:
+            for entry in ahead:
                 yield entry, load(entry, read=ahead.read)
         finally:
             ahead.close()
@@ -237,19 +268,20 @@ def load_samples(root: Path | str, entries: list[Entry], options: PackOptions, t
 
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="pack-read") as pool:
         pending: deque[tuple[list[Entry], int, Future[list[Loaded | list[Loaded] | RejectedFile]]]] = deque()
-        position = in_flight = 0
+        remaining, listed_all, in_flight = iter(entries), False, 0
         try:
-            while position < len(entries) or pending:
-                while position < len(entries) and (
+            while not listed_all or pending:
+                while not listed_all and (
                     not pending or (in_flight < READAHEAD_BYTES and len(pending) * READ_RUN_FILES < READAHEAD_FILES)
                 ):
-                    run, run_bytes = [], 0
-                    while position < len(entries) and len(run) < READ_RUN_FILES and run_bytes < READ_RUN_BYTES:
-                        run.append(entries[position])
-                        run_bytes += entries[position].size
-                        position += 1
+                    run, run_bytes = take_run(remaining, READ_RUN_FILES, READ_RUN_BYTES)
+                    if not run:
+                        listed_all = True
+                        break
                     pending.append((run, run_bytes, pool.submit(load_run, run)))
                     in_flight += run_bytes
+                if not pending:
+                    break
                 run, run_bytes, future = pending.popleft()
                 in_flight -= run_bytes
                 yield from zip(run, future.result())

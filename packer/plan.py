@@ -18,7 +18,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from json.encoder import encode_basestring_ascii as encode_string
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 from readers.fields import FieldSpec
 from readers.manifest import FORMAT_VERSION
@@ -285,14 +285,40 @@ def entry_of(row: list[Any]) -> Entry:
     return Entry(*row)
 
 
-def read_shard_entries(out: Path, plan: Plan, shard: int) -> list[Entry]:
-    """The listing slice of one shard, read with one seek."""
-    start, end = plan.line_offsets[shard], plan.line_offsets[shard + 1]
-    with open(listing_path(out), "rb") as handle:
-        handle.seek(start)
-        chunk = handle.read(end - start)
-    entries = [entry_of(json.loads(line)) for line in chunk.splitlines()]
+class ShardEntries:
+    """One shard's listing slice, parsed from `listing.jsonl` each time it is iterated instead of
+    held: a shard's 10k entries are 2-3 MB of objects in every worker. Made by `read_shard_entries`,
+    which reads the slice once to check its count and total its sizes."""
+
+    def __init__(self, listing: Path, start: int, end: int) -> None:
+        self._listing, self._start, self._end = listing, start, end
+        self.count = self.total_size = 0
+        for row in self._rows():
+            self.count += 1
+            self.total_size += row[2]
+
+    def _rows(self) -> Iterator[list[Any]]:
+        with open(self._listing, "rb") as handle:
+            handle.seek(self._start)
+            left = self._end - self._start
+            while left > 0:
+                line = handle.readline(left)
+                if not line:
+                    break
+                left -= len(line)
+                yield json.loads(line)
+
+    def __iter__(self) -> Iterator[Entry]:
+        return map(entry_of, self._rows())
+
+    def __len__(self) -> int:
+        return self.count
+
+
+def read_shard_entries(out: Path, plan: Plan, shard: int) -> ShardEntries:
+    """The listing slice of one shard, checked against the plan's count."""
+    entries = ShardEntries(listing_path(out), plan.line_offsets[shard], plan.line_offsets[shard + 1])
     expected = plan.bounds[shard + 1] - plan.bounds[shard]
-    if len(entries) != expected:
-        raise PackError(f"{listing_path(out)}: shard {shard} lists {len(entries)} files, plan says {expected}")
+    if entries.count != expected:
+        raise PackError(f"{listing_path(out)}: shard {shard} lists {entries.count} files, plan says {expected}")
     return entries

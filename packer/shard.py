@@ -178,7 +178,7 @@ def run_shard(out: Path | RemoteOut, plan: Plan, shard: int, *, threads: int = R
     final = local / name
     source = plan.source if "://" in plan.source else Path(plan.source)  # a URL SRC stays a string
     try:
-        with writer_cls(tmp, expected_bytes=sum(entry.size for entry in entries), classes=plan.classes,
+        with writer_cls(tmp, expected_bytes=entries.total_size, classes=plan.classes,
                         sample_shape=plan.options.sample_shape, fields=plan.fields) as writer, \
                 open_records(plan) as records:
             for entry, loaded in load_samples(source, entries, plan.options, threads, plan.fields, records,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import zlib
@@ -9,12 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from imagefolders import image_bytes
+from clirun import run
+from imagefolders import image_bytes, make_image_folder
 
 from packer import load
 from packer.encode import Encoded
-from packer.errors import RejectedFile
-from packer.plan import Entry, PackOptions
+from packer.errors import PackError, RejectedFile
+from packer.outdir import listing_path
+from packer.plan import Entry, PackOptions, load_plan, read_shard_entries
 
 
 @pytest.mark.parametrize("scanned_size", [0, 5, 4095, 4096, 4097, 10_000])
@@ -65,3 +68,37 @@ def test_read_ahead_closes_what_it_opened_when_abandoned(tmp_path: Path) -> None
     assert len(os.listdir("/proc/self/fd")) > before  # the next files are open, ahead of their turn
     samples.close()
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_read_ahead_hands_out_every_entry_once_even_when_a_file_is_not_read(tmp_path: Path) -> None:
+    entries = []
+    for index in range(50):
+        (tmp_path / f"{index:02d}.jpg").write_bytes(bytes([index]) * (index + 1))
+        entries.append(Entry(path=f"{index:02d}.jpg", label=0, size=index + 1))
+    before = len(os.listdir("/proc/self/fd"))
+    ahead = load.ReadAhead(str(tmp_path), iter(entries), threads=2)
+    seen = []
+    for entry in ahead:
+        seen.append(entry.path)
+        if int(entry.path[:2]) % 3:  # every third file is skipped, as a reject before reading would
+            assert ahead.read(str(tmp_path / entry.path), entry.size) == bytes([int(entry.path[:2])]) * entry.size
+    ahead.close()
+    assert seen == [entry.path for entry in entries]
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_shard_entries_are_read_from_the_listing_each_time_and_checked_against_the_plan(tmp_path: Path) -> None:
+    make_image_folder(tmp_path / "src", classes=2, per_class=7)
+    assert run("plan", tmp_path / "src", tmp_path / "out", "--format", "wds", "--shard-size", "4")[0] == 0
+    plan = load_plan(tmp_path / "out")
+    rows = [json.loads(line) for line in listing_path(tmp_path / "out").read_text().splitlines()]
+    for shard in range(plan.num_shards):
+        entries = read_shard_entries(tmp_path / "out", plan, shard)
+        expected = rows[plan.bounds[shard]:plan.bounds[shard + 1]]
+        assert len(entries) == len(expected) and entries.total_size == sum(row[2] for row in expected)
+        assert [(entry.path, entry.label, entry.size) for entry in entries] == [tuple(row[:3]) for row in expected]
+        assert [entry.path for entry in entries] == [row[0] for row in expected]  # iterable again
+    lines = listing_path(tmp_path / "out").read_bytes().splitlines(keepends=True)
+    listing_path(tmp_path / "out").write_bytes(b"".join(lines[:-1]))  # cut short
+    with pytest.raises(PackError, match=f"shard {plan.num_shards - 1} lists 1 files, plan says 2"):
+        read_shard_entries(tmp_path / "out", plan, plan.num_shards - 1)
