@@ -349,3 +349,23 @@ def test_a_label_beyond_int64_is_a_reject(tmp_path: Path) -> None:
     rows = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
     assert summary.num_samples == 1 and rows == [{"path": "a.tar/a", "reason": "label 99999999999999999999 is out of "
                                                   "range (0 to 9223372036854775807)"}]
+
+
+def test_binary_tar_members_are_left_out_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    rng = random.Random(1)
+    with webdataset.TarWriter(str(folder / "data-000000.tar")) as writer:
+        for number in range(4):
+            writer.write({"__key__": f"{number:09d}", "jpg": image_bytes(rng), "cls": number,
+                          "pth": b"\x80\x04\x95" + bytes(rng.randrange(256) for _ in range(64)),
+                          "mp3": b"\xff\xfb" + bytes(64), "txt": f"caption {number}"})
+    with caplog.at_level("WARNING"):
+        code, output = run("wds", folder, tmp_path / "out")
+    assert code == 0, output
+    assert "packed 4 samples" in output and "0 rejected" in output and "8 non-image entries ignored" in output
+    assert "members .mp3, .pth hold binary data, which no field type stores: left out" in caplog.text
+    index = json.loads((tmp_path / "out" / "index.json").read_text())
+    assert [spec["name"] for spec in index["fields"]] == ["txt"]
+    dataset = readers.open_dataset(tmp_path / "out", decode="bytes", fields=("label", "txt"))
+    assert list(dataset) == [(number, f"caption {number}") for number in range(4)]

@@ -4,7 +4,9 @@ WebDataset's rules: a sample's key is the member path up to the first "." of its
 rest its (lower-cased) extension; only adjacent members group. The image is the first member
 with an image extension; `cls`, `class` or `label` holds an integer label; every other member
 whose extension is a valid field name is a field (`json`: JSON, others: UTF-8 text, as
-`--sidecars`). Shards are read in name order, samples in tar order.
+`--sidecars`), except the extensions WebDataset decodes as binary (pickles, tensors, audio,
+video: BINARY_EXTENSIONS), which no field type stores: those members are left out, named in a
+warning. Shards are read in name order, samples in tar order.
 
 The scan reads only the tar headers (PAX headers included) and lists each sample as the byte
 range from its first header to the end of its last member; the reader threads read the members
@@ -35,6 +37,10 @@ from .sidecars import JSON_EXTENSION, checked_text
 log = logging.getLogger(__name__)
 
 LABEL_EXTENSIONS = ("cls", "class", "label")
+BINARY_EXTENSIONS = frozenset({
+    "pyd", "pickle", "pkl", "pth", "pt", "ten", "tb", "mp", "msgpack", "npz", "bin",  # WebDataset's binary decoders
+    "flac", "mp3", "wav", "ogg", "opus", "m4a", "sox", "mp4", "avi", "webm", "mov", "mkv",  # its audio and video
+})
 SCAN_THREADS = 8
 BLOCK = tarfile.BLOCKSIZE
 
@@ -66,6 +72,7 @@ class Layout:
     twice: str | None  # an extension two members have
     fields: tuple[str, ...]
     ignored: int  # members that are neither the image, nor a label, nor a field
+    binary: tuple[str, ...]  # extensions of members left out as binary
 
 
 @functools.lru_cache(maxsize=1024)
@@ -75,19 +82,20 @@ def layout(extensions: tuple[str, ...]) -> Layout:
     fields = tuple(extension for extension in extensions if is_field(extension))
     ignored = sum(1 for k, extension in enumerate(extensions)
                   if k != image and extension not in LABEL_EXTENSIONS and extension not in fields)
-    return Layout(image, twice, fields, ignored)
+    binary = tuple(extension for extension in extensions if extension in BINARY_EXTENSIONS)
+    return Layout(image, twice, fields, ignored, binary)
 
 
 def is_field(extension: str) -> bool:
-    return extension not in LABEL_EXTENSIONS and "." + extension not in IMAGE_EXTENSIONS \
-        and check_field_name(extension) is None
+    return extension not in LABEL_EXTENSIONS and extension not in BINARY_EXTENSIONS \
+        and "." + extension not in IMAGE_EXTENSIONS and check_field_name(extension) is None
 
 
 def scan(source: Source, options: PackOptions) -> Listing:
     """The samples of every tar in `source.inputs`, from their headers; bad ones are rejects."""
     listing = Listing(root=source.root, classes=read_classes(options.classes) if options.classes else [],
                       locations=array("q"))
-    seen: dict[str, int] = {}  # field extension -> samples that have it
+    seen: dict[str, int] = {}  # field extension (or binary one) -> samples that have it
     names = [os.path.relpath(path, source.root) for path in source.inputs]
     # Reading headers is one small read every member: on a cold cache, disk latency. Several tars
     # at once keep several reads in flight (pread releases the GIL); at most 2 x SCAN_THREADS
@@ -102,9 +110,13 @@ def scan(source: Source, options: PackOptions) -> Listing:
             append(listing, part)
             for extension, count in fields.items():
                 seen[extension] = seen.get(extension, 0) + count
+    binary = sorted(extension for extension in seen if extension in BINARY_EXTENSIONS)
+    if binary:
+        log.warning("%s: members .%s hold binary data, which no field type stores: left out", source.root,
+                    ", .".join(binary))
     listing.fields = [FieldSpec(extension, "json" if extension == JSON_EXTENSION else "str",
                                 optional=count < len(listing))
-                      for extension, count in sorted(seen.items())]
+                      for extension, count in sorted(seen.items()) if extension not in BINARY_EXTENSIONS]
     log.info("scanned %d tar files under %s: %d samples, %d rejected", len(source.inputs), source.root,
              len(listing), len(listing.rejects))
     return listing
@@ -202,7 +214,7 @@ def add_sample(listing: Listing, number: int, name: str, group: Group, seen: dic
         listing.labels.append(UNLABELLED)  # read with the sample
         listing.sizes.append(group.members[found.image][2])
         listing.locations.extend((number, group.start, group.end - group.start))
-        for extension in found.fields:
+        for extension in found.fields + found.binary:
             seen[extension] = seen.get(extension, 0) + 1
         listing.ignored_other += found.ignored
 
