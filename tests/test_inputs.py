@@ -369,3 +369,15 @@ def test_binary_tar_members_are_left_out_with_a_warning(tmp_path: Path, caplog: 
     assert [spec["name"] for spec in index["fields"]] == ["txt"]
     dataset = readers.open_dataset(tmp_path / "out", decode="bytes", fields=("label", "txt"))
     assert list(dataset) == [(number, f"caption {number}") for number in range(4)]
+
+
+def test_input_format_takes_a_folder_of_inputs_without_their_suffix(tmp_path: Path) -> None:
+    imagenet = tmp_path / "imagenet"
+    imagenet.mkdir()
+    for name in ("train-00000-of-00002", "train-00001-of-00002", "train-00000-of-00002.tfindex"):
+        (imagenet / name).write_bytes(b"")
+    source = resolve_source(imagenet, "tfrecord")
+    assert source.kind == "tfrecord"
+    assert [Path(name).name for name in source.inputs] == ["train-00000-of-00002", "train-00001-of-00002"]
+    (imagenet / "train-00002-of-00002.tfrecord").write_bytes(b"")  # where some have the suffix, those
+    assert [Path(name).name for name in resolve_source(imagenet, "tfrecord").inputs] == ["train-00002-of-00002.tfrecord"]
