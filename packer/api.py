@@ -106,6 +106,9 @@ def pack(src: str | os.PathLike[str], out: str | os.PathLike[str], format: str, 
     `on_error="fail"`, `task_index=0, task_count=8`, ...); `progress(n)` is called as samples are
     done. Returns the Summary the CLI prints; raises PackError with the CLI's one-line message.
     """
+    if not isinstance(src, (str, os.PathLike)):
+        raise PackError(f"src must be one path, URL, glob or brace pattern, not a {type(src).__name__}; for several "
+                        "input files use a pattern ('train-*-of-01024', 'data-{000000..000127}.tar')")
     pack_options, run_options = split_options(format, options)
     return run(src, out, pack_options, run_options, progress)
 
@@ -127,6 +130,9 @@ def pack_samples(fn: Callable[[Any], Any], inputs: Sequence[Any], out: str | os.
     """
     if "input_format" in options:
         raise PackError("pack_samples: input_format does not apply (the inputs are fn's)")
+    if "shard_bytes" in options:  # the plan is made before fn runs: a sample's size is not known then
+        raise PackError("pack_samples: shard_bytes does not apply (samples are made in the workers, after the "
+                        "shards are planned); shards are cut at shard_size samples")
     pack_options, run_options = split_options(format, {**options, "input_format": "samples"})
     out_path = Path(out)
 

@@ -307,7 +307,8 @@ def check_rejects(out: Path, plan: Plan, rejects: list[dict[str, str]], policy: 
     """Raise PackError when these rejects break the policy; names the file, or the count."""
     if policy.on_error == "fail" and rejects:
         first = rejects[0]
-        raise PackError(f"{Path(plan.source) / first['path']}: {first['reason']} (--on-error fail)")
+        name = f"pack_samples input {first['path']}" if plan.input_kind == "samples" else Path(plan.source) / first["path"]
+        raise PackError(f"{name}: {first['reason']} (--on-error fail)")
     if policy.too_many(len(rejects)):
         raise PackError(f"{out}: {len(rejects)} files rejected, more than --max-errors {policy.max_errors} "
                         f"(first: {rejects[0]['path']}: {rejects[0]['reason']}); no index.json written")

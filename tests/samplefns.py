@@ -34,3 +34,7 @@ def pixels(item: int) -> np.ndarray:
 def frames(item: int) -> list[dict[str, Any]]:
     """Several samples per input, as frames decoded from one video."""
     return [{"image": pixels(item * 10 + frame), "label": item, "frame": np.array([item, frame])} for frame in range(item)]
+
+
+def always_fails(item: int) -> dict[str, Any]:
+    raise RuntimeError(f"cannot make {item}")

@@ -70,3 +70,24 @@ def test_resume_and_other_inputs(tmp_path):
 def test_a_function_workers_cannot_import_is_a_clear_error(tmp_path):
     with pytest.raises(packer.PackError, match="must be picklable for the spawned worker processes"):
         packer.pack_samples(lambda item: {"image": b""}, [1], tmp_path / "out", format="lmdb")
+
+
+def test_a_failing_first_input_is_a_reject_and_fail_mode_names_the_input(tmp_path):
+    summary = packer.pack_samples(samplefns.flaky, [1, 0, 2], tmp_path / "out", format="wds")  # fn(1) raises
+    assert summary.num_samples == 2 and rejects(tmp_path / "out") == [
+        {"path": "0", "reason": "fn(1) raised ValueError: no frame 1"}]
+    ds = readers.open_dataset(tmp_path / "out", decode="numpy", fields=("label", "score"))
+    assert list(ds) == [(0, 0.0), (2, 1.0)]
+    with pytest.raises(packer.PackError, match=r"^pack_samples input 0: fn\(1\) raised ValueError: no frame 1 "
+                                               r"\(--on-error fail\)$"):
+        packer.pack_samples(samplefns.flaky, [1, 0, 2], tmp_path / "fail", format="wds", on_error="fail")
+    with pytest.raises(packer.PackError, match=r"fn raised for the first 3 inputs \(the first: fn\(0\) raised "
+                                               r"RuntimeError: cannot make 0\)"):
+        packer.pack_samples(samplefns.always_fails, [0, 1, 2], tmp_path / "none", format="wds")
+
+
+def test_shard_bytes_and_a_list_src_are_clear_errors(tmp_path):
+    with pytest.raises(packer.PackError, match="pack_samples: shard_bytes does not apply"):
+        packer.pack_samples(samplefns.flaky, [0], tmp_path / "out", format="wds", shard_bytes="1MB")
+    with pytest.raises(packer.PackError, match="src must be one path, URL, glob or brace pattern, not a list"):
+        packer.pack([str(tmp_path / "a.tfrecord")], tmp_path / "out", format="wds")

@@ -84,7 +84,7 @@ def describe_input(value: Any) -> str:
 
 def scan(source: Source, options: PackOptions) -> Listing:
     """One entry per input (location: input 0, the input's position); the fields from calling
-    `fn` on the first input, here."""
+    `fn` here on the first input it does not raise for (the workers reject those it raises for)."""
     fn, inputs = load_pickled(source.inputs[0])
     listing = Listing(root=source.root, classes=read_classes(options.classes) if options.classes else [],
                       locations=array("q"))
@@ -95,7 +95,7 @@ def scan(source: Source, options: PackOptions) -> Listing:
         listing.sizes.append(0)
         listing.locations.extend((0, position, 0))
     if inputs:
-        listing.fields = infer_fields(fn, inputs[0])
+        listing.fields = infer_fields(fn, inputs)
     return listing
 
 
@@ -103,12 +103,21 @@ def as_list(result: Any) -> list[Any]:
     return result if isinstance(result, list) else [result]
 
 
-def infer_fields(fn: Callable[[Any], Any], first: Any) -> list[FieldSpec]:
-    try:
-        samples = as_list(fn(first))
-    except Exception as exc:  # noqa: BLE001 - the user's code: its failure is the message
-        raise ScanError(f"pack_samples: fn({describe_input(first)}) raised {type(exc).__name__}: {exc} "
-                        "(the first input's samples give the fields)") from None
+FIELD_PROBES = 100
+"""Inputs `infer_fields` tries before it gives up: a fn that fails that often is broken, not unlucky."""
+
+
+def infer_fields(fn: Callable[[Any], Any], inputs: Sequence[Any]) -> list[FieldSpec]:
+    failure = None
+    for first in inputs[:FIELD_PROBES]:
+        try:
+            samples = as_list(fn(first))
+            break
+        except Exception as exc:  # noqa: BLE001 - the user's code: its failure is the message
+            failure = failure or f"fn({describe_input(first)}) raised {type(exc).__name__}: {exc}"
+    else:
+        raise ScanError(f"pack_samples: fn raised for the first {min(len(inputs), FIELD_PROBES)} inputs "
+                        f"(the first: {failure}); nothing to take the fields from")
     if not samples or not isinstance(samples[0], dict):
         raise ScanError(f"pack_samples: fn({describe_input(first)}) must return a dict (or a list of dicts), "
                         f"not {type(samples[0] if samples else samples).__name__}")
