@@ -7,6 +7,7 @@ import json
 import random
 import shutil
 import tarfile
+import threading
 from pathlib import Path
 from typing import Callable
 
@@ -17,6 +18,7 @@ from imagefolders import image_bytes
 
 import readers
 from packer.partition import Partition
+from packer.sources import containers
 from packer.pipeline import pack
 from packer.plan import PackOptions
 from packer.sources.inputs import expand_braces, resolve_source
@@ -381,3 +383,24 @@ def test_input_format_takes_a_folder_of_inputs_without_their_suffix(tmp_path: Pa
     assert [Path(name).name for name in source.inputs] == ["train-00000-of-00002", "train-00001-of-00002"]
     (imagenet / "train-00002-of-00002.tfrecord").write_bytes(b"")  # where some have the suffix, those
     assert [Path(name).name for name in resolve_source(imagenet, "tfrecord").inputs] == ["train-00002-of-00002.tfrecord"]
+
+
+def test_inputs_are_read_ahead_in_chunks_within_the_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sizes = {"a.tar": 10 << 20, "b.tar": 3 << 20}
+    for name, size in sizes.items():
+        with open(tmp_path / name, "wb") as handle:
+            handle.truncate(size)
+    asked: list[tuple[int, int]] = []
+    monkeypatch.setattr(containers.os, "posix_fadvise", lambda fd, offset, length, advice: asked.append((offset, length)))
+    inputs = [str(tmp_path / "folder-of-a-packed-dataset"), *(str(tmp_path / name) for name in sizes)]
+    chunk = containers.READ_AHEAD_CHUNK
+    containers.ask_ahead(inputs, 20 << 20, threading.Event())
+    assert asked == [(0, chunk), (chunk, chunk), (2 * chunk, (10 << 20) - 2 * chunk), (0, 3 << 20)]
+    asked.clear()
+    containers.ask_ahead(inputs, 6 << 20, threading.Event())
+    assert asked == [(0, chunk), (chunk, (6 << 20) - chunk)]  # the budget, then no more
+    asked.clear()
+    stopped = threading.Event()
+    stopped.set()
+    containers.ask_ahead(inputs, 20 << 20, stopped)  # the scan has ended
+    assert asked == []
