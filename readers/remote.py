@@ -68,11 +68,19 @@ def permanent(status: int | None) -> bool:
 _REASONS = {403: "access denied", 404: "not found"}
 
 
+_KEPT_FILESYSTEMS: dict[int, Any] = {}
+"""Every fsspec filesystem this process made, kept alive for good. A forked child (a DataLoader
+worker) inherits them with the parent's event-loop poller (epoll) and its pooled connections: if
+the child let one be collected, its finalizer would close those connections, and closing them
+unregisters them from the poller it shares with the parent, whose next request on a pooled
+connection would then wait forever for an answer that has arrived."""
+
+
 class UrlFilesystem:
     """A URL and its fsspec storage options; the filesystem is made on first use in each process.
 
-    Picklable: the filesystem is never shared across a fork, and storage options, which may hold
-    credentials, are never logged.
+    Picklable: the filesystem is never shared across a fork (nor ever closed in a fork, see
+    `_KEPT_FILESYSTEMS`), and storage options, which may hold credentials, are never logged.
     """
 
     purpose = "reading"
@@ -99,6 +107,7 @@ class UrlFilesystem:
                 extra = EXTRAS.get(scheme)
                 hint = f"pip install 'pack[{extra}]'" if extra else "install the fsspec back end for it"
                 raise ImportError(f"{self.url}: {self.purpose} {scheme}:// needs {hint} ({exc})") from None
+            _KEPT_FILESYSTEMS.setdefault(id(self._fs), self._fs)
             self._base = base.rstrip("/")
             self._pid = os.getpid()
         return self._fs, self._base

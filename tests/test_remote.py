@@ -3,8 +3,11 @@ HTTP, read at random through the cache, equals reading the same dataset from loc
 
 from __future__ import annotations
 
+import gc
+import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Callable
 
@@ -14,6 +17,7 @@ import readers
 from packer.pipeline import pack
 from packer.plan import PackOptions
 from packer.writers import WRITERS
+from readers.remote import RemoteStore
 
 FIELDS = ("image", "label", "path", "index")
 
@@ -81,3 +85,22 @@ def test_missing_back_end_names_the_extra(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True)
     assert result.stdout.startswith("s3://bucket/data: reading s3:// needs pip install 'pack[s3]'")
 
+
+
+def test_a_forked_child_leaves_the_parents_pooled_connections_working(serve: Callable[[str], str]) -> None:
+    """A DataLoader worker forked from a process that has read over HTTP makes its own filesystem;
+    the parent's, inherited, must not be closed there: closing its pooled connections unregisters
+    them from the epoll the two processes share, and the parent's next request hung forever."""
+    url = serve("wds")
+    RemoteStore(url).manifest()  # leaves a pooled keep-alive connection in this process
+    child = os.fork()
+    if child == 0:  # as a worker: a store of its own, and the inherited one's references dropped
+        try:
+            RemoteStore(url).manifest()
+            gc.collect()
+        finally:
+            os._exit(0)
+    os.waitpid(child, 0)
+    answered = threading.Event()
+    threading.Thread(target=lambda: (RemoteStore(url).manifest(), answered.set()), daemon=True).start()
+    assert answered.wait(30), "the parent's request after the fork never got its answer"
