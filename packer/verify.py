@@ -44,8 +44,9 @@ class LocalFiles:
 
 
 class RemoteFiles(LocalFiles):
-    """A dataset URL's files: sizes from one listing; small files hashed as read, shards by the
-    readers' cache as it downloads them (one at a time, see `verify`)."""
+    """A dataset URL's files: sizes from one listing (or from the file itself where the listing
+    gives none: an HTTP server's index page); small files hashed as read, shards by the readers'
+    cache as it downloads them (one at a time, see `verify`)."""
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
         from fsspec.core import url_to_fs
@@ -53,17 +54,24 @@ class RemoteFiles(LocalFiles):
         self.url = url.rstrip("/")
         self.fs, base = url_to_fs(self.url, **(storage_options or {}))
         self.base = base.rstrip("/")
-        self.sizes = {entry["name"].rsplit("/", 1)[-1]: int(entry.get("size") or 0)
-                      for entry in self.fs.ls(self.base, detail=True, refresh=True) if entry.get("type") != "directory"}
+        try:
+            listed = self.fs.ls(self.base, detail=True, refresh=True)
+        except (FileNotFoundError, NotImplementedError):  # a web server that lists nothing there
+            listed = []
+        self.sizes: dict[str, int | None] = {entry["name"].rstrip("/").rsplit("/", 1)[-1]: entry.get("size")
+                                             for entry in listed if entry.get("type") != "directory"}
 
     def where(self, name: str) -> str:
         return f"{self.url}/{name}"
 
     def problem(self, info: FileInfo, *, hashed: bool = True) -> str | None:
         url, size = self.where(info.name), self.sizes.get(info.name)
-        if size is None:
-            return f"{url}: missing"
-        if size != info.bytes:
+        if size is None:  # not listed, or listed without a size
+            try:
+                size = self.fs.info(f"{self.base}/{info.name}").get("size")
+            except FileNotFoundError:
+                return f"{url}: missing"
+        if size is not None and size != info.bytes:
             return f"{url}: {size} bytes, the manifest says {info.bytes}"
         if hashed and hashlib.sha256(self.fs.cat_file(f"{self.base}/{info.name}")).hexdigest() != info.sha256:
             return f"{url}: sha256 does not match the manifest (the file is damaged)"

@@ -284,7 +284,9 @@ class WdsDataset(PackedDataset):
             raise DatasetError(f"{self.shard_path(shard)}: sample {local}: unreadable ({exc})") from None
 
     def stored_samples(self, shard: int) -> int:
-        """Counted by walking the tar's headers: also proves the tar itself is well formed."""
+        """Counted by walking the tar's headers: also proves the tar itself is well formed. The shard
+        is opened first, as for a read: for a URL that leases it into the cache."""
+        self.handle(shard)
         path = self.shard_path(shard)
         try:
             with open(path, "rb", buffering=1 << 20) as handle:

@@ -11,13 +11,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 from conftest import S3_BUCKET
 
 import readers
 from clirun import run
+from loopback import LoopbackHTTP
 from imagefolders import make_image_folder
 from packer.pipeline import pack
 from packer.plan import PackOptions
@@ -367,3 +368,20 @@ def test_background_uploads_hold_back_shards_past_their_budget(s3_options: dict,
         assert fs.cat_file(f"{S3_BUCKET}/background/shard-{number:06d}.tar") == bytes([number]) * size
         assert json.loads(fs.cat_file(f"{S3_BUCKET}/background/.pack/done/shard-{number:06d}.tar.json"))["bytes"] == size
     assert not list(out.staging.glob("*.tar"))
+
+
+@pytest.mark.parametrize("fmt", sorted(WRITERS))
+def test_verify_reads_every_format_remotely(fmt: str, image_folder: tuple[Path, dict[str, bytes]], s3_conf: dict,
+                                            packed_as: Callable, serve: Callable[[str], str],
+                                            http_server: LoopbackHTTP) -> None:
+    url = f"s3://{S3_BUCKET}/verify-{fmt}"
+    pack(image_folder[0], url, PackOptions(format=fmt, shard_size=4), workers=1)
+    served = serve(fmt)  # a web server whose listing gives no sizes
+    for where, count in ((url, len(image_folder[1])), (served, readers.load_manifest(packed_as(fmt)[0]).num_samples)):
+        for full, said in (((), ""), (("--full",), ", all decoded")):
+            code, output = run("verify", where, *full, "-q")
+            assert code == 0 and output.strip() == f"{where}: OK, {count} samples{said}", output
+    last = readers.load_manifest(packed_as(fmt)[0]).shards[-1].name
+    (http_server.directory / served.rsplit("/", 1)[1] / last).unlink()
+    code, output = run("verify", served, "-q")
+    assert code == 1 and f"{served}/{last}: missing" in output, output
