@@ -216,19 +216,21 @@ class ShardCache:
         return total
 
     def lease(self, file: CachedFile, fetcher: Fetcher, *, make_room: Callable[[], bool] | None = None,
-              cancelled: Callable[[], bool] | None = None) -> Lease:
+              cancelled: Callable[[], bool] | None = None, headroom: Callable[[], int] | None = None) -> Lease:
         """The local copy of `file`, downloaded and checked first if needed, held until released.
 
         `make_room()` is called when the cache is full of files others hold: it may release
         references of the caller's own and returns True if it did. `cancelled()` True stops a
-        wait for room with `Cancelled`.
+        wait for room with `Cancelled`. A download starts only where `headroom()` bytes (asked anew
+        while it waits) stay free after it: a shard fetched ahead leaves room for a shard another
+        reader of this cache must read now.
         """
         use = _lock(self._lock_path(file, "use"), exclusive=False)  # the reference, before anything else
         assert use is not None
         try:
             path = self.object_path(file)
             if not self._present(path, file):
-                self._download(file, path, fetcher, make_room, cancelled)
+                self._download(file, path, fetcher, make_room, cancelled, headroom)
             os.utime(path)  # most recently used
         except BaseException:
             _unlock(use)
@@ -243,7 +245,7 @@ class ShardCache:
             return False
 
     def _download(self, file: CachedFile, path: Path, fetcher: Fetcher, make_room: Callable[[], bool] | None,
-                  cancelled: Callable[[], bool] | None) -> None:
+                  cancelled: Callable[[], bool] | None, headroom: Callable[[], int] | None) -> None:
         get_path = self._lock_path(file, "get")
         get = _lock(get_path, exclusive=True)  # one download per file per node; others wait here
         assert get is not None
@@ -252,7 +254,7 @@ class ShardCache:
                 return  # downloaded while we waited
             for stale in (self.root / "tmp").glob(f"{file.sha256}.*.part"):
                 stale.unlink(missing_ok=True)  # a dead downloader's: we hold its lock now
-            part = self._reserve(file, make_room, cancelled)
+            part = self._reserve(file, make_room, cancelled, headroom)
             try:
                 url = fetcher.url_of(file.name)
                 for attempt in (1, 2):
@@ -272,7 +274,7 @@ class ShardCache:
             _remove_lock(get_path, get)
 
     def _reserve(self, file: CachedFile, make_room: Callable[[], bool] | None,
-                 cancelled: Callable[[], bool] | None) -> Path:
+                 cancelled: Callable[[], bool] | None, headroom: Callable[[], int] | None) -> Path:
         """Create the download's part file once the cache has room for the whole file."""
         if self.limit is not None and file.bytes > self.limit:
             raise DatasetError(f"{file.name}: {format_size(file.bytes)} does not fit in cache_limit "
@@ -282,7 +284,8 @@ class ShardCache:
         while True:
             with self._cache_lock():
                 used = self._used()
-                if self.limit is None or used + file.bytes <= self.limit or self._evict(used + file.bytes - self.limit):
+                wanted = file.bytes + (headroom() if headroom is not None else 0)
+                if self.limit is None or used + wanted <= self.limit or self._evict(used + wanted - self.limit):
                     part = self.root / "tmp" / f"{file.sha256}.{file.bytes}.{os.getpid()}.{secrets.token_hex(4)}.part"
                     part.touch()
                     if waiting:

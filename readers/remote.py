@@ -162,7 +162,7 @@ class ShardFiles(Protocol):
 
     def path(self, file: CachedFile) -> Path: ...
     def lease(self, file: CachedFile, *, make_room: Callable[[], bool] | None = None,
-              cancelled: Callable[[], bool] | None = None) -> Lease: ...
+              cancelled: Callable[[], bool] | None = None, headroom: Callable[[], int] | None = None) -> Lease: ...
 
 
 class LocalFiles:
@@ -175,7 +175,7 @@ class LocalFiles:
         return self.root / file.name
 
     def lease(self, file: CachedFile, *, make_room: Callable[[], bool] | None = None,
-              cancelled: Callable[[], bool] | None = None) -> Lease:
+              cancelled: Callable[[], bool] | None = None, headroom: Callable[[], int] | None = None) -> Lease:
         return Lease(self.path(file))
 
 
@@ -191,8 +191,8 @@ class CachedFiles:
         return self.cache.object_path(file)
 
     def lease(self, file: CachedFile, *, make_room: Callable[[], bool] | None = None,
-              cancelled: Callable[[], bool] | None = None) -> Lease:
-        return self.cache.lease(file, self.store, make_room=make_room, cancelled=cancelled)
+              cancelled: Callable[[], bool] | None = None, headroom: Callable[[], int] | None = None) -> Lease:
+        return self.cache.lease(file, self.store, make_room=make_room, cancelled=cancelled, headroom=headroom)
 
 
 def open_files(path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | None,

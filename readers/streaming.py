@@ -116,18 +116,24 @@ def shard_runs(indices: np.ndarray, offsets: np.ndarray) -> list[Run]:
 
 
 class ShardPrefetcher:
-    """Leases a worker's shards in reading order, up to `ahead` shards past the one being read,
-    each downloaded in a thread of its own, so downloads overlap reading and each other: an object
-    store gives each connection a share of its bandwidth, and one shard at a time left a worker's
-    link mostly idle. The references are taken when a download is scheduled, not when reading
-    starts."""
+    """Downloads a worker's shards into the cache in reading order, up to `ahead` shards past the
+    one being read, each in a thread of its own, so downloads overlap reading and each other: an
+    object store gives each connection a share of its bandwidth, and one shard at a time left a
+    worker's link mostly idle.
+
+    Only the shard being read is held (`take` leases it); a shard fetched ahead is left in the
+    cache unheld until its turn, and is downloaded only where room for one more shard stays free
+    after it (`headroom`). So shards fetched ahead never hold the room that the shard another
+    worker must read now needs: in a full cache they are what is evicted (and fetched again at
+    their turn), and workers never wait on each other for good."""
 
     def __init__(self, files: ShardFiles, shards: Sequence[CachedFile], ahead: int) -> None:
         self._files = files
         self._shards = shards
         self._ahead = ahead
+        self._largest = max((file.bytes for file in shards), default=0)
         self._cond = threading.Condition()
-        self._ready: dict[int, Lease] = {}
+        self._fetched: set[int] = set()
         self._errors: dict[int, BaseException] = {}
         self._reading = 0
         self._closed = False
@@ -144,7 +150,8 @@ class ShardPrefetcher:
 
     def _download(self, number: int, file: CachedFile) -> None:
         try:
-            lease = self._files.lease(file, cancelled=lambda: self._closed)
+            self._files.lease(file, cancelled=lambda: self._closed,
+                              headroom=lambda: self._largest if number > self._reading else 0).release()
         except Cancelled:
             return
         except BaseException as exc:  # noqa: BLE001 - handed to the reading thread, raised there
@@ -153,29 +160,25 @@ class ShardPrefetcher:
                 self._cond.notify_all()
             return
         with self._cond:
-            if self._closed:
-                lease.release()
-                return
-            self._ready[number] = lease
+            self._fetched.add(number)
             self._cond.notify_all()
 
     def take(self, number: int) -> Lease:
-        """The lease of the `number`-th shard, waiting for its download; the caller releases it."""
+        """The lease of the `number`-th shard, once its download is done (fetched again if it was
+        evicted since); the caller releases it."""
         with self._cond:
             self._reading = number
             self._cond.notify_all()
-            self._cond.wait_for(lambda: number in self._ready or number in self._errors)
-            if number in self._ready:
-                return self._ready.pop(number)
-            raise self._errors.pop(number)
+            self._cond.wait_for(lambda: number in self._fetched or number in self._errors)
+            if number in self._errors:
+                raise self._errors.pop(number)
+            self._fetched.discard(number)
+        return self._files.lease(self._shards[number])
 
     def close(self) -> None:
-        """Stop scheduling and release what was fetched ahead (a download under way finishes first)."""
+        """Stop scheduling (a download under way finishes first, and stays in the cache)."""
         with self._cond:
             self._closed = True
-            for lease in self._ready.values():
-                lease.release()
-            self._ready.clear()
             self._cond.notify_all()
 
 

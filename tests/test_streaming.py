@@ -14,10 +14,11 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 from clirun import run
-from imagefolders import make_caption_folder
+from imagefolders import make_caption_folder, make_image_folder
 from loopback import LoopbackHTTP
 
 import readers
+import readers.cache
 from packer.writers import WRITERS
 from readers.order import shard_order, stream_order
 from readers.streaming import batches_before, buffer_order, worker_spans
@@ -225,3 +226,21 @@ def test_next_shards_download_while_the_first_is_read(serve: Callable[[str], str
         time.sleep(0.1)
         assert sum(http_server.gets[name] for name in names) - before == 1 + ahead
         del batches
+
+
+def test_workers_whose_shards_fetched_ahead_fill_a_tight_cache_go_on(http_server: LoopbackHTTP, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The smallest cache_limit open_dataset accepts (3 shards), 2 workers fetching 2 shards ahead
+    each: the shard being read comes first, so no worker waits for room for good (it did: each
+    worker's shards fetched ahead held the room the other's current shard needed)."""
+    monkeypatch.setattr(readers.cache, "ROOM_TIMEOUT_S", 30.0)  # a stall fails in 30 s, not 10 minutes
+    make_image_folder(tmp_path / "src", classes=3, per_class=12)
+    assert run("wds", tmp_path / "src", http_server.directory / "tight", "--shard-size", "2", "-q")[0] == 0
+    url = f"{http_server.url}/tight"
+    manifest = readers.load_manifest(http_server.directory / "tight")
+    limit = 3 * max(shard.bytes + sum(sidecar.bytes for sidecar in shard.sidecars) for shard in manifest.shards)
+    ds = open_indexed(url, cache_dir=tmp_path / "cache", cache_limit=limit)
+    loader = streaming(ds, batch_size=4, num_workers=2, prefetch_shards=2)
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        assert set(flat(loader)) == set(range(len(ds)))
