@@ -66,6 +66,8 @@ def permanent(status: int | None) -> bool:
 
 
 _REASONS = {403: "access denied", 404: "not found"}
+NO_CREDENTIALS = frozenset({"NoCredentialsError", "PartialCredentialsError"})
+"""botocore's (and so s3fs's) errors for credentials that are not there: a retry finds none either."""
 
 
 _KEPT_FILESYSTEMS: dict[int, Any] = {}
@@ -142,6 +144,8 @@ class RemoteStore(UrlFilesystem):
             try:
                 return call()
             except Exception as exc:  # noqa: BLE001 - each back end raises its own types; the status decides
+                if NO_CREDENTIALS & {kind.__name__ for kind in type(exc).__mro__}:
+                    raise DatasetError(f"{url}: no credentials ({exc})") from None
                 status = http_status(exc)
                 if permanent(status):
                     reason = _REASONS.get(status, "refused")  # type: ignore[arg-type]

@@ -385,3 +385,16 @@ def test_verify_reads_every_format_remotely(fmt: str, image_folder: tuple[Path, 
     (http_server.directory / served.rsplit("/", 1)[1] / last).unlink()
     code, output = run("verify", served, "-q")
     assert code == 1 and f"{served}/{last}: missing" in output, output
+
+
+def test_reading_without_credentials_is_one_error_without_retries(s3_options: dict, tmp_path: Path) -> None:
+    options = {"client_kwargs": s3_options["client_kwargs"]}  # no key, no secret
+    env = {key: value for key, value in cli_env(options).items() if not key.startswith("AWS_")}
+    env.update(AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"), AWS_CONFIG_FILE=str(tmp_path / "none"),
+               AWS_EC2_METADATA_DISABLED="true")
+    code = ("import readers\ntry:\n    readers.open_dataset('s3://pack-test/nocreds', cache_dir='cache')\n"
+            "except readers.DatasetError as exc:\n    print(exc)")
+    result = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0 and "retry" not in result.stderr, result.stderr
+    assert result.stdout.startswith("s3://pack-test/nocreds/index.json: no credentials"), result.stdout
