@@ -123,18 +123,29 @@ def check_shards(dataset: PackedDataset, manifest: Manifest, files: LocalFiles, 
         if shard_problem and shard_problem.endswith(": missing"):
             continue
         try:
-            stored = dataset.stored_samples(shard)
-        except Exception as exc:  # noqa: BLE001 - a damaged file may fail to open at all
-            problems.append(str(exc) if isinstance(exc, DatasetError)
-                            else f"{files.where(info.name)}: unreadable ({exc})")
-            continue
-        if stored != info.num_samples:
-            problems.append(f"{files.where(info.name)}: holds {stored} samples, the manifest says {info.num_samples}")
-        readable = not any(sidecar.name in sidecar_problems for sidecar in dataset.read_sidecars(shard))
-        if (full or shard_problem) and readable:
-            problems += damaged_samples(dataset, samples)
+            problems += shard_content_problems(dataset, shard, samples, files, full=full or bool(shard_problem),
+                                               sidecar_problems=sidecar_problems)
+        finally:
+            dataset.close_shard(shard)  # one shard at a time: a URL's cache holds only a few
         if progress:
             progress(info.num_samples)
+    return problems
+
+
+def shard_content_problems(dataset: PackedDataset, shard: int, samples: range, files: LocalFiles, *, full: bool,
+                           sidecar_problems: dict[str, str]) -> list[str]:
+    """The shard's sample count against the manifest's, and with `full` each of its `samples` read."""
+    info = dataset.manifest.shards[shard]
+    try:
+        stored = dataset.stored_samples(shard)
+    except Exception as exc:  # noqa: BLE001 - a damaged file may fail to open at all
+        return [str(exc) if isinstance(exc, DatasetError) else f"{files.where(info.name)}: unreadable ({exc})"]
+    problems = []
+    if stored != info.num_samples:
+        problems.append(f"{files.where(info.name)}: holds {stored} samples, the manifest says {info.num_samples}")
+    readable = not any(sidecar.name in sidecar_problems for sidecar in dataset.read_sidecars(shard))
+    if full and readable:
+        problems += damaged_samples(dataset, samples)
     return problems
 
 

@@ -284,15 +284,14 @@ class WdsDataset(PackedDataset):
             raise DatasetError(f"{self.shard_path(shard)}: sample {local}: unreadable ({exc})") from None
 
     def stored_samples(self, shard: int) -> int:
-        """Counted by walking the tar's headers: also proves the tar itself is well formed. The shard
-        is opened first, as for a read: for a URL that leases it into the cache."""
-        self.handle(shard)
-        path = self.shard_path(shard)
-        try:
-            with open(path, "rb", buffering=1 << 20) as handle:
-                return sum(1 for _ in read_tar_samples(handle, self._meta_extension, self.manifest.fields, ()))
-        except TarError as exc:
-            raise DatasetError(f"{path}: {exc}") from None
+        """Counted by walking the tar's headers: also proves the tar itself is well formed. Needs
+        the tar alone (leased: for a URL, downloaded into the cache), not its index."""
+        with self.files.lease(self.manifest.shards[shard]) as path:
+            try:
+                with open(path, "rb", buffering=1 << 20) as handle:
+                    return sum(1 for _ in read_tar_samples(handle, self._meta_extension, self.manifest.fields, ()))
+            except TarError as exc:
+                raise DatasetError(f"{path}: {exc}") from None
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
         for shard in range(len(self.manifest.shards)):
