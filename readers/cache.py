@@ -25,6 +25,7 @@ import re
 import secrets
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Protocol
 
@@ -62,8 +63,19 @@ class Fetcher(Protocol):
     def url_of(self, name: str) -> str: ...
 
 
-class Cancelled(Exception):
-    """A lease given up while waiting for room, because its reader stopped."""
+class NoRoom(Exception):
+    """A download fetched ahead of its turn found no room: it is left for its turn."""
+
+
+@dataclass(frozen=True)
+class Ahead:
+    """A download fetched ahead of its turn, which must not cost a reader that needs a file now:
+    it starts only where `headroom` bytes stay free after it, evicts only files last used before
+    `since` (never the files fetched ahead since, its own or another reader's), and never waits
+    for room (`NoRoom`), so it never holds a file's download lock while another reader needs it."""
+
+    headroom: int
+    since: float
 
 
 def parse_size(value: int | str | None) -> int | None:
@@ -216,21 +228,18 @@ class ShardCache:
         return total
 
     def lease(self, file: CachedFile, fetcher: Fetcher, *, make_room: Callable[[], bool] | None = None,
-              cancelled: Callable[[], bool] | None = None, headroom: Callable[[], int] | None = None) -> Lease:
+              ahead: Ahead | None = None) -> Lease:
         """The local copy of `file`, downloaded and checked first if needed, held until released.
 
         `make_room()` is called when the cache is full of files others hold: it may release
-        references of the caller's own and returns True if it did. `cancelled()` True stops a
-        wait for room with `Cancelled`. A download starts only where `headroom()` bytes (asked anew
-        while it waits) stay free after it: a shard fetched ahead leaves room for a shard another
-        reader of this cache must read now.
+        references of the caller's own and returns True if it did. `ahead`: see `Ahead`.
         """
         use = _lock(self._lock_path(file, "use"), exclusive=False)  # the reference, before anything else
         assert use is not None
         try:
             path = self.object_path(file)
             if not self._present(path, file):
-                self._download(file, path, fetcher, make_room, cancelled, headroom)
+                self._download(file, path, fetcher, make_room, ahead)
             os.utime(path)  # most recently used
         except BaseException:
             _unlock(use)
@@ -245,7 +254,7 @@ class ShardCache:
             return False
 
     def _download(self, file: CachedFile, path: Path, fetcher: Fetcher, make_room: Callable[[], bool] | None,
-                  cancelled: Callable[[], bool] | None, headroom: Callable[[], int] | None) -> None:
+                  ahead: Ahead | None) -> None:
         get_path = self._lock_path(file, "get")
         get = _lock(get_path, exclusive=True)  # one download per file per node; others wait here
         assert get is not None
@@ -254,7 +263,7 @@ class ShardCache:
                 return  # downloaded while we waited
             for stale in (self.root / "tmp").glob(f"{file.sha256}.*.part"):
                 stale.unlink(missing_ok=True)  # a dead downloader's: we hold its lock now
-            part = self._reserve(file, make_room, cancelled, headroom)
+            part = self._reserve(file, make_room, ahead)
             try:
                 url = fetcher.url_of(file.name)
                 for attempt in (1, 2):
@@ -273,28 +282,28 @@ class ShardCache:
         finally:
             _remove_lock(get_path, get)
 
-    def _reserve(self, file: CachedFile, make_room: Callable[[], bool] | None,
-                 cancelled: Callable[[], bool] | None, headroom: Callable[[], int] | None) -> Path:
+    def _reserve(self, file: CachedFile, make_room: Callable[[], bool] | None, ahead: Ahead | None) -> Path:
         """Create the download's part file once the cache has room for the whole file."""
         if self.limit is not None and file.bytes > self.limit:
             raise DatasetError(f"{file.name}: {format_size(file.bytes)} does not fit in cache_limit "
                                f"{format_size(self.limit)} of {self.root}")
         deadline = time.monotonic() + self.room_timeout
         waiting = False
+        wanted = file.bytes + (ahead.headroom if ahead is not None else 0)
         while True:
             with self._cache_lock():
                 used = self._used()
-                wanted = file.bytes + (headroom() if headroom is not None else 0)
-                if self.limit is None or used + wanted <= self.limit or self._evict(used + wanted - self.limit):
+                if self.limit is None or used + wanted <= self.limit or \
+                        self._evict(used + wanted - self.limit, before=ahead.since if ahead is not None else None):
                     part = self.root / "tmp" / f"{file.sha256}.{file.bytes}.{os.getpid()}.{secrets.token_hex(4)}.part"
                     part.touch()
                     if waiting:
                         log.info("%s: room for %s after waiting", self.root, file.name)
                     return part
+            if ahead is not None:
+                raise NoRoom(file.name)
             if make_room is not None and make_room():
                 continue
-            if cancelled is not None and cancelled():
-                raise Cancelled(file.name)
             if time.monotonic() > deadline:
                 raise DatasetError(
                     f"{self.root}: waited {self.room_timeout:.0f} s for room for {file.name} "
@@ -336,9 +345,12 @@ class ShardCache:
                 continue
             yield Path(entry.path), stat.st_size, stat.st_mtime
 
-    def _evict(self, excess: int) -> bool:
-        """Delete unused files, least recently used first, until `excess` bytes are gone; True if they are."""
-        for path, size, _ in sorted(self._objects(), key=lambda item: item[2]):
+    def _evict(self, excess: int, before: float | None = None) -> bool:
+        """Delete unused files, least recently used first (only those last used before `before`,
+        where given), until `excess` bytes are gone; True if they are."""
+        for path, size, used in sorted(self._objects(), key=lambda item: item[2]):
+            if before is not None and used >= before:
+                break
             use_path = self.root / "locks" / f"{path.name.split('.', 1)[0]}.use"
             use = _lock(use_path, exclusive=True, wait=False)
             if use is None:

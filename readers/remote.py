@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from .cache import CachedFile, Lease, ShardCache
+from .cache import Ahead, CachedFile, Lease, ShardCache
 from .manifest import MANIFEST_NAME, DatasetError, Manifest, load_manifest, parse_manifest
 
 log = logging.getLogger(__name__)
@@ -166,7 +166,7 @@ class ShardFiles(Protocol):
 
     def path(self, file: CachedFile) -> Path: ...
     def lease(self, file: CachedFile, *, make_room: Callable[[], bool] | None = None,
-              cancelled: Callable[[], bool] | None = None, headroom: Callable[[], int] | None = None) -> Lease: ...
+              ahead: Ahead | None = None) -> Lease: ...
 
 
 class LocalFiles:
@@ -179,7 +179,7 @@ class LocalFiles:
         return self.root / file.name
 
     def lease(self, file: CachedFile, *, make_room: Callable[[], bool] | None = None,
-              cancelled: Callable[[], bool] | None = None, headroom: Callable[[], int] | None = None) -> Lease:
+              ahead: Ahead | None = None) -> Lease:
         return Lease(self.path(file))
 
 
@@ -195,8 +195,8 @@ class CachedFiles:
         return self.cache.object_path(file)
 
     def lease(self, file: CachedFile, *, make_room: Callable[[], bool] | None = None,
-              cancelled: Callable[[], bool] | None = None, headroom: Callable[[], int] | None = None) -> Lease:
-        return self.cache.lease(file, self.store, make_room=make_room, cancelled=cancelled, headroom=headroom)
+              ahead: Ahead | None = None) -> Lease:
+        return self.cache.lease(file, self.store, make_room=make_room, ahead=ahead)
 
 
 def open_files(path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | None,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
@@ -22,7 +23,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
 from .base import PackedDataset, Record
-from .cache import CachedFile, Cancelled, Lease
+from .cache import ROOM_POLL_S, Ahead, CachedFile, Lease, NoRoom
 from .manifest import DatasetError
 from .order import LoaderMode, RankSplit, split_for_rank, stream_order
 from .remote import ShardFiles
@@ -121,19 +122,20 @@ class ShardPrefetcher:
     object store gives each connection a share of its bandwidth, and one shard at a time left a
     worker's link mostly idle.
 
-    Only the shard being read is held (`take` leases it); a shard fetched ahead is left in the
-    cache unheld until its turn, and is downloaded only where room for one more shard stays free
-    after it (`headroom`). So shards fetched ahead never hold the room that the shard another
-    worker must read now needs: in a full cache they are what is evicted (and fetched again at
-    their turn), and workers never wait on each other for good."""
+    Only the shard being read is held (`take` leases it). A shard fetched ahead waits in the cache
+    unheld, and is fetched only as `cache.Ahead` allows: where room for one more shard stays free,
+    evicting no file fetched ahead since this pass began, and without waiting for room (it tries
+    again every ROOM_POLL_S until its turn, when `take` fetches it if it is still not there). So
+    shards fetched ahead never take the room, nor hold the download lock, that a shard another
+    worker must read now needs."""
 
     def __init__(self, files: ShardFiles, shards: Sequence[CachedFile], ahead: int) -> None:
         self._files = files
         self._shards = shards
         self._ahead = ahead
-        self._largest = max((file.bytes for file in shards), default=0)
+        self._policy = Ahead(headroom=max((file.bytes for file in shards), default=0), since=time.time())
         self._cond = threading.Condition()
-        self._fetched: set[int] = set()
+        self._settled: set[int] = set()  # fetched ahead, or left for `take`
         self._errors: dict[int, BaseException] = {}
         self._reading = 0
         self._closed = False
@@ -149,30 +151,35 @@ class ShardPrefetcher:
                              daemon=True).start()
 
     def _download(self, number: int, file: CachedFile) -> None:
-        try:
-            self._files.lease(file, cancelled=lambda: self._closed,
-                              headroom=lambda: self._largest if number > self._reading else 0).release()
-        except Cancelled:
-            return
-        except BaseException as exc:  # noqa: BLE001 - handed to the reading thread, raised there
-            with self._cond:
-                self._errors[number] = exc
-                self._cond.notify_all()
-            return
+        while True:
+            try:
+                with self._cond:
+                    if self._closed or self._reading >= number:  # closed, or its turn: `take` leases it
+                        break
+                self._files.lease(file, ahead=self._policy).release()
+                break
+            except NoRoom:
+                with self._cond:
+                    self._cond.wait_for(lambda: self._closed or self._reading >= number, timeout=ROOM_POLL_S)
+            except BaseException as exc:  # noqa: BLE001 - handed to the reading thread, raised there
+                with self._cond:
+                    self._errors[number] = exc
+                    self._cond.notify_all()
+                return
         with self._cond:
-            self._fetched.add(number)
+            self._settled.add(number)
             self._cond.notify_all()
 
     def take(self, number: int) -> Lease:
-        """The lease of the `number`-th shard, once its download is done (fetched again if it was
-        evicted since); the caller releases it."""
+        """The lease of the `number`-th shard, once its download ahead is settled (downloaded now if
+        it was not, or was evicted since); the caller releases it."""
         with self._cond:
             self._reading = number
             self._cond.notify_all()
-            self._cond.wait_for(lambda: number in self._fetched or number in self._errors)
+            self._cond.wait_for(lambda: number in self._settled or number in self._errors)
             if number in self._errors:
                 raise self._errors.pop(number)
-            self._fetched.discard(number)
+            self._settled.discard(number)
         return self._files.lease(self._shards[number])
 
     def close(self) -> None:

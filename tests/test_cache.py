@@ -21,7 +21,8 @@ from loopback import LoopbackHTTP
 import readers
 from readers.cache import MIN_CACHE_SHARDS, ShardCache, _lock, _unlock, parse_size
 from readers.manifest import ShardInfo
-from readers.remote import RemoteStore, default_cache_dir
+from readers.remote import CachedFiles, RemoteStore, default_cache_dir
+from readers.streaming import ShardPrefetcher
 
 
 def store_and_shards(url: str) -> tuple[RemoteStore, list[ShardInfo]]:
@@ -242,3 +243,47 @@ def test_limit_counts_only_the_sidecars_the_reader_reads(serve: Callable[[str], 
     readers.open_dataset(url, cache_dir=tmp_path, cache_limit=MIN_CACHE_SHARDS * read)
     with pytest.raises(ValueError, match="is too small"):
         readers.open_dataset(url, cache_dir=tmp_path, cache_limit=MIN_CACHE_SHARDS * read - 1)
+
+
+def test_shards_fetched_ahead_never_cost_the_shard_being_read(http_server: LoopbackHTTP, tmp_path: Path) -> None:
+    """A cache of 3 shards, readers fetching 2 ahead: one reader downloads every shard once (its
+    shards fetched ahead do not evict each other); two readers slower than the cache's wait for
+    room both finish (a shard fetched ahead never waits for room, so it cannot time out, nor hold
+    the room or the download lock a shard being read needs)."""
+    folder = http_server.directory / "prefetch-room"
+    folder.mkdir()
+    shards = []
+    for number in range(8):
+        data = bytes([number]) * 4096
+        (folder / f"s{number}.tar").write_bytes(data)
+        shards.append(ShardInfo(f"s{number}.tar", 1, len(data), hashlib.sha256(data).hexdigest()))
+    url = f"{http_server.url}/prefetch-room"
+
+    def read(cache: ShardCache, mine: list[ShardInfo], seconds: float) -> None:
+        prefetcher = ShardPrefetcher(CachedFiles(RemoteStore(url), cache), mine, 2)
+        try:
+            for number in range(len(mine)):
+                lease = prefetcher.take(number)
+                time.sleep(seconds)
+                lease.release()
+        finally:
+            prefetcher.close()
+
+    read(ShardCache(tmp_path / "one", 3 * 4096), shards, 0.05)
+    assert [http_server.gets[path_of(url, shard.name)] for shard in shards] == [1] * 8
+    shared = ShardCache(tmp_path / "two", 3 * 4096)
+    shared.room_timeout = 0.5
+    errors: list[BaseException] = []
+
+    def reader(mine: list[ShardInfo]) -> None:
+        try:
+            read(shared, mine, 0.8)
+        except BaseException as exc:  # noqa: BLE001 - collected for the assertion
+            errors.append(exc)
+
+    threads = [threading.Thread(target=reader, args=(part,)) for part in (shards[:4], shards[4:])]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == [] and not any(thread.is_alive() for thread in threads)
