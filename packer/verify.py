@@ -71,6 +71,8 @@ class RemoteFiles(LocalFiles):
                 size = self.fs.info(f"{self.base}/{info.name}").get("size")
             except FileNotFoundError:
                 return f"{url}: missing"
+            except OSError as exc:  # denied, or the store gone: named, and the other files still checked
+                return f"{url}: cannot be read ({exc.strerror or exc})"
         if size is not None and size != info.bytes:
             return f"{url}: {size} bytes, the manifest says {info.bytes}"
         if hashed and hashlib.sha256(self.fs.cat_file(f"{self.base}/{info.name}")).hexdigest() != info.sha256:

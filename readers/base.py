@@ -187,7 +187,7 @@ class PackedDataset(Dataset):
         for shard in np.unique(shards).tolist():
             try:
                 self._will_read(shard, wanted[shards == shard] - self._offsets[shard])
-            except (DatasetError, OSError, ValueError):  # only a hint: the reads themselves report damage
+            except (DatasetError, OSError, ValueError, IndexError):  # only a hint: the reads themselves report damage
                 pass
         return [self[index] for index in indices]
 

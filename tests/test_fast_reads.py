@@ -138,3 +138,17 @@ def test_open_shards_hold_no_per_sample_arrays(packed_as: Callable[[str], tuple[
     assert wds.handle(1).index[2] == tuple(table[2].tolist())  # a row read from the file when needed
     for ds in (hdf5, with_paths, wds):
         ds.close()
+
+
+def test_a_batch_over_damaged_hdf5_offsets_skips_like_single_reads(packed_as: Callable, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    shutil.copytree(packed_as("hdf5")[0], out)
+    shard = out / readers.load_manifest(out).shards[0].name
+    with h5py.File(shard, "r+") as file:
+        offsets = file["offsets"][:]
+        offsets[2] = 10**12  # sample 1's end and sample 2's start: far outside the file
+        file["offsets"][:] = offsets
+    single = readers.open_dataset(out, decode="bytes", fields=("index",), on_error="skip")
+    expected = [single[index] for index in range(4)]
+    batched = readers.open_dataset(out, decode="bytes", fields=("index",), on_error="skip")
+    assert batched.__getitems__([0, 1, 2, 3]) == expected and single.skipped == batched.skipped > 0
