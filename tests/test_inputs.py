@@ -381,6 +381,12 @@ def test_input_format_takes_a_folder_of_inputs_without_their_suffix(tmp_path: Pa
     source = resolve_source(imagenet, "tfrecord")
     assert source.kind == "tfrecord"
     assert [Path(name).name for name in source.inputs] == ["train-00000-of-00002", "train-00001-of-00002"]
+    (imagenet / "README.txt").write_text("ImageNet")  # a file with a suffix is not an input
+    assert len(resolve_source(imagenet, "tfrecord").inputs) == 2
+    (imagenet / "validation-00000-of-00001").write_bytes(b"")  # two splits: never packed together
+    with pytest.raises(ScanError, match=r"tfrecord files of several names \(train, validation\); choose one with a "
+                                        r"pattern, e\.g\. '.*imagenet/train-\*'"):
+        resolve_source(imagenet, "tfrecord")
     (imagenet / "train-00002-of-00002.tfrecord").write_bytes(b"")  # where some have the suffix, those
     assert [Path(name).name for name in resolve_source(imagenet, "tfrecord").inputs] == ["train-00002-of-00002.tfrecord"]
 

@@ -48,13 +48,12 @@ class InputKind:
     module: str | None
     python_only: bool = False
     in_line: bool = True
-    companions: tuple[str, ...] = ()  # suffixes of index files kept beside the inputs
 
 
 INPUT_KINDS: dict[str, InputKind] = {
     "tar": InputKind((".tar",), "packer.sources.tars"),
-    "recordio": InputKind((".rec",), "packer.sources.recordio", companions=(".idx",)),
-    "tfrecord": InputKind((".tfrecord", ".tfrecords"), "packer.sources.tfrecord", companions=(".tfindex",)),
+    "recordio": InputKind((".rec",), "packer.sources.recordio"),
+    "tfrecord": InputKind((".tfrecord", ".tfrecords"), "packer.sources.tfrecord"),
     "pack": InputKind((), "packer.sources.packed"),  # a directory holding index.json
     "samples": InputKind((), "packer.sources.samples", python_only=True, in_line=False),  # packer.pack_samples' fn + inputs
 }
@@ -149,15 +148,20 @@ def _directory(text: str, input_format: str | None) -> Source:
     visible = [entry for entry in entries if not entry.name.startswith(".")]
     files = [entry for entry in visible if _is_file(entry)]
     if input_format is not None:
-        # Files with the kind's suffix; where none has it (ImageNet's `train-00000-of-01024`), every
-        # file but the kind's index files.
+        # Files with the kind's suffix; where none has it, the files without any (ImageNet's
+        # `train-00000-of-01024`), all of one name before their numbers: never a README, a label
+        # file or an index, nor two splits packed together.
         kind = INPUT_KINDS[input_format]
         names = [entry.name for entry in files]
         chosen = [name for name in names if kind.suffixes and name.lower().endswith(kind.suffixes)] or \
-            [name for name in names if not (kind.companions and name.lower().endswith(kind.companions))]
-        inputs = [os.path.abspath(os.path.join(text, name)) for name in chosen]
-        if not inputs:
+            [name for name in names if "." not in name]
+        if not chosen:
             raise ScanError(f"{text}: no {input_format} files in this folder")
+        stems = sorted({re.sub(r"[-_.]?\d.*$", "", name) for name in chosen})
+        if len(stems) > 1:
+            raise ScanError(f"{text}: holds {input_format} files of several names ({', '.join(stems)}); "
+                            "choose one with a pattern, e.g. '" + os.path.join(text, stems[0]) + "-*'")
+        inputs = [os.path.abspath(os.path.join(text, name)) for name in chosen]
         return _files(text, inputs, input_format)
     kinds = {kind_of(entry.name) for entry in files} - {None}
     plain_folder = any(is_image_name(entry.name) for entry in files) or len(files) < len(visible)
