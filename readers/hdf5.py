@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import h5py
 import numpy as np
 
-from .base import PackedDataset, Record
+from .base import PackedDataset, Record, read_as_span
 from .fields import FieldSpec, from_json
 from .layouts.hdf5 import (
     LAYOUT_FIXED,
@@ -162,21 +162,13 @@ class Column:
         return self.rows(row, row + 1)[0]
 
     def take(self, rows: np.ndarray) -> np.ndarray:
-        """The values at `rows`, in that order: one read of the span they cover where it is at most
-        TAKE_SPAN_BYTES (a shuffled batch's rows of a 10k-sample shard: 80 KB of int64), a read
-        per row otherwise. One read instead of one per sample and column is most of what a batch
+        """The values at `rows`, in that order: one read of the span they cover (`read_as_span`),
+        or a read per row. One read instead of one per sample and column is most of what a batch
         of small samples saves."""
         first, stop = int(rows.min()), int(rows.max()) + 1
-        if self.values is not None or (stop - first) * self.row_bytes <= TAKE_SPAN_BYTES:
+        if self.direct is None or read_as_span(first, stop, self.direct.row_bytes):
             return self.rows(first, stop)[rows - first]
         return np.concatenate([self.rows(row, row + 1) for row in rows.tolist()])
-
-    @property
-    def row_bytes(self) -> int:
-        return self.direct.row_bytes if self.direct is not None else self.dtype.itemsize
-
-
-TAKE_SPAN_BYTES = 1 << 20
 
 
 @dataclass

@@ -16,7 +16,7 @@ from typing import Any, BinaryIO, Iterator, Sequence
 
 import numpy as np
 
-from .base import Fields, PackedDataset, Record
+from .base import Fields, PackedDataset, Record, read_as_span
 from .fields import FieldSpec, parse_value
 from .layouts.wds import (
     ABSENT,
@@ -40,9 +40,6 @@ from .layouts.wds import (
 )
 from .manifest import DatasetError, FileInfo, sample_key
 from .streaming import DEFAULT_PREFETCH_SHARDS, ShardStream
-
-
-TAKE_SPAN_BYTES = 1 << 20
 
 
 class OffsetIndex:
@@ -77,11 +74,10 @@ class OffsetIndex:
         return self.row.unpack(os.pread(self.fd, self.row.size, INDEX_HEADER.size + local * self.row.size))
 
     def take(self, locals_: list[int]) -> dict[int, tuple[int, ...]]:
-        """The rows of `locals_`: one read of the span they cover where it is at most TAKE_SPAN_BYTES
-        (a shuffled batch's rows of a 10k-sample shard: 320 KB), a read per row otherwise."""
+        """The rows of `locals_`: one read of the span they cover (`read_as_span`), or a read per row."""
         first, stop = min(locals_), max(locals_) + 1
         size = self.row.size
-        if (stop - first) * size > TAKE_SPAN_BYTES:
+        if not read_as_span(first, stop, size):
             return {local: self[local] for local in locals_}
         data = os.pread(self.fd, (stop - first) * size, INDEX_HEADER.size + first * size)
         if len(data) != (stop - first) * size:

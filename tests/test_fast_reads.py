@@ -11,16 +11,14 @@ import numpy as np
 import pytest
 
 import readers
-import readers.hdf5 as readers_hdf5
-import readers.wds as readers_wds
+import readers.base as readers_base
 from readers.hdf5 import DirectBytes
 
 
 @pytest.mark.parametrize("span_bytes", [1 << 20, 0], ids=["rows read as one span", "rows read one by one"])
 def test_a_batch_equals_its_samples_read_one_by_one(packed: tuple[Path, dict[str, bytes]], span_bytes: int,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(readers_hdf5, "TAKE_SPAN_BYTES", span_bytes)
-    monkeypatch.setattr(readers_wds, "TAKE_SPAN_BYTES", span_bytes)
+    monkeypatch.setattr(readers_base, "SPAN_READ_BYTES", span_bytes)
     out, _ = packed
     ds = readers.open_dataset(out, decode="bytes", fields=("image", "label", "path", "index"))
     batch = [17, 0, 5, 5, 18, 3, 9]  # across shards, a repeat, out of order
