@@ -398,7 +398,8 @@ def test_inputs_are_read_ahead_in_chunks_within_the_budget(tmp_path: Path, monke
             handle.truncate(size)
     asked: list[tuple[int, int]] = []
     monkeypatch.setattr(containers.os, "posix_fadvise", lambda fd, offset, length, advice: asked.append((offset, length)))
-    inputs = [str(tmp_path / "folder-of-a-packed-dataset"), *(str(tmp_path / name) for name in sizes)]
+    (tmp_path / "packed-dataset").mkdir()
+    inputs = [str(tmp_path / "packed-dataset"), str(tmp_path / "gone.tar"), *(str(tmp_path / name) for name in sizes)]
     chunk = containers.READ_AHEAD_CHUNK
     containers.ask_ahead(inputs, 20 << 20, threading.Event())
     assert asked == [(0, chunk), (chunk, chunk), (2 * chunk, (10 << 20) - 2 * chunk), (0, 3 << 20)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import stat
 import threading
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
@@ -60,10 +61,13 @@ def ask_ahead(inputs: Sequence[str], budget: int, stop: threading.Event) -> None
             return
         try:
             fd = os.open(path, os.O_RDONLY)
-        except OSError:  # a folder (a packed dataset), or gone: the scan says what is wrong
+        except OSError:  # gone: the scan says what is wrong
             continue
         try:
-            size = min(os.fstat(fd).st_size, budget)
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):  # a packed dataset's folder: its shards are not read ahead
+                continue
+            size = min(info.st_size, budget)
             for offset in range(0, size, READ_AHEAD_CHUNK):
                 if stop.is_set():
                     return
