@@ -324,7 +324,7 @@ def info_command(out: Path | str, as_json: bool) -> None:
         click.echo(json.dumps(info, indent=2))
         return
     sizes = info["image_sizes"]
-    click.echo(f"{info['path']}: {info['format']} shards, store {info['store']}, {info['tool_version']}")
+    click.echo(f"{info['path']}: {info['format']} shards, store {info['store']}, {printable(info['tool_version'])}")
     click.echo(f"samples      {info['num_samples']} in {len(info['classes'])} classes")
     click.echo(f"shards       {info['shards']}, {human_bytes(info['bytes'])} in all; per shard "
                + " / ".join(human_bytes(info['shard_bytes'][k]) for k in ('min', 'median', 'max')) + " (min/median/max)")
@@ -338,10 +338,15 @@ def info_command(out: Path | str, as_json: bool) -> None:
                    + f" (min/median/max width x height, {sizes['sampled']} sampled)")
     if info["fields"]:
         click.echo("fields       " + ", ".join(describe_field(spec) for spec in info["fields"]))
-    click.echo("options      " + ", ".join(f"{key}={value}" for key, value in info["options"].items()))
+    click.echo("options      " + printable(", ".join(f"{key}={value}" for key, value in info["options"].items())))
     click.echo("classes")
     for entry in info["classes"]:
-        click.echo(f"  {entry['index']:5d}  {entry['samples']:9d}  {entry['name']}")
+        click.echo(f"  {entry['index']:5d}  {entry['samples']:9d}  {printable(entry['name'])}")
+
+
+def printable(text: str) -> str:
+    """`text` with control characters escaped (`\\x1b`): a stranger's index.json cannot drive the terminal."""
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
 
 
 def describe_field(spec: dict[str, Any]) -> str:

@@ -22,14 +22,10 @@ from typing import Any
 from readers.fields import FieldSpec
 from readers.layouts.hdf5 import FIELDS_GROUP, STORAGE_NUMERIC, field_storage, numeric_layout
 from readers.layouts.wds import LABEL_EXTENSION, META_EXTENSION, PIXELS_EXTENSION, field_extension
-from readers.manifest import FileInfo, Manifest
+from readers.manifest import CARD_NAME, TIMM_INFO_NAME, WIDS_NAME, FileInfo, Manifest
 
 from .fsutil import atomic_write_text
 
-TIMM_INFO_NAME = "_info.json"
-WIDS_NAME = "wids.json"
-CARD_NAME = "README.md"
-DESCRIPTOR_NAMES = (TIMM_INFO_NAME, WIDS_NAME, CARD_NAME)
 DEFAULT_SPLIT = "train"
 PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 

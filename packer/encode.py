@@ -9,9 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from readers.manifest import payload_crc32
+from readers.manifest import STORES, payload_crc32
 
-STORES = ("original", "raw", "bmp", "jpeg")
 PIXEL_MODES = ("RGB", "L")
 """Pillow modes a decoding store converts to (`--mode`): colour or greyscale."""
 DEFAULT_QUALITY = 90

@@ -17,9 +17,8 @@ import shutil
 import socket
 from pathlib import Path
 
-from readers.manifest import MANIFEST_NAME, REJECTS_NAME, SHARD_PREFIX
+from readers.manifest import DESCRIPTOR_NAMES, MANIFEST_NAME, REJECTS_NAME, SHARD_PREFIX
 
-from .descriptors import DESCRIPTOR_NAMES
 from .errors import PackError
 
 WORK_DIR = ".pack"

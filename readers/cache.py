@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Protocol
 
-from .manifest import DatasetError
+from .manifest import DatasetError, plain_name, sha256_name
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,8 @@ ROOM_TIMEOUT_S = 600.0
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
           "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*", re.IGNORECASE)
+_PART = re.compile(r"([0-9a-f]{64})\.([0-9]+)\.[0-9]+\.[0-9a-f]+\.part")
+"""A download in progress: tmp/<sha256>.<bytes>.<pid>.<token>.part"""
 
 
 class CachedFile(Protocol):
@@ -211,10 +213,10 @@ class ShardCache:
             )
 
     def object_path(self, file: CachedFile) -> Path:
-        return self.root / "objects" / (file.sha256 + Path(file.name).suffix)
+        return self.root / "objects" / (sha256_name(file.sha256) + Path(plain_name(file.name)).suffix)
 
     def _lock_path(self, file: CachedFile, kind: str) -> Path:
-        return self.root / "locks" / f"{file.sha256}.{kind}"
+        return self.root / "locks" / f"{sha256_name(file.sha256)}.{kind}"
 
     def disk_bytes(self) -> int:
         """Bytes on disk now: published files plus partial downloads."""
@@ -323,13 +325,14 @@ class ShardCache:
         download. Downloads whose process died (their lock is free) are deleted here."""
         used = 0
         for entry in os.scandir(self.root / "tmp"):
-            sha, _, rest = entry.name.partition(".")
-            if not entry.name.endswith(".part"):
-                continue
+            match = _PART.fullmatch(entry.name)
+            if match is None:
+                continue  # not a download of ours
+            sha, size = match.group(1), int(match.group(2))
             get_path = self.root / "locks" / f"{sha}.get"
             get = _lock(get_path, exclusive=True, wait=False)
             if get is None:
-                used += int(rest.split(".", 1)[0])
+                used += size
                 continue
             Path(entry.path).unlink(missing_ok=True)  # its downloader is gone: never trusted, never counted
             _remove_lock(get_path, get)

@@ -22,15 +22,23 @@ class Format:
     layout: str  # module: the format's constants and paired encode/parse functions (torch-free)
     writer: str  # "module:Class" of its packer.writers.ShardWriter
     dataset: str  # "module:Class" of its readers.base.PackedDataset
+    extension: str  # of its shard files: `shard-NNNNNN<extension>`
+    sidecars: tuple[str, ...] = ()  # extensions of the files beside each shard: `shard-NNNNNN<ext>`
+    min_sample_bytes: int = 1
+    """The fewest bytes a sample takes in a shard file: index.json's counts and sizes must agree
+    with it (a wds sample is three members, each behind a 512-byte header)."""
     aliases: tuple[str, ...] = ()
 
 
 FORMATS: dict[str, Format] = {
     spec.name: spec
     for spec in (
-        Format("lmdb", "readers.layouts.lmdb", "packer.writers.lmdb:LMDBWriter", "readers.lmdb:LMDBDataset"),
-        Format("hdf5", "readers.layouts.hdf5", "packer.writers.hdf5:HDF5Writer", "readers.hdf5:HDF5Dataset"),
+        Format("lmdb", "readers.layouts.lmdb", "packer.writers.lmdb:LMDBWriter", "readers.lmdb:LMDBDataset",
+               extension=".lmdb", min_sample_bytes=24),  # an LMDB node: 8 bytes, a key of 10+, a record of 8+
+        Format("hdf5", "readers.layouts.hdf5", "packer.writers.hdf5:HDF5Writer", "readers.hdf5:HDF5Dataset",
+               extension=".h5", min_sample_bytes=20),  # a label, a CRC-32 and a codec name per sample
         Format("wds", "readers.layouts.wds", "packer.writers.wds:WdsWriter", "readers.wds:WdsDataset",
+               extension=".tar", sidecars=(".packidx", ".idx"), min_sample_bytes=3 * 512,
                aliases=("webdataset",)),
     )
 }

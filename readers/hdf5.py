@@ -181,6 +181,7 @@ class HDF5Shard:
 
     file: h5py.File | None  # closed after opening where nothing more is read through h5py
     fd: int  # the same file, for pread
+    size: int  # the file's bytes: no payload is larger (offsets are untrusted)
     images: h5py.Dataset | None
     direct: DirectBytes | None  # the payload bytes' place in the file, read with pread on `fd`
     offsets: Column | None
@@ -219,7 +220,8 @@ def read_raw_paths(file: h5py.File) -> dict[int, str]:
 def open_shard(path: str, num_samples: int, fields: Sequence[FieldSpec] = (), *, paths: bool = True) -> HDF5Shard:
     """Open one shard file: its per-sample columns (`Column`), the `fields` asked for read into
     memory, the `paths` column if asked for. Where all the rest is read with pread, the h5py file
-    is closed again: an open HDF5 file holds ~100 KB, 50 MB per worker for 500 shards."""
+    is closed again: an open HDF5 file holds ~100 KB, 50 MB per worker for 500 shards. Every
+    per-sample dataset's length is checked against index.json before any is read."""
     try:
         file = h5py.File(path, "r", locking=False)
     except (OSError, ValueError) as exc:
@@ -227,13 +229,16 @@ def open_shard(path: str, num_samples: int, fields: Sequence[FieldSpec] = (), *,
     fd = -1
     try:
         fd = os.open(path, os.O_RDONLY)
+        size = os.fstat(fd).st_size
         layout = file.attrs.get("layout")
         if layout not in (LAYOUT_FLAT, LAYOUT_FIXED):
             raise DatasetError(f"{path}: unknown HDF5 payload layout {layout!r}")
+        check_lengths(path, file, layout, num_samples, fields, size)
         mode = file.attrs.get("mode")
         shard = HDF5Shard(
             file=file,
             fd=fd,
+            size=size,
             images=file["images"],
             direct=DirectBytes.locate(file["images"]),
             offsets=Column(file["offsets"], fd) if layout == LAYOUT_FLAT else None,
@@ -252,24 +257,31 @@ def open_shard(path: str, num_samples: int, fields: Sequence[FieldSpec] = (), *,
     except BaseException:  # DatasetError, or an OSError reading a column: never leave the file open
         HDF5Shard.close_both(file, fd)
         raise
-    counts = {"labels": len(shard.labels), "formats": len(shard.codecs), "crc32": len(shard.crcs),
-              "paths": len(file["paths"])}
-    if shard.offsets is not None:
-        counts["offsets"] = len(shard.offsets) - 1
-    else:
-        counts["images"] = len(file["images"])
-    if shard.shapes is not None:
-        counts["shapes"] = len(shard.shapes)
-    for name, reader in shard.fields.items():
-        counts[field_dataset(name)] = len(reader)
-    for name, count in counts.items():
-        if count != num_samples:
-            shard.close()
-            raise DatasetError(f"{path}: {name} holds {count} samples, index.json says {num_samples}")
     if not paths and shard.direct is not None:
         shard.file = shard.images = None
         file.close()
     return shard
+
+
+def check_lengths(path: str, file: h5py.File, layout: str, num_samples: int, fields: Sequence[FieldSpec],
+                  size: int) -> None:
+    """Each per-sample dataset has one row per sample index.json counts, and a fixed-layout image
+    fits in the file, before anything is read: a lying shard cannot make a reader allocate more."""
+    counts = {name: file[name].shape[0] if file[name].shape else 0
+              for name in ("labels", "formats", "crc32", "paths", *(["shapes"] if "shapes" in file else []))}
+    if layout == LAYOUT_FLAT:
+        counts["offsets"] = (file["offsets"].shape or (0,))[0] - 1
+    else:
+        images = file["images"]
+        counts["images"] = images.shape[0] if images.shape else 0
+        if math.prod(images.shape[1:]) * images.dtype.itemsize > size:
+            raise DatasetError(f"{path}: images of shape {images.shape[1:]} cannot fit in {size} bytes")
+    for spec in fields:
+        dataset = file[field_dataset(spec.name)]
+        counts[field_dataset(spec.name)] = dataset.shape[0] if dataset.shape else 0
+    for name, count in counts.items():
+        if count != num_samples:
+            raise DatasetError(f"{path}: {name} holds {count} samples, index.json says {num_samples}")
 
 
 class HDF5Dataset(PackedDataset):
@@ -319,7 +331,7 @@ class HDF5Dataset(PackedDataset):
             if handle.direct is not None:
                 payload = handle.direct.read_rows(handle.fd, local, local + 1)
                 if len(payload) != handle.direct.row_bytes:
-                    raise DatasetError(f"{self.shard_path(shard)}: sample {local} runs past the end of the file")
+                    raise DatasetError(f"{self.shard_path(shard)}: sample {local}: runs past the end of the file")
                 meta["shape"] = list(handle.direct.shape[1:])
             else:
                 array = handle.images[local]
@@ -327,13 +339,17 @@ class HDF5Dataset(PackedDataset):
         else:
             if ahead is None:
                 start, end = handle.offsets.rows(local, local + 2).tolist()
+            if not 0 <= end - start <= handle.size:  # offsets are untrusted: never a read larger than the file
+                raise DatasetError(f"{self.shard_path(shard)}: sample {local}: damaged offsets ({start}..{end}, "
+                                   f"the file holds {handle.size} bytes)")
             if handle.direct is None:
                 payload = handle.images[start:end]
             else:  # bounds outside the image data read nothing, and fail the length check below
                 inside = 0 <= start and end <= handle.direct.shape[0]
                 payload = handle.direct.read_rows(handle.fd, start, end) if inside else b""
             if len(payload) != end - start:
-                raise DatasetError(f"{self.shard_path(shard)}: sample {local} runs past the image data")
+                raise DatasetError(f"{self.shard_path(shard)}: sample {local}: damaged offsets ({start}..{end}, "
+                                   f"outside the image data)")
             if handle.shapes is not None:
                 meta["shape"] = handle.shapes[local].tolist()
         if handle.mode is not None:

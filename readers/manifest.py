@@ -4,19 +4,28 @@
 shard is complete. What is inside a shard is its format's business (`readers.layouts`). Nothing
 here imports torch, so the packer shares it cheaply. Nothing in the format is pickled.
 docs/FORMAT.md is the prose version of this module.
+
+index.json is untrusted input: datasets come from colleagues' buckets, public mirrors and hubs.
+`parse_manifest` checks every value before it can become a path, a URL or an allocation (names
+of the shape FORMAT.md gives, 64-digit hashes, counts and sizes that agree), and `plain_name`
+and `sha256_name` guard the places that build paths from them.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from zlib_ng import zlib_ng
 
-from .fields import FieldSpec
+from .fields import ARRAY_DTYPES, FIELD_TYPES, FieldSpec, check_field_name
+from .formats import FORMATS
+
+T = TypeVar("T")
 
 # 2: keys shard_row, per-sample fields (`fields`), wds record meta in `<key>.pack.json`, `.npy` raw
 # members, `.packidx` + DALI `.idx`, HDF5 names in attributes, loader descriptors (docs/FORMAT.md).
@@ -25,6 +34,19 @@ MANIFEST_NAME = "index.json"
 REJECTS_NAME = "rejects.jsonl"
 SHARD_PREFIX = "shard-"
 SHARD_PATTERN = SHARD_PREFIX + "{:06d}{}"
+STORES = ("original", "raw", "bmp", "jpeg")
+"""What a sample's payload is (FORMAT.md "Stores"): the source file's bytes, or decoded pixels."""
+TIMM_INFO_NAME = "_info.json"
+WIDS_NAME = "wids.json"
+CARD_NAME = "README.md"
+DESCRIPTOR_NAMES = (TIMM_INFO_NAME, WIDS_NAME, CARD_NAME)
+"""The loader descriptors a manifest may list (FORMAT.md "Loader descriptors")."""
+MAX_MANIFEST_BYTES = 1 << 30
+"""The largest index.json read (a million shards with sidecars take ~700 MB)."""
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}")
+_SHARD_STEM = re.compile(re.escape(SHARD_PREFIX) + r"[0-9]{6,9}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_MAX_SHAPE_DIMS = 32
 
 # What a reader can hand back per image (readers.decode implements each); here so that the packer's
 # CLI can offer the choice without importing numpy and Pillow.
@@ -37,6 +59,11 @@ for a damaged sample. "skip" goes on without it (rejects.jsonl / the next readab
 
 class DatasetError(Exception):
     """A packed dataset is missing, incomplete or damaged; the message names the file."""
+
+
+class MissingFile(DatasetError):
+    """A file is not where it was looked for (a folder or store without index.json is not a
+    packed dataset, or an unfinished one): unlike other damage, a caller may look elsewhere."""
 
 
 @dataclass(frozen=True)
@@ -83,31 +110,10 @@ class Manifest:
         return json.dumps(ordered, indent=2, sort_keys=False) + "\n"
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Manifest:
-        shards = [
-            ShardInfo(
-                name=shard["name"],
-                num_samples=int(shard["num_samples"]),
-                bytes=int(shard["bytes"]),
-                sha256=shard["sha256"],
-                sidecars=tuple(FileInfo(**sidecar) for sidecar in shard.get("sidecars", ())),
-            )
-            for shard in data["shards"]
-        ]
-        return cls(
-            format=data["format"],
-            store=data["store"],
-            num_samples=int(data["num_samples"]),
-            classes=list(data["classes"]),
-            shards=shards,
-            class_counts=[int(count) for count in data.get("class_counts", [])],
-            options=dict(data.get("options", {})),
-            tool_version=str(data.get("tool_version", "")),
-            version=int(data["version"]),
-            source_bytes=None if data.get("source_bytes") is None else int(data["source_bytes"]),
-            fields=[FieldSpec.from_dict(spec) for spec in data.get("fields", ())],
-            descriptors=[FileInfo(**descriptor) for descriptor in data.get("descriptors", ())],
-        )
+    def from_dict(cls, data: Any, source: str | os.PathLike[str] = MANIFEST_NAME) -> Manifest:
+        """The manifest `data` (index.json parsed) describes, every value checked first: a value of
+        the wrong type or shape is a DatasetError naming `source` and the field."""
+        return _ManifestCheck(str(source)).manifest(data)
 
 
 def shard_name(index: int, extension: str) -> str:
@@ -129,9 +135,13 @@ def load_manifest(root: str | os.PathLike[str]) -> Manifest:
     if not Path(root).is_dir():
         raise DatasetError(f"{root}: not a packed dataset directory")
     try:
-        text = path.read_bytes()
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if size > MAX_MANIFEST_BYTES:
+                raise DatasetError(f"{path}: {size} bytes, larger than any manifest pack reads ({MAX_MANIFEST_BYTES})")
+            text = handle.read()
     except FileNotFoundError:
-        raise DatasetError(f"{path}: no manifest (packing unfinished, or not a packed dataset)") from None
+        raise MissingFile(f"{path}: no manifest (packing unfinished, or not a packed dataset)") from None
     except OSError as exc:
         raise DatasetError(f"{path}: unreadable manifest ({exc})") from None
     return parse_manifest(text, path)
@@ -139,19 +149,219 @@ def load_manifest(root: str | os.PathLike[str]) -> Manifest:
 
 def parse_manifest(text: bytes, path: str | os.PathLike[str]) -> Manifest:
     """The manifest in `text` (index.json's bytes, read from `path`, a file or a URL), checked."""
+    if len(text) > MAX_MANIFEST_BYTES:
+        raise DatasetError(f"{path}: {len(text)} bytes, larger than any manifest pack reads ({MAX_MANIFEST_BYTES})")
     try:
         data = json.loads(text.decode("utf-8"))
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than Python's stack
         raise DatasetError(f"{path}: unreadable manifest ({exc})") from None
-    try:
-        manifest = Manifest.from_dict(data)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise DatasetError(f"{path}: malformed manifest ({exc!r})") from None
-    if manifest.version > FORMAT_VERSION:
-        raise DatasetError(
-            f"{path}: format version {manifest.version} is newer than this reader ({FORMAT_VERSION})"
+    return Manifest.from_dict(data, path)
+
+
+def name_problem(name: str) -> str | None:
+    """Why `name` is not a plain file name (a separator, a leading dot, a character a URL or a
+    shell reads specially), or None: the only names a path or URL is built from."""
+    return None if isinstance(name, str) and _PLAIN_NAME.fullmatch(name) else f"{name!r} is not a plain file name"
+
+
+def sha256_problem(digest: str) -> str | None:
+    """Why `digest` is not 64 lower-case hex digits (the cache names files by it), or None."""
+    if isinstance(digest, str) and _SHA256.fullmatch(digest):
+        return None
+    return f"{digest!r} is not a sha256 (64 lower-case hex digits)"
+
+
+def plain_name(name: str) -> str:
+    """`name`, checked by `name_problem`: DatasetError if it could lead outside its folder."""
+    problem = name_problem(name)
+    if problem:
+        raise DatasetError(problem)
+    return name
+
+
+def sha256_name(digest: str) -> str:
+    """`digest`, checked by `sha256_problem`: DatasetError if it cannot name a cache file."""
+    problem = sha256_problem(digest)
+    if problem:
+        raise DatasetError(problem)
+    return digest
+
+
+class _ManifestCheck:
+    """Parses index.json's data strictly: FORMAT.md's types, names and agreements, nothing coerced.
+
+    Each problem is one DatasetError: `<source>: <field>: <what is wrong>`.
+    """
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, where: str, problem: str) -> DatasetError:
+        return DatasetError(f"{self.source}: {where}: {problem}")
+
+    def get(self, data: dict[str, Any], key: str, where: str, kind: type, default: Any = ...) -> Any:
+        """data[key], of `kind` (an int never a bool); `default` where it may be absent or null."""
+        value = data.get(key, default)
+        if value is ...:
+            raise self.fail(where, "missing")
+        if value is None and default is None:
+            return None
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+            raise self.fail(where, f"{_json_type(value)} where {_json_type(kind())} is expected")
+        return value
+
+    def count(self, data: dict[str, Any], key: str, where: str, default: Any = ...) -> Any:
+        value = self.get(data, key, where, int, default)
+        if value is not None and value < 0:
+            raise self.fail(where, f"{value} is negative")
+        return value
+
+    def items(self, data: dict[str, Any], key: str, where: str, parse: Callable[[Any, str], T],
+              default: Any = ...) -> list[T]:
+        values = self.get(data, key, where, list, default)
+        return [parse(value, f"{where}[{i}]") for i, value in enumerate(values or ())]
+
+    def object(self, value: Any, where: str) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise self.fail(where, f"{_json_type(value)} where an object is expected")
+        return value
+
+    def manifest(self, data: Any) -> Manifest:
+        data = self.object(data, "index.json")
+        version = self.get(data, "version", "version", int)
+        if not 1 <= version <= FORMAT_VERSION:
+            raise self.fail("version", f"format version {version} is newer than this reader ({FORMAT_VERSION})"
+                            if version > FORMAT_VERSION else f"{version} is not a format version")
+        fmt = self.get(data, "format", "format", str)
+        if fmt not in FORMATS:
+            raise self.fail("format", f"unknown format {fmt!r} (one of {', '.join(FORMATS)})")
+        store = self.get(data, "store", "store", str)
+        if store not in STORES:
+            raise self.fail("store", f"unknown store {store!r} (one of {', '.join(STORES)})")
+        manifest = Manifest(
+            format=fmt,
+            store=store,
+            num_samples=self.count(data, "num_samples", "num_samples"),
+            classes=self.items(data, "classes", "classes", self.text),
+            shards=self.items(data, "shards", "shards", lambda value, where: self.shard(value, where, fmt)),
+            class_counts=self.items(data, "class_counts", "class_counts",
+                                    lambda value, where: self.count({"n": value}, "n", where), []),
+            options=self.get(data, "options", "options", dict, {}),  # informative: any JSON object
+            tool_version=self.get(data, "tool_version", "tool_version", str, ""),
+            version=version,
+            source_bytes=self.count(data, "source_bytes", "source_bytes", None),
+            fields=self.items(data, "fields", "fields", self.field, []),
+            descriptors=self.items(data, "descriptors", "descriptors", self.descriptor, []),
         )
-    return manifest
+        self.agree(manifest)
+        return manifest
+
+    def text(self, value: Any, where: str) -> str:
+        if not isinstance(value, str):
+            raise self.fail(where, f"{_json_type(value)} where a string is expected")
+        return value
+
+    def file(self, value: Any, where: str) -> FileInfo:
+        data = self.object(value, where)
+        name = self.get(data, "name", f"{where}.name", str)
+        if problem := name_problem(name):
+            raise self.fail(f"{where}.name", problem)
+        sha256 = self.get(data, "sha256", f"{where}.sha256", str)
+        if problem := sha256_problem(sha256):
+            raise self.fail(f"{where}.sha256", problem)
+        return FileInfo(name=name, bytes=self.count(data, "bytes", f"{where}.bytes"), sha256=sha256)
+
+    def shard(self, value: Any, where: str, fmt: str) -> ShardInfo:
+        row = FORMATS[fmt]
+        info = self.file(value, where)
+        stem = info.name[: -len(row.extension)] if info.name.endswith(row.extension) else ""
+        if not _SHARD_STEM.fullmatch(stem):
+            raise self.fail(f"{where}.name", f"{info.name!r} is not a {fmt} shard name ({SHARD_PREFIX}NNNNNN{row.extension})")
+        num_samples = self.count(value, "num_samples", f"{where}.num_samples")
+        if num_samples * row.min_sample_bytes > info.bytes:
+            raise self.fail(where, f"{num_samples} samples cannot fit in {info.bytes} bytes "
+                                   f"(a {fmt} sample takes at least {row.min_sample_bytes})")
+        sidecars = self.items(value, "sidecars", f"{where}.sidecars", self.file, [])
+        for i, sidecar in enumerate(sidecars):
+            if not sidecar.name.startswith(stem) or sidecar.name[len(stem):] not in row.sidecars:
+                allowed = ", ".join(stem + extension for extension in row.sidecars) or "none for this format"
+                raise self.fail(f"{where}.sidecars[{i}].name", f"{sidecar.name!r} is not a sidecar of "
+                                                               f"{info.name} ({allowed})")
+        return ShardInfo(name=info.name, num_samples=num_samples, bytes=info.bytes, sha256=info.sha256,
+                         sidecars=tuple(sidecars))
+
+    def descriptor(self, value: Any, where: str) -> FileInfo:
+        info = self.file(value, where)
+        if info.name not in DESCRIPTOR_NAMES:
+            raise self.fail(f"{where}.name", f"{info.name!r} is not a loader descriptor ({', '.join(DESCRIPTOR_NAMES)})")
+        return info
+
+    def field(self, value: Any, where: str) -> FieldSpec:
+        data = self.object(value, where)
+        name = self.get(data, "name", f"{where}.name", str)
+        problem = check_field_name(name)
+        if problem:
+            raise self.fail(f"{where}.name", f"{name!r}: {problem}")
+        kind = self.get(data, "type", f"{where}.type", str)
+        if kind not in FIELD_TYPES:
+            raise self.fail(f"{where}.type", f"unknown type {kind!r} (one of {', '.join(FIELD_TYPES)})")
+        dtype = self.get(data, "dtype", f"{where}.dtype", str, None)
+        if (kind == "array") != (dtype is not None) or (dtype is not None and dtype not in ARRAY_DTYPES):
+            raise self.fail(f"{where}.dtype", f"{dtype!r} does not fit type {kind!r}"
+                                              f" (an array's dtype is one of {', '.join(ARRAY_DTYPES)})")
+        shape = self.get(data, "shape", f"{where}.shape", list, None)
+        if shape is not None:
+            if kind != "array" or len(shape) > _MAX_SHAPE_DIMS:
+                raise self.fail(f"{where}.shape", f"{shape!r} does not fit type {kind!r}"
+                                if kind != "array" else f"more than {_MAX_SHAPE_DIMS} dimensions")
+            shape = tuple(self.count({"n": side}, "n", f"{where}.shape[{i}]") for i, side in enumerate(shape))
+        optional = self.get(data, "optional", f"{where}.optional", bool, False)
+        return FieldSpec(name=name, type=kind, optional=optional, dtype=dtype, shape=shape)
+
+    def agree(self, manifest: Manifest) -> None:
+        """What the values must say together: counts that add up, names that are unique."""
+        if manifest.version == 1 and manifest.fields:
+            raise self.fail("fields", "format version 1 has no fields")
+        total = sum(shard.num_samples for shard in manifest.shards)
+        if total != manifest.num_samples:
+            raise self.fail("num_samples", f"{manifest.num_samples}, but the shards hold {total}")
+        if manifest.class_counts:
+            if len(manifest.class_counts) != len(manifest.classes):
+                raise self.fail("class_counts", f"{len(manifest.class_counts)} counts for "
+                                                f"{len(manifest.classes)} classes")
+            if sum(manifest.class_counts) > manifest.num_samples:
+                raise self.fail("class_counts", f"add up to {sum(manifest.class_counts)}, more than the "
+                                                f"{manifest.num_samples} samples")
+        _unique(manifest.classes, lambda i, name: self.fail(f"classes[{i}]", f"{name!r} is named twice"))
+        _unique([spec.name for spec in manifest.fields],
+                lambda i, name: self.fail(f"fields[{i}].name", f"{name!r} is named twice"))
+        files = [(f"shards[{i}]", shard) for i, shard in enumerate(manifest.shards)]
+        files += [(f"shards[{i}].sidecars[{k}]", sidecar) for i, shard in enumerate(manifest.shards)
+                  for k, sidecar in enumerate(shard.sidecars)]
+        files += [(f"descriptors[{i}]", info) for i, info in enumerate(manifest.descriptors)]
+        names = {}
+        for where, info in files:
+            if info.name in names:
+                raise self.fail(f"{where}.name", f"{info.name!r} is also {names[info.name]}")
+            names[info.name] = where
+
+
+def _json_type(value: Any) -> str:
+    """What a JSON value is, in JSON's words (for a type's default value: what the type reads)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    return {str: "a string", int: "an integer", float: "a number", list: "a list", dict: "an object"}.get(
+        type(value), type(value).__name__)
+
+
+def _unique(values: list[str], fail: Callable[[int, str], DatasetError]) -> None:
+    seen: set[str] = set()
+    for i, value in enumerate(values):
+        if value in seen:
+            raise fail(i, value)
+        seen.add(value)
 
 
 def payload_crc32(payload: bytes | memoryview) -> int:

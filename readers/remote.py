@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from .cache import Ahead, CachedFile, Lease, ShardCache
-from .manifest import MANIFEST_NAME, DatasetError, Manifest, load_manifest, parse_manifest
+from .manifest import MANIFEST_NAME, DatasetError, Manifest, MissingFile, load_manifest, parse_manifest, plain_name
 
 log = logging.getLogger(__name__)
 
@@ -126,9 +126,10 @@ class RemoteStore(UrlFilesystem):
         return f"RemoteStore({self.url!r})"
 
     def url_of(self, name: str) -> str:
-        return f"{self.url}/{name}"
+        return f"{self.url}/{plain_name(name)}"
 
     def manifest(self) -> Manifest:
+        """index.json, checked; MissingFile where the store has none."""
         fs, base = self.filesystem()
         text = self._retry(MANIFEST_NAME, lambda: fs.cat_file(f"{base}/{MANIFEST_NAME}"))
         return parse_manifest(text, self.url_of(MANIFEST_NAME))
@@ -136,7 +137,7 @@ class RemoteStore(UrlFilesystem):
     def fetch(self, name: str, dest: Path) -> None:
         """The whole file `name` into `dest` (overwritten), retried on transient errors."""
         fs, base = self.filesystem()
-        self._retry(name, lambda: fs.get_file(f"{base}/{name}", str(dest)))
+        self._retry(name, lambda: fs.get_file(f"{base}/{plain_name(name)}", str(dest)))
 
     def _retry(self, name: str, call: Callable[[], Any]) -> Any:
         url = self.url_of(name)
@@ -149,7 +150,8 @@ class RemoteStore(UrlFilesystem):
                 status = http_status(exc)
                 if permanent(status):
                     reason = _REASONS.get(status, "refused")  # type: ignore[arg-type]
-                    raise DatasetError(f"{url}: {reason} (HTTP {status})") from None
+                    kind = MissingFile if status == 404 else DatasetError
+                    raise kind(f"{url}: {reason} (HTTP {status})") from None
                 if attempt == self.retries:
                     raise DatasetError(f"{url}: failed {attempt + 1} times, last: {type(exc).__name__}: {exc}") from None
                 delay = min(self.max_backoff_s, self.backoff_s * 2**attempt) * random.uniform(0.5, 1.0)
@@ -176,7 +178,7 @@ class LocalFiles:
         self.root = local_root(root)
 
     def path(self, file: CachedFile) -> Path:
-        return self.root / file.name
+        return self.root / plain_name(file.name)
 
     def lease(self, file: CachedFile, *, make_room: Callable[[], bool] | None = None,
               ahead: Ahead | None = None) -> Lease:

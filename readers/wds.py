@@ -95,10 +95,12 @@ class TarShard:
     file: BinaryIO
     index: OffsetIndex
     fd: int = -1  # the tar's
+    size: int = 0  # the tar's: no index row may point past it
     ahead: dict[int, tuple[int, ...]] = field(default_factory=dict)  # index rows read by `_will_read`
 
     def __post_init__(self) -> None:
         self.fd = self.file.fileno()
+        self.size = os.fstat(self.fd).st_size
 
     def row(self, local: int) -> tuple[int, ...]:
         row = self.ahead.pop(local, None)
@@ -188,13 +190,16 @@ class WdsDataset(PackedDataset):
     def _pread_sample(self, handle: TarShard, local: int, key: str) -> Record:
         """Three preads: the image's header, the image itself (bytes of its own, handed on without
         a copy), then everything up to the end of the meta (the label and fields lie between); the
-        headers of the members used are checked against the index."""
+        headers of the members used are checked against the index, which is untrusted: nothing is
+        read outside the tar, so a lying row can never cost more than the tar's size."""
         row = handle.row(local)
         image_offset, image_size, json_offset, json_size = row[:INDEX_COLUMNS]
         start = image_offset + image_size + padding(image_size)  # of the members after the image
         end = json_offset + json_size
-        if image_offset < BLOCK or json_offset < start + BLOCK:
+        if image_size < 0 or json_size < 0 or image_offset < BLOCK or json_offset < start + BLOCK:
             raise TarError("damaged tar index")
+        if end > handle.size:
+            raise TarError(f"tar shard is truncated (the sample ends at byte {end}, the tar has {handle.size})")
         image_header = memoryview(os.pread(handle.fd, BLOCK, image_offset - BLOCK))
         image = memoryview(os.pread(handle.fd, image_size, image_offset))
         data = memoryview(os.pread(handle.fd, end - start, start))
@@ -214,7 +219,7 @@ class WdsDataset(PackedDataset):
             return found
 
         def member(offset: int, size: int, extension: str) -> memoryview:
-            if offset - BLOCK < start or offset + size > end:
+            if size < 0 or offset - BLOCK < start or offset + size > end:
                 raise TarError("damaged tar index")
             check(data[offset - BLOCK - start:offset - start], size, extension)
             return data[offset - start:offset - start + size]
@@ -316,8 +321,10 @@ def read_tar_samples(handle: BinaryIO, meta_extension: str, fields: Sequence[Fie
     known = {LABEL_EXTENSION, meta_extension, *field_extensions(fields)}
     key: str | None = None
     parts: dict[str, bytes] = {}
+    left = os.fstat(handle.fileno()).st_size - handle.tell()  # a member's size is checked against it before a read
     while True:
         block = handle.read(BLOCK)
+        left -= BLOCK
         if len(block) < BLOCK:
             raise TarError("tar shard is truncated (no end-of-archive block)")
         member = parse_header(block)
@@ -328,9 +335,12 @@ def read_tar_samples(handle: BinaryIO, meta_extension: str, fields: Sequence[Fie
         if member is None:
             return
         key = member_key
+        if member.size > left:
+            raise TarError(f"tar shard is truncated in {member.name!r} ({member.size} bytes, {max(left, 0)} left)")
         data = handle.read(member.size)
         handle.read(padding(member.size))
-        if len(data) < member.size:
+        left -= member.size + padding(member.size)
+        if len(data) < member.size:  # the file shrank while read
             raise TarError(f"tar shard is truncated in {member.name!r}")
         parts[extension] = data
 

@@ -157,15 +157,18 @@ class LoopbackS3(_LoopbackServer):
     """moto's S3 (the real protocol, objects in memory) on 127.0.0.1, answering every request after
     `delay_s` (an object store's first-byte latency) and taking request bodies at most at
     `bandwidth` bytes per second each (None: as fast as loopback goes). Run it in a process of
-    its own in benchmarks: it must not compete with the packer for one GIL."""
+    its own in benchmarks: it must not compete with the packer for one GIL. `paths` lists the
+    path of every request, in order (path-style: `/bucket/key`)."""
 
     def __init__(self, *, delay_s: float = 0.0, bandwidth: float | None = None) -> None:
         from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
         from werkzeug.serving import make_server
 
         app = DomainDispatcherApplication(create_backend_app)
+        self.paths: list[str] = []
 
         def slowed(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+            self.paths.append(urllib.parse.unquote(environ.get("PATH_INFO", "")))
             wait = delay_s + (int(environ.get("CONTENT_LENGTH") or 0) / bandwidth if bandwidth else 0.0)
             if wait:
                 time.sleep(wait)

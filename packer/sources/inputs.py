@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Protocol
 
-from readers.manifest import MANIFEST_NAME, DatasetError
+from readers.manifest import MANIFEST_NAME, DatasetError, MissingFile
 from readers.remote import RemoteStore, is_url
 
 from ..errors import RejectedFile
@@ -131,9 +131,11 @@ def _url_source(text: str, input_format: str | None) -> Source:
         try:
             RemoteStore(url).manifest()
             return Source("pack", url, (url,))
-        except DatasetError as exc:
+        except MissingFile as exc:  # no index.json there: a folder of images
             if input_format == "pack":
                 raise ScanError(str(exc)) from None
+        except DatasetError as exc:  # an index.json that is not sound is never taken for a folder
+            raise ScanError(str(exc)) from None
     elif input_format is not None:
         raise ScanError(f"{text}: {input_format} inputs must be local files; a URL SRC is a folder of images "
                         "or a packed dataset")

@@ -9,6 +9,7 @@ from types import TracebackType
 from typing import Any, ClassVar, Mapping, Sequence
 
 from readers.fields import FieldSpec
+from readers.formats import FORMATS
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class ShardWriter(ABC):
     for formats whose shards describe themselves; `sample_shape` the (H, W, C) of every payload
     when the options guarantee one (raw pixels with a center crop), for fixed-shape layouts; `fields`
     the per-sample fields, in index.json's order. Subclasses set
-    `format` and `extension`, and implement `add`, `close` and `abort`. `close` must leave the file
+    `format` (its file extensions come from the row in `readers.formats`), and implement `add`, `close` and `abort`. `close` must leave the file
     complete and written to the OS (the pipeline syncs it, while it hashes the file for writers
     that leave `sha256` unset); `abort` only lets go of open handles, after an error. Used as a
     context manager, a writer closes on success and aborts on error (or when closing fails). A
@@ -55,6 +56,11 @@ class ShardWriter(ABC):
     # What the format's library raises when writing fails (a full disk, say), besides OSError.
     write_errors: ClassVar[tuple[type[Exception], ...]] = ()
     sidecars: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        row = FORMATS[cls.format]  # the one place a format's file names are set: readers check them too
+        cls.extension, cls.sidecars = row.extension, row.sidecars
 
     def __init__(self, path: Path, expected_bytes: int, classes: Sequence[str],
                  sample_shape: tuple[int, int, int] | None = None, fields: Sequence[FieldSpec] = ()) -> None:

@@ -248,7 +248,6 @@ class FixedPixels:
 
 class HDF5Writer(ShardWriter):
     format = "hdf5"
-    extension = ".h5"
 
     def __init__(self, path: Path, expected_bytes: int, classes: Sequence[str],
                  sample_shape: tuple[int, int, int] | None = None, fields: Sequence[FieldSpec] = ()) -> None:

@@ -22,7 +22,6 @@ MIN_MAP_SIZE = 64 << 20
 
 class LMDBWriter(ShardWriter):
     format = "lmdb"
-    extension = ".lmdb"
     write_errors = (lmdb.Error,)
 
     def __init__(self, path: Path, expected_bytes: int, classes: Sequence[str],

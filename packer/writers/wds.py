@@ -48,8 +48,6 @@ class WdsWriter(ShardWriter):
     `<key>.pack.json` (`readers.manifest.sample_key`)."""
 
     format = "wds"
-    extension = ".tar"
-    sidecars = (INDEX_EXTENSION, DALI_INDEX_EXTENSION)
 
     def __init__(self, path: Path, expected_bytes: int, classes: Sequence[str],
                  sample_shape: tuple[int, int, int] | None = None, fields: Sequence[FieldSpec] = ()) -> None:
