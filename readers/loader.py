@@ -19,9 +19,10 @@ from torch.utils.data import DataLoader, Sampler
 from torch.utils.data._utils.collate import default_collate
 
 from .base import PackedDataset
+from .cache import format_size
 from .cpus import THREAD_VARIABLES, default_num_workers
 from .order import DEFAULT_SHUFFLE_WINDOW, LoaderMode, RankSplit, epoch_order, split_for_rank
-from .streaming import DEFAULT_PREFETCH_SHARDS, DEFAULT_SHUFFLE_BUFFER, ShardStream, distributed
+from .streaming import DEFAULT_MIX_SHARDS, DEFAULT_PREFETCH_SHARDS, DEFAULT_SHUFFLE_BUFFER, ShardStream, distributed
 
 log = logging.getLogger(__name__)
 
@@ -235,6 +236,25 @@ class StreamingLoader(PackedLoader):
         return batch
 
 
+def check_cache_room(dataset: PackedDataset, mix_shards: int, workers: int) -> None:
+    """A streaming worker opens a shard while it holds up to `mix_shards - 1` others in the cache:
+    unless the cache holds that many for every worker of every rank on the node that shares it,
+    plus one, all of them could wait for room at once, for good. Such a `cache_limit` is refused."""
+    cache = getattr(dataset.files, "cache", None)
+    if cache is None or cache.limit is None:
+        return
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    largest = max((shard.bytes + sum(sidecar.bytes for sidecar in dataset.read_sidecars(number))
+                   for number, shard in enumerate(dataset.manifest.shards)), default=0)
+    needed = local_ranks * workers * (mix_shards - 1) + 1
+    if cache.limit < needed * largest:
+        ranks = f"{local_ranks} ranks x " if local_ranks > 1 else ""
+        raise ValueError(
+            f"cache_limit {format_size(cache.limit)} is too small for streaming: {ranks}{workers} workers reading "
+            f"mix_shards={mix_shards} shards at once need room for {needed} of this dataset's largest shard, "
+            f"{format_size(needed * largest)}; raise cache_limit, or lower mix_shards or num_workers")
+
+
 def make_loader(
     dataset: PackedDataset,
     batch_size: int,
@@ -257,6 +277,7 @@ def make_loader(
     streaming: bool = False,
     shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER,
     prefetch_shards: int = DEFAULT_PREFETCH_SHARDS,
+    mix_shards: int = DEFAULT_MIX_SHARDS,
 ) -> PackedLoader:
     """A loader for a dataset from `open_dataset`, ready for single-process or DDP training.
 
@@ -274,7 +295,10 @@ def make_loader(
     - `streaming=True`: each worker reads whole shards front to back (shards shuffled per epoch,
       samples mixed in a buffer of `shuffle_buffer`), downloading the next `prefetch_shards`
       shards in the background; the same batch counts, padding, eval masks and resume, with an
-      order that also depends on `num_workers`. `shuffle_window` does not apply.
+      order that also depends on `num_workers`. `shuffle_window` does not apply. Each worker
+      reads `mix_shards` shards at once, interleaved, so batches mix shards; a `cache_limit`
+      must hold `mix_shards` of the largest shards per worker (of every rank on the node sharing
+      the cache, $LOCAL_WORLD_SIZE), checked here.
     """
     if not isinstance(dataset, PackedDataset):
         raise TypeError(f"make_loader needs a dataset from readers.open_dataset, not {type(dataset).__name__}")
@@ -292,7 +316,9 @@ def make_loader(
             dataset, batch_size=batch_size, collate_fn=collate, seed=seed, shuffle=shuffle,
             shuffle_buffer=shuffle_buffer, rank=rank, world_size=world_size,
             drop_last=drop_last and mode == "train", mode=mode, num_workers=workers, prefetch_shards=prefetch_shards,
+            mix_shards=mix_shards,
         )
+        check_cache_room(dataset, sampler.mix_shards, max(1, workers))
     else:
         sampler = ShardWindowBatchSampler(
             shard_sizes, batch_size, rank=rank, world_size=world_size, seed=seed, shuffle=shuffle,

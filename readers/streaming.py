@@ -3,10 +3,13 @@
 The order of an epoch is computed, never observed: shards in `shard_order(seed, epoch)`, each front
 to back (`readers.order.stream_order`); ranks take equal contiguous shares of it (`split_for_rank`,
 the padding rule of the map-style loader); each DataLoader worker streams a contiguous span of
-its rank's share through a shuffle buffer. DataLoader takes one batch from each worker in turn,
-so worker w yields batches w, w+W, w+2W, ... of the rank; spans are laid out so the last,
-possibly partial, batch is yielded last. The shuffle buffer's output order is drawn from
-(seed, epoch, rank, worker) alone, so a resumed epoch skips exactly the batches consumed.
+its rank's share. A worker reads `mix_shards` shards at once, interleaved (`mixed_read_order`),
+each still front to back, through a shuffle buffer, so a batch mixes several shards even where
+each shard holds a few classes (a dataset packed in sorted order). DataLoader takes one batch
+from each worker in turn, so worker w yields batches w, w+W, w+2W, ... of the rank; spans are
+laid out so the last, possibly partial, batch is yielded last. The interleaving and the shuffle
+buffer's output order are drawn from (seed, epoch, rank, worker) alone, so a resumed epoch skips
+exactly the batches consumed.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Generator, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -25,7 +28,7 @@ from torch.utils.data._utils.collate import default_collate
 from .base import PackedDataset, Record
 from .cache import ROOM_POLL_S, Ahead, CachedFile, Lease, NoRoom
 from .manifest import DatasetError
-from .order import LoaderMode, RankSplit, split_for_rank, stream_order
+from .order import LoaderMode, RankSplit, concat_ranges, split_for_rank, stream_order
 from .remote import ShardFiles
 
 log = logging.getLogger(__name__)
@@ -33,7 +36,10 @@ log = logging.getLogger(__name__)
 DEFAULT_SHUFFLE_BUFFER = 1024
 """Samples each worker holds to mix the order within and across neighbouring shards."""
 DEFAULT_PREFETCH_SHARDS = 2
-"""Shards each worker downloads ahead of the one it reads."""
+"""Shards each worker downloads ahead of the ones it reads."""
+DEFAULT_MIX_SHARDS = 4
+"""Shards each worker reads at once, interleaved (docs/benchmarks.md, "Mixing": the classes per
+batch of a sorted pack by shards mixed); a shared cache must hold this many per worker."""
 
 
 def distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -91,6 +97,31 @@ def buffer_order(count: int, buffer: int, rng: np.random.Generator) -> np.ndarra
     return order
 
 
+def mixed_read_order(run_lengths: Sequence[int] | np.ndarray, mix: int, rng: np.random.Generator) -> np.ndarray:
+    """The order a worker reads the positions of its span in, when its span is `run_lengths`
+    consecutive runs of one shard each: `mix` lanes, each a queue of whole runs (every run joins
+    the lane with the fewest samples so far, in span order), interleaved at random in proportion
+    to their lengths. Each run is read front to back, at most `mix` are open at once (one per
+    lane), and `mix=1` is the span in order. Output i is span position `order[i]`."""
+    lengths = np.asarray(run_lengths, dtype=np.int64)
+    total = int(lengths.sum())
+    if mix <= 1 or len(lengths) <= 1:
+        return np.arange(total, dtype=np.int64)
+    lanes = min(mix, len(lengths))
+    starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+    members: list[list[int]] = [[] for _ in range(lanes)]
+    sizes = [0] * lanes
+    for run, length in enumerate(lengths.tolist()):
+        lane = sizes.index(min(sizes))
+        members[lane].append(run)
+        sizes[lane] += length
+    labels = rng.permutation(np.repeat(np.arange(lanes), sizes))  # which lane each read takes from
+    order = np.empty(total, dtype=np.int64)
+    for lane, runs in enumerate(members):
+        order[labels == lane] = concat_ranges(starts[runs], lengths[runs])
+    return order
+
+
 @dataclass(frozen=True)
 class Run:
     """Consecutive samples of one shard: local indices [start, stop), at `position` in the stream."""
@@ -99,6 +130,25 @@ class Run:
     start: int
     stop: int
     position: int
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """A worker's part of an epoch: `span`, its global sample indices in stream order (whole runs
+    of shards); `read`, the span positions in the order they are read (`mixed_read_order`);
+    `order`, the reading positions in the order the shuffle buffer hands them out; where the span
+    starts in the rank's share, and how many samples of the share are real (not padding)."""
+
+    span: np.ndarray
+    read: np.ndarray
+    order: np.ndarray
+    start: int
+    real: int
+
+    @property
+    def samples(self) -> np.ndarray:
+        """Global sample indices in the order they are read."""
+        return self.span[self.read]
 
 
 def shard_runs(indices: np.ndarray, offsets: np.ndarray) -> list[Run]:
@@ -197,7 +247,7 @@ class ShardStream(IterableDataset, RankSplit):
     """
 
     state_keys = ("seed", "world_size", "batch_size", "num_samples", "shuffle", "shuffle_buffer", "num_workers",
-                  "drop_last", "mode")
+                  "drop_last", "mode", "mix_shards")
 
     def __init__(
         self,
@@ -214,12 +264,16 @@ class ShardStream(IterableDataset, RankSplit):
         mode: LoaderMode = "train",
         num_workers: int = 0,
         prefetch_shards: int = DEFAULT_PREFETCH_SHARDS,
+        mix_shards: int = DEFAULT_MIX_SHARDS,
     ) -> None:
         rank, world_size = distributed(rank, world_size)
         RankSplit.__init__(self, [shard.num_samples for shard in dataset.manifest.shards], batch_size, rank=rank,
                            world_size=world_size, seed=seed, shuffle=shuffle, drop_last=drop_last, mode=mode)
         if shuffle_buffer < 0 or prefetch_shards < 0:
             raise ValueError(f"shuffle_buffer and prefetch_shards must be >= 0, got {shuffle_buffer}, {prefetch_shards}")
+        if mix_shards < 1:
+            raise ValueError(f"mix_shards must be at least 1, not {mix_shards}")
+        self.mix_shards = mix_shards if shuffle else 1  # unshuffled: stored order
         self.dataset = dataset
         self.collate_fn = collate_fn
         self.shuffle_buffer = shuffle_buffer
@@ -252,18 +306,20 @@ class ShardStream(IterableDataset, RankSplit):
         return split_for_rank(order, rank=self.rank, world_size=self.world_size, batch_size=self.batch_size,
                               drop_last=self.drop_last, mode=self.mode)
 
-    def worker_plan(self, epoch: int, worker: int, workers: int) -> tuple[np.ndarray, np.ndarray, int, int]:
-        """A worker's span: its sample indices in reading order, the order they come out of the
-        shuffle buffer (positions in the span), where the span starts in the share, and the share's
-        real sample count."""
+    def worker_plan(self, epoch: int, worker: int, workers: int) -> WorkerPlan:
+        """A worker's part of the epoch (`WorkerPlan`), from (seed, epoch, rank, worker) alone."""
         share, real = self.share(epoch)
         start, stop = worker_spans(len(share), self.batch_size, workers)[worker]
+        span = share[start:stop]
+        read = np.arange(stop - start, dtype=np.int64)
+        order = read
         if self.shuffle:
-            rng = np.random.default_rng(np.random.SeedSequence([self.seed, epoch, self.rank, worker]))
-            order = buffer_order(stop - start, self.shuffle_buffer, rng)
-        else:
-            order = np.arange(stop - start, dtype=np.int64)
-        return share[start:stop], order, start, real
+            seeds = np.random.SeedSequence([self.seed, epoch, self.rank, worker])
+            order = buffer_order(stop - start, self.shuffle_buffer, np.random.default_rng(seeds))
+            if self.mix_shards > 1:  # its own stream of draws: the buffer's stay those of unmixed reads
+                lengths = [run.stop - run.start for run in shard_runs(span, self._offsets)]
+                read = mixed_read_order(lengths, self.mix_shards, np.random.default_rng(seeds.spawn(1)[0]))
+        return WorkerPlan(span, read, order, start, real)
 
     def indices(self) -> tuple[np.ndarray, int]:
         """This rank's sample indices for the current epoch in the order the loader yields them,
@@ -272,8 +328,9 @@ class ShardStream(IterableDataset, RankSplit):
         outputs = []
         real = 0
         for worker in range(workers):
-            samples, order, _, real = self.worker_plan(self.epoch, worker, workers)
-            outputs.append(samples[order])
+            plan = self.worker_plan(self.epoch, worker, workers)
+            outputs.append(plan.samples[plan.order])
+            real = plan.real
         size = self.batch_size
         batches = [outputs[j % workers][j // workers * size:(j // workers + 1) * size] for j in range(self.num_batches)]
         return np.concatenate(batches) if batches else np.empty(0, dtype=np.int64), real
@@ -285,9 +342,10 @@ class ShardStream(IterableDataset, RankSplit):
         # DataLoader starts every iteration at worker 0: after `consumed` batches, the worker that
         # produced batch `consumed` of the uninterrupted order must be the one asked first.
         worker = (slot + consumed) % workers
-        samples, order, start, real = self.worker_plan(epoch, worker, workers)
+        plan = self.worker_plan(epoch, worker, workers)
+        start, real = plan.start, plan.real
         skip = batches_before(consumed, worker, workers) * self.batch_size
-        outputs = self._samples(samples, order, skip)
+        outputs = self._samples(plan, skip)
         if self.collate_fn is None:
             yield from (sample for _, sample in outputs)
             return
@@ -309,42 +367,69 @@ class ShardStream(IterableDataset, RankSplit):
             return collated, torch.tensor(positions) + start < real
         return collated
 
-    def _samples(self, samples: np.ndarray, order: np.ndarray, skip: int) -> Iterator[tuple[int, tuple[Any, ...]]]:
-        """(position in the span, decoded sample) in `order`, the first `skip` outputs left out."""
-        wanted = order[skip:]
+    def _samples(self, plan: WorkerPlan, skip: int) -> Iterator[tuple[int, tuple[Any, ...]]]:
+        """(position in the span, decoded sample) in the buffer's order, the first `skip` outputs
+        left out: reading starts at the first reading position still wanted, and each run there
+        from its first sample read from then on (the samples before it were all handed out)."""
+        wanted = plan.order[skip:]
         if len(wanted) == 0:
             return
-        done = np.zeros(len(samples), dtype=bool)
-        done[order[:skip]] = True
+        done = np.zeros(len(plan.read), dtype=bool)
+        done[plan.order[:skip]] = True
         first = int(wanted.min())
-        runs = [Run(run.shard, run.start, run.stop, run.position + first)
-                for run in shard_runs(samples[first:], self._offsets)]
+        runs = shard_runs(plan.span, self._offsets)
+        run_of = np.repeat(np.arange(len(runs)), [run.stop - run.start for run in runs])  # span position -> run
+        reads = plan.read[first:]
+        opened, first_read = np.unique(run_of[reads], return_index=True)
+        sequence = opened[np.argsort(first_read)].tolist()  # runs in the order they are opened
         shards = self.dataset.manifest.shards
-        prefetcher = ShardPrefetcher(self.dataset.files, [shards[run.shard] for run in runs], self.prefetch_shards)
-        records = self._records(runs, prefetcher, done)
+        prefetcher = ShardPrefetcher(self.dataset.files, [shards[runs[run].shard] for run in sequence],
+                                     self.prefetch_shards)
+        records = self._records(runs, run_of, reads, first, prefetcher, done)
         pending: dict[int, Record | DatasetError] = {}
         try:
             for position in wanted.tolist():
                 while position not in pending:
                     read, record = next(records)
                     pending[read] = record
-                yield position, self._decode(int(samples[position]), pending.pop(position))
+                span_position = int(plan.read[position])
+                yield span_position, self._decode(int(plan.span[span_position]), pending.pop(position))
         finally:
             records.close()
             prefetcher.close()
 
-    def _records(self, runs: list[Run], prefetcher: ShardPrefetcher,
-                 done: np.ndarray) -> Iterator[tuple[int, Record | DatasetError]]:
-        for number, run in enumerate(runs):
-            lease = prefetcher.take(number)
-            try:
-                for local, record in self.dataset.read_records(run.shard, run.start, run.stop):
-                    position = run.position + local - run.start
-                    if not done[position]:
-                        yield position, record
-            finally:
-                self.dataset.close_shard(run.shard)
-                lease.release()
+    def _records(self, runs: list[Run], run_of: np.ndarray, reads: np.ndarray, first: int,
+                 prefetcher: ShardPrefetcher, done: np.ndarray) -> Iterator[tuple[int, Record | DatasetError]]:
+        """(reading position, record) from `first` on, each run opened (its lease taken) at its
+        first read and closed at its last, so at most `mix_shards` are open at once."""
+        open_runs: dict[int, tuple[Generator[tuple[int, Record | DatasetError], None, None], Lease, list[int]]] = {}
+        opened = 0
+
+        def close(number: int) -> None:
+            records, lease, _ = open_runs.pop(number)
+            records.close()
+            self.dataset.close_shard(runs[number].shard)
+            lease.release()
+
+        try:
+            for offset, span_position in enumerate(reads.tolist()):
+                number = int(run_of[span_position])
+                if number not in open_runs:
+                    run = runs[number]
+                    lease = prefetcher.take(opened)
+                    opened += 1
+                    local = run.start + span_position - run.position
+                    open_runs[number] = (self.dataset.read_records(run.shard, local, run.stop), lease, [run.stop - local])
+                records, _, left = open_runs[number]
+                _, record = next(records)
+                left[0] -= 1
+                if left[0] == 0:
+                    close(number)
+                if not done[first + offset]:
+                    yield first + offset, record
+        finally:
+            for number in list(open_runs):
+                close(number)
 
     def _decode(self, index: int, record: Record | DatasetError) -> tuple[Any, ...]:
         if not isinstance(record, DatasetError):

@@ -21,7 +21,7 @@ import readers
 import readers.cache
 from packer.writers import WRITERS
 from readers.order import shard_order, stream_order
-from readers.streaming import batches_before, buffer_order, worker_spans
+from readers.streaming import batches_before, buffer_order, mixed_read_order, worker_spans
 
 SIZES = [4, 4, 4, 4, 3]  # the shared packed dataset's shards
 
@@ -33,6 +33,17 @@ def streaming(ds: readers.PackedDataset, **kwargs: Any) -> readers.StreamingLoad
 
 def flat(loader: readers.PackedLoader) -> list[int]:
     return [i for batch in loader for i in batch[0].tolist()]
+
+
+def interrupted(loader: readers.PackedLoader, epoch: int, consumed: int) -> tuple[list[list[int]], dict[str, Any]]:
+    """The indexes of the first `consumed` batches of `epoch`, then the loader's state (a run stopped there)."""
+    loader.set_epoch(epoch)
+    head = []
+    for batch in loader:
+        head.append(batch[0].tolist())
+        if len(head) == consumed:
+            break
+    return head, loader.state_dict()
 
 
 def open_indexed(path: str | Path, **kwargs: Any) -> readers.PackedDataset:
@@ -71,6 +82,25 @@ def test_buffer_order_is_a_permutation_that_mixes_within_the_buffer() -> None:
     # An input comes out no earlier than 15 places before its arrival.
     assert all(order[i] <= i + 15 for i in range(1000))
     assert buffer_order(10, 1, rng).tolist() == list(range(10))
+
+
+def test_mixed_read_order_reads_each_run_front_to_back_with_at_most_mix_open() -> None:
+    lengths = [10, 10, 3, 10, 7, 10, 1, 10]
+    starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+    run_of = np.repeat(np.arange(len(lengths)), lengths)
+    for mix in (1, 2, 3, 4, 8, 20):
+        order = mixed_read_order(lengths, mix, np.random.default_rng(mix))
+        assert sorted(order.tolist()) == list(range(sum(lengths)))
+        assert order.tolist() == mixed_read_order(lengths, mix, np.random.default_rng(mix)).tolist()
+        runs = run_of[order]
+        for run, start in enumerate(starts):
+            assert order[runs == run].tolist() == list(range(start, start + lengths[run]))  # front to back
+        first = {run: int(np.argmax(runs == run)) for run in range(len(lengths))}
+        last = {run: len(runs) - 1 - int(np.argmax(runs[::-1] == run)) for run in range(len(lengths))}
+        most_open = max(sum(first[run] <= i <= last[run] for run in first) for i in range(len(order)))
+        assert most_open <= mix and (mix == 1 or most_open >= 2)
+        if mix == 1:
+            assert order.tolist() == list(range(sum(lengths)))
 
 
 # One process -----------------------------------------------------------------------------
@@ -120,14 +150,7 @@ def test_streaming_resume_mid_epoch_is_exact(workers: int, packed_as: Callable) 
     whole.set_epoch(1)
     expected = [batch[0].tolist() for batch in whole]
     for consumed in (1, 2, 5):
-        first = streaming(ds, num_workers=workers, batch_size=2)
-        first.set_epoch(1)
-        head = []
-        for batch in first:
-            head.append(batch[0].tolist())
-            if len(head) == consumed:
-                break
-        state = first.state_dict()
+        head, state = interrupted(streaming(ds, num_workers=workers, batch_size=2), 1, consumed)
         assert state["batches"] == consumed and state["num_workers"] == workers
         resumed = streaming(ds, num_workers=workers, batch_size=2)
         resumed.load_state_dict(state)
@@ -240,7 +263,59 @@ def test_workers_whose_shards_fetched_ahead_fill_a_tight_cache_go_on(http_server
     manifest = readers.load_manifest(http_server.directory / "tight")
     limit = 3 * max(shard.bytes + sum(sidecar.bytes for sidecar in shard.sidecars) for shard in manifest.shards)
     ds = open_indexed(url, cache_dir=tmp_path / "cache", cache_limit=limit)
-    loader = streaming(ds, batch_size=4, num_workers=2, prefetch_shards=2)
+    loader = streaming(ds, batch_size=4, num_workers=2, prefetch_shards=2, mix_shards=1)  # the least room it takes
     for epoch in range(3):
         loader.set_epoch(epoch)
         assert set(flat(loader)) == set(range(len(ds)))
+
+
+def classes_per_batch(loader: readers.PackedLoader) -> float:
+    return float(np.mean([len(set(batch[2].tolist())) for batch in loader if len(batch[2]) == loader.batch_size]))
+
+
+def test_mixing_shards_mixes_the_classes_of_a_class_sorted_pack(tmp_path: Path) -> None:
+    """About one class per shard (a sorted pack of class folders): batches read one shard at a time
+    hold two or three classes; read from 4 or 8 shards at once, more (a global shuffle: 5.3);
+    every sample still once an epoch."""
+    make_image_folder(tmp_path / "src", classes=8, per_class=12)
+    assert run("lmdb", tmp_path / "src", tmp_path / "out", "--shard-size", "6", "-q")[0] == 0
+    ds = open_indexed(tmp_path / "out")
+    mixed = {}
+    for mix in (1, 4, 8):
+        loader = streaming(ds, batch_size=8, shuffle_buffer=2, mix_shards=mix)
+        assert sorted(flat(loader)) == list(range(len(ds)))
+        mixed[mix] = classes_per_batch(loader)
+    assert mixed[1] < 3 and mixed[1] * 1.3 < mixed[4] < mixed[8], mixed
+
+
+def test_mixed_streaming_resumes_exactly_and_downloads_each_shard_once(http_server: LoopbackHTTP,
+                                                                       tmp_path: Path) -> None:
+    make_image_folder(tmp_path / "src", classes=4, per_class=15)
+    assert run("wds", tmp_path / "src", http_server.directory / "mixed", "--shard-size", "4", "-q")[0] == 0
+    shards = [shard.name for shard in readers.load_manifest(http_server.directory / "mixed").shards]
+    url = f"{http_server.url}/mixed"
+    ds = open_indexed(url, cache_dir=tmp_path / "cache")
+    whole = streaming(ds, batch_size=4, num_workers=2, mix_shards=3)
+    whole.set_epoch(2)
+    expected = [batch[0].tolist() for batch in whole]
+    assert sorted(i for batch in expected for i in batch) == list(range(len(ds)))
+    assert {http_server.gets[f"/mixed/{name}"] for name in shards} == {1}  # bytes fetched = the dataset's
+    for consumed in (1, 6):
+        head, state = interrupted(streaming(ds, batch_size=4, num_workers=2, mix_shards=3), 2, consumed)
+        resumed = streaming(ds, batch_size=4, num_workers=2, mix_shards=3)
+        resumed.load_state_dict(state)
+        assert head + [batch[0].tolist() for batch in resumed] == expected
+    with pytest.raises(ValueError, match=r"mix_shards 3 \(now 2\)"):
+        streaming(ds, batch_size=4, num_workers=2, mix_shards=2).load_state_dict(state)
+
+
+def test_a_cache_too_small_for_the_shards_mixed_is_refused_in_one_line(serve: Callable[[str], str],
+                                                                       packed_as: Callable, tmp_path: Path) -> None:
+    manifest = readers.load_manifest(packed_as("wds")[0])
+    largest = max(shard.bytes + sum(s.bytes for s in shard.sidecars if s.name.endswith(".packidx"))
+                  for shard in manifest.shards)
+    ds = open_indexed(serve("wds"), cache_dir=tmp_path, cache_limit=6 * largest)
+    with pytest.raises(ValueError, match=r"^cache_limit .* too small for streaming: 2 workers reading mix_shards=4 "
+                                         r"shards at once need room for 7 of this dataset's largest shard"):
+        streaming(ds, num_workers=2, mix_shards=4)
+    assert len(streaming(ds, num_workers=2, mix_shards=3)) == 7  # 2 x 2 + 1 = 5 fit
