@@ -338,6 +338,12 @@ def info_command(out: Path | str, as_json: bool) -> None:
                    + f" (min/median/max width x height, {sizes['sampled']} sampled)")
     if info["fields"]:
         click.echo("fields       " + ", ".join(describe_field(spec) for spec in info["fields"]))
+    mixing = info["class_mixing"]
+    if mixing:
+        verdict = (f"class-sorted: streamed batches hold few classes; `pack {info['format']} {info['path']} NEW_OUT` "
+                   "packs it shuffled" if mixing["class_sorted"] else "mixed")
+        click.echo(f"mixing       shards hold {mixing['shard_classes']:.0f} classes (median), a shuffled pack's "
+                   f"{mixing['shuffled_classes']:.0f}: {verdict}")
     click.echo("options      " + printable(", ".join(f"{key}={value}" for key, value in info["options"].items())))
     click.echo("classes")
     for entry in info["classes"]:

@@ -46,6 +46,9 @@ def describe(out: str | os.PathLike[str]) -> dict[str, Any]:
         "fields": [spec.to_dict() for spec in manifest.fields],
         "options": manifest.options,
         "tool_version": manifest.tool_version,
+        # classes the median shard holds, and a shuffled pack's would; null where not recorded
+        "class_mixing": None if (mixing := manifest.class_mixing()) is None else
+        {"shard_classes": mixing[0], "shuffled_classes": round(mixing[1], 1), "class_sorted": manifest.class_sorted()},
     }
 
 

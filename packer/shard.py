@@ -63,6 +63,7 @@ class ShardResult:
             bytes=self.bytes,
             sha256=self.sha256,
             sidecars=tuple(FileInfo(**sidecar) for sidecar in self.sidecars),
+            num_classes=sum(1 for label in self.label_counts if int(label) >= 0),
         )
 
     def files(self) -> list[tuple[str, int, str]]:

@@ -236,6 +236,19 @@ class StreamingLoader(PackedLoader):
         return batch
 
 
+def warn_class_sorted(dataset: PackedDataset) -> None:
+    """Streaming a class-sorted pack feeds batches of a few classes: a warning (once per line of the
+    caller's that makes such a loader, as Python shows warnings)."""
+    mixing = dataset.manifest.class_mixing()
+    if mixing is None or not dataset.manifest.class_sorted():
+        return
+    root = dataset.root
+    warnings.warn(
+        f"{root}: its shards hold {mixing[0]:.0f} classes each where a shuffled pack's would hold {mixing[1]:.0f}, "
+        f"so streamed batches hold few classes (a worse model, with no error); pack it again, shuffled: "
+        f"pack {dataset.manifest.format} {root} NEW_OUT", stacklevel=3)
+
+
 def check_cache_room(dataset: PackedDataset, mix_shards: int, workers: int) -> None:
     """A streaming worker opens a shard while it holds up to `mix_shards - 1` others in the cache:
     unless the cache holds that many for every worker of every rank on the node that shares it,
@@ -319,6 +332,8 @@ def make_loader(
             mix_shards=mix_shards,
         )
         check_cache_room(dataset, sampler.mix_shards, max(1, workers))
+        if shuffle and mode == "train":
+            warn_class_sorted(dataset)
     else:
         sampler = ShardWindowBatchSampler(
             shard_sizes, batch_size, rank=rank, world_size=world_size, seed=seed, shuffle=shuffle,

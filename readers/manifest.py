@@ -41,6 +41,9 @@ WIDS_NAME = "wids.json"
 CARD_NAME = "README.md"
 DESCRIPTOR_NAMES = (TIMM_INFO_NAME, WIDS_NAME, CARD_NAME)
 """The loader descriptors a manifest may list (FORMAT.md "Loader descriptors")."""
+SORTED_SHARE = 0.5
+"""A dataset whose median shard holds under this share of the classes a shuffled pack's shard would
+is class-sorted (`Manifest.class_sorted`): a pack of class folders in sorted order holds ~8 of 100."""
 MAX_MANIFEST_BYTES = 1 << 30
 """The largest index.json read (a million shards with sidecars take ~700 MB)."""
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}")
@@ -82,6 +85,8 @@ class ShardInfo:
     bytes: int
     sha256: str
     sidecars: tuple[FileInfo, ...] = ()
+    # Distinct labels among the shard's samples (not -1): how mixed the shard is (None: not recorded).
+    num_classes: int | None = None
 
 
 @dataclass
@@ -101,6 +106,25 @@ class Manifest:
     fields: list[FieldSpec] = field(default_factory=list)
     # Files written for other loaders (timm, wids, Hugging Face) beside index.json; FORMAT.md.
     descriptors: list[FileInfo] = field(default_factory=list)
+
+    def class_mixing(self) -> tuple[float, float] | None:
+        """How many classes the median shard holds, and how many a shard of that size drawn at
+        random from the dataset's class counts would (a shuffled pack's); None where the manifest
+        cannot say (no class counts, shards' classes not recorded, a single shard)."""
+        shards = [shard for shard in self.shards if shard.num_samples]
+        total = sum(self.class_counts)
+        if len(shards) < 2 or not total or any(shard.num_classes is None for shard in shards):
+            return None
+        shares = [count / total for count in self.class_counts if count]
+        middle = sorted(shards, key=lambda shard: shard.num_samples)[len(shards) // 2].num_samples
+        held = sorted(shard.num_classes or 0 for shard in shards)[len(shards) // 2]
+        return float(held), sum(1 - (1 - share) ** middle for share in shares)
+
+    def class_sorted(self) -> bool:
+        """Whether shards hold under half the classes a shuffled pack's would: packed class by class
+        (sorted paths of class folders), so a reader of whole shards sees few classes at a time."""
+        mixing = self.class_mixing()
+        return mixing is not None and mixing[0] < SORTED_SHARE * mixing[1]
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -287,8 +311,11 @@ class _ManifestCheck:
                 allowed = ", ".join(stem + extension for extension in row.sidecars) or "none for this format"
                 raise self.fail(f"{where}.sidecars[{i}].name", f"{sidecar.name!r} is not a sidecar of "
                                                                f"{info.name} ({allowed})")
+        num_classes = self.count(value, "num_classes", f"{where}.num_classes", None)
+        if num_classes is not None and num_classes > num_samples:
+            raise self.fail(f"{where}.num_classes", f"{num_classes} classes among {num_samples} samples")
         return ShardInfo(name=info.name, num_samples=num_samples, bytes=info.bytes, sha256=info.sha256,
-                         sidecars=tuple(sidecars))
+                         sidecars=tuple(sidecars), num_classes=num_classes)
 
     def descriptor(self, value: Any, where: str) -> FileInfo:
         info = self.file(value, where)

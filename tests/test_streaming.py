@@ -8,6 +8,7 @@ import multiprocessing
 import shutil
 import time
 import urllib.parse
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -273,13 +274,21 @@ def classes_per_batch(loader: readers.PackedLoader) -> float:
     return float(np.mean([len(set(batch[2].tolist())) for batch in loader if len(batch[2]) == loader.batch_size]))
 
 
-def test_mixing_shards_mixes_the_classes_of_a_class_sorted_pack(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def class_sorted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """8 class folders of 12 packed in sorted order in shards of 6: about one class per shard."""
+    root = tmp_path_factory.mktemp("class-sorted")
+    make_image_folder(root / "src", classes=8, per_class=12)
+    assert run("lmdb", root / "src", root / "out", "--shard-size", "6", "-q")[0] == 0
+    return root / "out"
+
+
+@pytest.mark.filterwarnings("ignore:.*shuffled pack")
+def test_mixing_shards_mixes_the_classes_of_a_class_sorted_pack(class_sorted: Path) -> None:
     """About one class per shard (a sorted pack of class folders): batches read one shard at a time
     hold two or three classes; read from 4 or 8 shards at once, more (a global shuffle: 5.3);
     every sample still once an epoch."""
-    make_image_folder(tmp_path / "src", classes=8, per_class=12)
-    assert run("lmdb", tmp_path / "src", tmp_path / "out", "--shard-size", "6", "-q")[0] == 0
-    ds = open_indexed(tmp_path / "out")
+    ds = open_indexed(class_sorted)
     mixed = {}
     for mix in (1, 4, 8):
         loader = streaming(ds, batch_size=8, shuffle_buffer=2, mix_shards=mix)
@@ -319,3 +328,28 @@ def test_a_cache_too_small_for_the_shards_mixed_is_refused_in_one_line(serve: Ca
                                          r"shards at once need room for 7 of this dataset's largest shard"):
         streaming(ds, num_workers=2, mix_shards=4)
     assert len(streaming(ds, num_workers=2, mix_shards=3)) == 7  # 2 x 2 + 1 = 5 fit
+
+
+def test_streaming_a_class_sorted_pack_warns_once_and_pack_info_says_so(class_sorted: Path) -> None:
+    manifest = readers.load_manifest(class_sorted)
+    labels = [label for _, label in readers.open_dataset(class_sorted, fields=("index", "label"))]
+    starts = np.cumsum([0] + [shard.num_samples for shard in manifest.shards])
+    assert [shard.num_classes for shard in manifest.shards] == [len(set(labels[a:b])) for a, b in zip(starts, starts[1:])]
+    assert manifest.class_mixing() == (1, pytest.approx(4.4, abs=0.1)) and manifest.class_sorted()
+    ds = open_indexed(class_sorted)
+    for quiet in ({"mode": "eval"}, {"shuffle": False}):  # stored order asked for: nothing to say
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            streaming(ds, **quiet)
+            readers.make_loader(ds, 4)  # map-style mixes over shard windows
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")  # as Python shows them: once per line that makes such a loader
+        for _ in range(2):
+            streaming(ds)
+    assert len(caught) == 1
+    assert str(caught[0].message) == (
+        f"{class_sorted}: its shards hold 1 classes each where a shuffled pack's would hold 4, so streamed batches "
+        f"hold few classes (a worse model, with no error); pack it again, shuffled: pack lmdb {class_sorted} NEW_OUT")
+    code, output = run("info", class_sorted)
+    assert code == 0 and (f"mixing       shards hold 1 classes (median), a shuffled pack's 4: class-sorted: "
+                          f"streamed batches hold few classes; `pack lmdb {class_sorted} NEW_OUT` packs it shuffled") in output

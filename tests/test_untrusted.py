@@ -114,6 +114,8 @@ VARIANTS: list[tuple[str, Mutate, str]] = [
     ("shard-size-text", setter("shards", 0, "bytes", value="5"), r"shards\[0\]\.bytes"),
     ("shard-size-float", setter("shards", 0, "bytes", value=1.5), r"shards\[0\]\.bytes"),
     ("shard-too-small-for-its-count", setter("shards", 0, "bytes", value=100), r"shards\[0\]"),
+    ("shard-classes-above-count", setter("shards", 0, "num_classes", value=5), r"shards\[0\]\.num_classes"),
+    ("shard-classes-negative", setter("shards", 0, "num_classes", value=-1), r"shards\[0\]\.num_classes"),
     ("sidecar-size-negative", setter("shards", 0, "sidecars", 0, "bytes", value=-1), r"shards\[0\]\.sidecars\[0\]\.bytes"),
     ("source-bytes-negative", setter("source_bytes", value=-1), r"source_bytes"),
     ("class-counts-too-many", lambda m: m["class_counts"].__setitem__(0, 10**6), r"class_counts"),
