@@ -4,13 +4,16 @@
     torchrun --nproc_per_node=2 examples/train.py train.lmdb val.lmdb   # no GPU: gloo, same code
 
 Reads any dataset `pack` wrote (LMDB, HDF5 or WebDataset). Run it again after an interruption and
-it resumes from the checkpoint, skipping the batches already trained on.
+it resumes from the checkpoint, skipping the batches already trained on (it says so; `--fresh`
+starts over). Rank 0 prints the loss and throughput as it goes.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
+import time
 
 import numpy as np
 import torch
@@ -34,6 +37,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--checkpoint", default="checkpoint.pt")
     parser.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints")
+    parser.add_argument("--log-every", type=int, default=50, help="steps between progress lines")
+    parser.add_argument("--fresh", action="store_true", help="start over, ignoring (and replacing) a checkpoint")
     args = parser.parse_args()
 
     cuda = torch.cuda.is_available()
@@ -52,27 +57,45 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 
     start_epoch = 0
-    if os.path.exists(args.checkpoint):  # resume mid-epoch: the loader skips the batches already trained on
+    lead = dist.get_rank() == 0  # the one rank that prints and saves (the loader state is the same on every rank)
+    if os.path.exists(args.checkpoint) and not args.fresh:  # resume mid-epoch: the loader skips what was trained on
         state = torch.load(args.checkpoint, map_location="cpu")
+        try:
+            loader.load_state_dict(state["loader"])
+        except ValueError as exc:  # another dataset, batch size or world size
+            sys.exit(f"{args.checkpoint}: {exc}; pass --fresh to start over, or another --checkpoint")
         model.module.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
-        loader.load_state_dict(state["loader"])
         start_epoch = state["loader"]["epoch"]
+        if lead:
+            print(f"resuming from {args.checkpoint}: epoch {start_epoch + 1}, after batch {state['loader']['batches']} "
+                  f"of {len(loader)} (--fresh starts over)", flush=True)
 
     batches = readers.CudaPrefetcher(loader, device)  # passes batches through without CUDA
     for epoch in range(start_epoch, args.epochs):
         batches.set_epoch(epoch)  # a new order per epoch; keeps a resumed position in this epoch
         first = batches.state_dict()["batches"] + 1  # 1 unless resuming inside this epoch
+        started, seen, loss_sum = time.perf_counter(), 0, torch.zeros((), device=device)
         for step, (images, labels) in enumerate(batches, start=first):
             loss = F.cross_entropy(model(images), labels)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-            if step % args.checkpoint_every == 0 and dist.get_rank() == 0:  # the loader state is the same on every rank
+            seen += len(labels)
+            loss_sum += loss.detach() * len(labels)
+            if lead and (step % args.log_every == 0 or step == len(loader)):
+                rate = seen * dist.get_world_size() / (time.perf_counter() - started)
+                print(f"epoch {epoch + 1}/{args.epochs} step {step}/{len(loader)}: loss {loss.item():.3f}, "
+                      f"{rate:.0f} images/s", flush=True)
+            if step % args.checkpoint_every == 0 and lead:
                 state = {"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
                          "loader": batches.state_dict()}
                 torch.save(state, args.checkpoint + ".tmp")
                 os.replace(args.checkpoint + ".tmp", args.checkpoint)
+        if lead and seen:
+            elapsed = time.perf_counter() - started
+            print(f"epoch {epoch + 1}/{args.epochs} done: mean loss {loss_sum.item() / seen:.3f} on rank 0, "
+                  f"{seen * dist.get_world_size()} images in {elapsed:.1f} s", flush=True)
 
     # Evaluation: every sample exactly once over all ranks; `mask` is False for padding.
     val = readers.make_loader(readers.open_dataset(args.val, transform=to_input), 256, mode="eval")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -20,6 +21,20 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def run_ranks(command: list[str], env: dict[str, str], world: int, cwd: Path) -> list[tuple[str, str]]:
+    """(stdout, stderr) of each rank of `command`, started as torchrun would; every rank must exit 0."""
+    ranks = [subprocess.Popen(command, env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}, cwd=cwd,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(world)]
+    try:
+        outputs = [rank.communicate(timeout=120) for rank in ranks]
+    finally:
+        for rank in ranks:
+            rank.kill()
+    for rank, (_, stderr) in zip(ranks, outputs):
+        assert rank.returncode == 0, stderr
+    return outputs
+
+
 def test_train_example_with_two_gloo_ranks(packed_as: Callable[[str], tuple[Path, dict[str, bytes]]],
                                             tmp_path: Path) -> None:
     data, files = packed_as("lmdb")
@@ -30,20 +45,20 @@ def test_train_example_with_two_gloo_ranks(packed_as: Callable[[str], tuple[Path
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world),
            "LOCAL_WORLD_SIZE": str(world), "CUDA_VISIBLE_DEVICES": "", "PYTHONFAULTHANDLER": "1"}
     command = [sys.executable, str(TRAIN), str(data), str(data), "--epochs", "2", "--batch-size", "4",
-               "--checkpoint", str(checkpoint), "--checkpoint-every", "2"]
-    ranks = [subprocess.Popen(command, env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}, cwd=tmp_path,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(world)]
-    try:
-        outputs = [rank.communicate(timeout=120) for rank in ranks]
-    finally:
-        for rank in ranks:
-            rank.kill()
-    for rank, (_, stderr) in zip(ranks, outputs):
-        assert rank.returncode == 0, stderr
-    # Evaluation saw every sample exactly once over both ranks; only rank 0 prints.
-    assert outputs[0][0].startswith("accuracy ") and outputs[0][0].endswith(f" on {len(files)} images\n")
+               "--checkpoint", str(checkpoint), "--checkpoint-every", "2", "--log-every", "2"]
+    outputs = run_ranks(command, env, world, tmp_path)
+    # Rank 0 prints progress and a line per epoch; evaluation saw every sample exactly once over both ranks.
+    lines = outputs[0][0].splitlines()
+    assert [line for line in lines if line.startswith("epoch 1/2 step ")] == [
+        line for line in lines[:2] if re.fullmatch(r"epoch 1/2 step [23]/3: loss \d+\.\d{3}, \d+ images/s", line)]
+    assert re.fullmatch(r"epoch 2/2 done: mean loss \d+\.\d{3} on rank 0, 20 images in \d+\.\d s", lines[-2])
+    assert lines[-1].startswith("accuracy ") and lines[-1].endswith(f" on {len(files)} images")
     assert outputs[1][0] == ""
     # 10 samples per rank in batches of 4: 3 steps per epoch, the last checkpoint after step 2 of epoch 1.
     state = torch.load(checkpoint, map_location="cpu")
     assert {key: state["loader"][key] for key in ("epoch", "batches", "world_size")} == {
         "epoch": 1, "batches": 2, "world_size": world}
+    # Run again: it says it resumes (here: after the last checkpoint, so it only evaluates).
+    env["MASTER_PORT"] = str(free_port())
+    again = run_ranks(command, env, world, tmp_path)
+    assert again[0][0].startswith(f"resuming from {checkpoint}: epoch 2, after batch 2 of 3 (--fresh starts over)\n")
