@@ -106,10 +106,24 @@ class SampleCollate:
     def __init__(self, dataset: PackedDataset) -> None:
         self.stack = [name in ("image", "label", "index") or (spec is not None and spec.stackable)
                       for name, spec in ((name, dataset.field_spec(name)) for name in dataset.fields)]
+        self.image = dataset.fields.index("image") if "image" in dataset.fields else None
 
     def __call__(self, batch: list[tuple[Any, ...]]) -> list[Any]:
-        return [default_collate(list(column)) if stack else list(column)
-                for stack, column in zip(self.stack, zip(*batch))]
+        columns = list(zip(*batch))
+        if self.image is not None:
+            check_one_size(columns[self.image])
+        return [default_collate(list(column)) if stack else list(column) for stack, column in zip(self.stack, columns)]
+
+
+def check_one_size(images: Sequence[Any]) -> None:
+    """Images of two sizes cannot stack into one batch (torch says only "Trying to resize storage
+    that is not resizable", from a worker): say which sizes met and how to make them one."""
+    shapes = {tuple(getattr(image, "shape", ())) for image in images}
+    if len(shapes) > 1:
+        first, second = sorted(shapes)[:2]
+        raise ValueError(f"images of shapes {first} and {second} in one batch cannot be stacked: resize them to "
+                         "one size in transform= (e.g. a RandomResizedCrop), or pack with --store raw --resize N "
+                         "--center-crop N")
 
 
 def _worker_seed(seed: int, rank: int, epoch: int) -> int:
@@ -321,6 +335,10 @@ def make_loader(
     workers = default_num_workers() if num_workers is None else num_workers
     if workers < 0:
         raise ValueError(f"num_workers must be >= 0, not {workers}")
+    if collate_fn is None and "image" in dataset.fields and dataset.decode == "pil" and dataset.transform is None:
+        raise ValueError('PIL images (decode="pil", the default) cannot be stacked into a batch: open the dataset '
+                         'with decode="tensor" (and a transform= that makes one size), or give a transform= that '
+                         'returns tensors, or a collate_fn')
     shard_sizes = np.array([shard.num_samples for shard in dataset.manifest.shards], dtype=np.int64)
     collate = collate_fn or SampleCollate(dataset)
     sampler: ShardWindowBatchSampler | ShardStream
@@ -342,11 +360,11 @@ def make_loader(
     if sampler.num_batches == 0:
         warnings.warn(f"{dataset.root}: {len(dataset)} samples fill no batch of {batch_size} on each of "
                       f"{world_size} ranks with drop_last=True: the loader yields nothing", stacklevel=2)
-    if len(shard_sizes) < world_size * max(1, workers):
+    if streaming and mode == "train" and len(shard_sizes) < world_size * max(1, workers):
         warnings.warn(
             f"{dataset.root}: {len(shard_sizes)} shards for {world_size} ranks x {max(1, workers)} workers: "
-            "workers share shard files and the shard shuffle has little to mix; pack with a smaller "
-            "shard size for at least one shard per worker", stacklevel=2,
+            "streaming workers share shard files and the shard shuffle has little to mix; pack with a "
+            "smaller shard size for at least one shard per worker", stacklevel=2,
         )
     args: dict[str, Any] = {
         "num_workers": workers,

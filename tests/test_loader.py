@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import ddp_ranks
@@ -254,11 +255,33 @@ def test_bad_arguments(packed: tuple[Path, dict[str, bytes]]) -> None:
         readers.make_loader(dataset, 64, drop_last=True, num_workers=0)
 
 
-def test_warns_when_shards_are_fewer_than_ranks_times_workers(packed: tuple[Path, dict[str, bytes]]) -> None:
+def test_warns_when_shards_are_fewer_than_ranks_times_streaming_workers(packed: tuple[Path, dict[str, bytes]]) -> None:
     out, _ = packed
     dataset = open_indexed(out)
-    with pytest.warns(UserWarning, match="5 shards for 3 ranks x 2 workers"):
+    with pytest.warns(UserWarning, match="5 shards for 3 ranks x 2 workers: streaming workers share"):
+        readers.make_loader(dataset, 2, num_workers=2, rank=0, world_size=3, streaming=True)
+    with warnings.catch_warnings():  # map-style reads samples, not shards; eval needs no mixing
+        warnings.simplefilter("error")
         readers.make_loader(dataset, 2, num_workers=2, rank=0, world_size=3)
+        readers.make_loader(dataset, 2, num_workers=2, rank=0, world_size=3, streaming=True, mode="eval")
+
+
+def test_pil_images_without_a_transform_are_refused_at_make_loader(packed: tuple[Path, dict[str, bytes]]) -> None:
+    out, _ = packed
+    with pytest.raises(ValueError, match='^PIL images \\(decode="pil", the default\\) cannot be stacked into a '
+                                         'batch: open the dataset with decode="tensor"'):
+        readers.make_loader(readers.open_dataset(out), 2)
+    loader = readers.make_loader(readers.open_dataset(out, transform=lambda image: torch.zeros(3, 2, 2)), 2,
+                                 num_workers=0)
+    assert next(iter(loader))[0].shape == (2, 3, 2, 2)
+
+
+def test_images_of_two_sizes_in_a_batch_name_the_sizes_and_the_fix(packed: tuple[Path, dict[str, bytes]]) -> None:
+    out, _ = packed
+    loader = readers.make_loader(readers.open_dataset(out, decode="tensor"), 19, num_workers=0, shuffle=False)
+    with pytest.raises(ValueError, match=r"images of shapes \(3, \d+, \d+\) and \(3, \d+, \d+\) in one batch "
+                                         r"cannot be stacked: resize them to one size in transform="):
+        next(iter(loader))
 
 
 def probe_worker(batch: list[tuple[int]]) -> tuple[int, str, int]:
