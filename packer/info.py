@@ -65,12 +65,17 @@ def image_sizes(out: str | os.PathLike[str], num_samples: int, **remote: Any) ->
             if "shape" in meta:
                 height, width = meta["shape"][:2]
             else:
-                with Image.open(io.BytesIO(payload)) as image:
-                    width, height = image.size
+                try:
+                    with Image.open(io.BytesIO(payload)) as image:
+                        width, height = image.size
+                except (OSError, ValueError, Image.DecompressionBombError):  # not an image (pack verify --full says)
+                    continue
             widths.append(width)
             heights.append(height)
     finally:
         dataset.close()
+    if not widths:
+        return {}
     pixels = [w * h for w, h in zip(widths, heights)]
     return {
         "sampled": len(widths),

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterator, Sequence
 
 import numpy as np
+from PIL import Image
 from torch.utils.data import Dataset
 
 from .cache import Lease
@@ -30,6 +31,34 @@ def read_as_span(first: int, stop: int, row_bytes: int) -> bool:
     """Whether rows first..stop-1 of a per-sample table, which a batch's rows lie between, are read
     in one pread (a shuffled batch's rows of a 10k-sample shard: 80-320 KB), not a pread a row."""
     return (stop - first) * row_bytes <= SPAN_READ_BYTES
+
+
+def meta_problem(meta: Any, classes: int, payload_bytes: int) -> str | None:
+    """What is wrong with a record's meta (FORMAT.md "Per-sample record"), read from a shard and so
+    untrusted, before decoding uses it; None if nothing. A label must index `classes` (or be -1,
+    or any index when the dataset names no classes); a shape must fit the payload of a raw sample."""
+    if not isinstance(meta, dict):
+        return "damaged record meta (not a JSON object)"
+    label = meta.get("label")
+    if not isinstance(label, int) or isinstance(label, bool) or label < -1 or (classes and label >= classes):
+        return f"damaged record meta (label {label!r} is not a class index)"
+    if not isinstance(meta.get("format"), str) or not isinstance(meta.get("path", ""), str):
+        return "damaged record meta (format and path must be text)"
+    crc = meta.get("crc32")
+    if crc is not None and (not isinstance(crc, int) or isinstance(crc, bool)):
+        return "damaged record meta (crc32 must be an integer)"
+    shape = meta.get("shape")
+    if shape is not None:
+        if not (isinstance(shape, list) and len(shape) == 3 and all(
+                isinstance(side, int) and not isinstance(side, bool) and side > 0 for side in shape)):
+            return f"damaged record meta (shape {shape!r} is not [height, width, channels])"
+        if meta["format"] == "raw" and shape[0] * shape[1] * shape[2] != payload_bytes:
+            return f"damaged record meta (shape {shape} does not fit {payload_bytes} bytes of pixels)"
+    elif meta["format"] == "raw":
+        return "damaged record meta (raw pixels without a shape)"
+    if meta.get("mode", "RGB") not in ("RGB", "L") or meta.get("dtype", "uint8") != "uint8":
+        return "damaged record meta (mode must be RGB or L, dtype uint8)"
+    return None
 
 
 class PackedDataset(Dataset):
@@ -197,7 +226,7 @@ class PackedDataset(Dataset):
         for shard in np.unique(shards).tolist():
             try:
                 self._will_read(shard, wanted[shards == shard] - self._offsets[shard])
-            except (DatasetError, OSError, ValueError, IndexError):  # only a hint: the reads themselves report damage
+            except Exception:  # noqa: BLE001 - only a hint: the reads themselves report damage, each as on_error says
                 pass
         return [self[index] for index in indices]
 
@@ -219,7 +248,11 @@ class PackedDataset(Dataset):
         return meta, payload, fields
 
     def check(self, shard: int, local: int, meta: dict[str, Any], payload: memoryview) -> None:
-        """Compare the payload with the CRC-32 the packer recorded; damage names shard and sample."""
+        """Check the record's meta (`meta_problem`) and compare the payload with the CRC-32 the
+        packer recorded; damage names shard and sample."""
+        problem = meta_problem(meta, len(self.manifest.classes), len(payload))
+        if problem:
+            raise DatasetError(f"{self.shard_path(shard)}: sample {local}: {problem}")
         expected = meta.get("crc32")
         if expected is not None and payload_crc32(payload) != expected:
             raise DatasetError(f"{self.shard_path(shard)}: sample {local}: damaged (checksum mismatch)")
@@ -243,7 +276,7 @@ class PackedDataset(Dataset):
         """The sample's fields from its record; bytes that do not decode are a DatasetError."""
         try:
             return self._sample(index, meta, payload, fields)
-        except (OSError, ValueError, SyntaxError) as exc:  # what Pillow and numpy raise on bad bytes
+        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:  # Pillow and numpy on bad bytes
             shard, local = self.locate(index)
             raise DatasetError(f"{self.shard_path(shard)}: sample {local}: cannot decode ({exc})") from None
 

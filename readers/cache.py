@@ -61,7 +61,7 @@ class CachedFile(Protocol):
 class Fetcher(Protocol):
     """Downloads a dataset's files by name (retrying what is transient) and names their URLs."""
 
-    def fetch(self, name: str, dest: Path) -> None: ...
+    def fetch(self, name: str, dest: Path, size: int) -> None: ...
     def url_of(self, name: str) -> str: ...
 
 
@@ -269,7 +269,7 @@ class ShardCache:
             try:
                 url = fetcher.url_of(file.name)
                 for attempt in (1, 2):
-                    fetcher.fetch(file.name, part)
+                    fetcher.fetch(file.name, part, file.bytes)
                     digest = file_sha256(part)
                     if digest == file.sha256:
                         break

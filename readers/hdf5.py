@@ -233,7 +233,8 @@ def open_shard(path: str, num_samples: int, fields: Sequence[FieldSpec] = (), *,
         layout = file.attrs.get("layout")
         if layout not in (LAYOUT_FLAT, LAYOUT_FIXED):
             raise DatasetError(f"{path}: unknown HDF5 payload layout {layout!r}")
-        check_lengths(path, file, layout, num_samples, fields, size)
+        check_datasets(path, file, layout, num_samples, fields, size,
+                       v1_paths=paths and RAW_PATHS_ATTRIBUTE not in file.attrs)
         mode = file.attrs.get("mode")
         shard = HDF5Shard(
             file=file,
@@ -254,7 +255,13 @@ def open_shard(path: str, num_samples: int, fields: Sequence[FieldSpec] = (), *,
     except KeyError as exc:
         HDF5Shard.close_both(file, fd)
         raise DatasetError(f"{path}: damaged HDF5 shard (missing {exc})") from None
-    except BaseException:  # DatasetError, or an OSError reading a column: never leave the file open
+    except DatasetError:
+        HDF5Shard.close_both(file, fd)
+        raise
+    except Exception as exc:  # noqa: BLE001 - libhdf5 raises many types on a damaged file: never leave it open
+        HDF5Shard.close_both(file, fd)
+        raise DatasetError(f"{path}: damaged HDF5 shard ({type(exc).__name__}: {exc})") from None
+    except BaseException:
         HDF5Shard.close_both(file, fd)
         raise
     if not paths and shard.direct is not None:
@@ -263,25 +270,66 @@ def open_shard(path: str, num_samples: int, fields: Sequence[FieldSpec] = (), *,
     return shard
 
 
-def check_lengths(path: str, file: h5py.File, layout: str, num_samples: int, fields: Sequence[FieldSpec],
-                  size: int) -> None:
-    """Each per-sample dataset has one row per sample index.json counts, and a fixed-layout image
-    fits in the file, before anything is read: a lying shard cannot make a reader allocate more."""
-    counts = {name: file[name].shape[0] if file[name].shape else 0
-              for name in ("labels", "formats", "crc32", "paths", *(["shapes"] if "shapes" in file else []))}
+def own_dataset(path: str, file: h5py.File, name: str) -> h5py.Dataset:
+    """`file[name]`, refused unless every link on the way is a hard link within the file and the
+    dataset keeps its data in the file: an external link, external storage or a virtual dataset
+    would make libhdf5 read another file of the reader's machine as if it were this shard's."""
+    group: Any = file
+    for part in name.split("/"):
+        link = group.get(part, getlink=True)
+        if link is None:
+            raise DatasetError(f"{path}: damaged HDF5 shard (missing '{name}')")
+        if not isinstance(link, h5py.HardLink):
+            raise DatasetError(f"{path}: '{name}' links outside the shard ({type(link).__name__})")
+        group = group[part]
+    if not isinstance(group, h5py.Dataset):
+        raise DatasetError(f"{path}: '{name}' is not a dataset")
+    plist = group.id.get_create_plist()
+    if plist.get_external_count() or plist.get_layout() == h5py.h5d.VIRTUAL:
+        raise DatasetError(f"{path}: '{name}' keeps its data outside the shard")
+    return group
+
+
+def check_datasets(path: str, file: h5py.File, layout: str, num_samples: int, fields: Sequence[FieldSpec],
+                   size: int, v1_paths: bool) -> None:
+    """Every dataset a reader may read is the shard's own (`own_dataset`) and has the shape and
+    type FORMAT.md gives, with one row per sample index.json counts, before anything is read: a
+    lying shard can make a reader neither read another file nor allocate more than the shard's
+    own size allows (a column of never written chunks reads as zeros of any size)."""
+    n = num_samples
+    expected: dict[str, tuple[tuple[int, ...], str]] = {
+        "labels": ((n,), "i"), "formats": ((n,), "S"), "crc32": ((n,), "u"), "paths": ((n,), "O")}
+    if "shapes" in file:
+        expected["shapes"] = ((n, 3), "i")
     if layout == LAYOUT_FLAT:
-        counts["offsets"] = (file["offsets"].shape or (0,))[0] - 1
-    else:
-        images = file["images"]
-        counts["images"] = images.shape[0] if images.shape else 0
-        if math.prod(images.shape[1:]) * images.dtype.itemsize > size:
-            raise DatasetError(f"{path}: images of shape {images.shape[1:]} cannot fit in {size} bytes")
+        expected["offsets"] = ((n + 1,), "i")
     for spec in fields:
-        dataset = file[field_dataset(spec.name)]
-        counts[field_dataset(spec.name)] = dataset.shape[0] if dataset.shape else 0
-    for name, count in counts.items():
-        if count != num_samples:
-            raise DatasetError(f"{path}: {name} holds {count} samples, index.json says {num_samples}")
+        numeric = field_storage(spec) == STORAGE_NUMERIC
+        expected[field_dataset(spec.name)] = ((n, *(spec.shape or ())) if numeric else (n,), "iufb" if numeric else "O")
+    for name, (shape, kinds) in expected.items():
+        dataset = own_dataset(path, file, name)
+        if dataset.shape != shape or dataset.dtype.kind not in kinds:
+            rows = dataset.shape[0] if dataset.shape else 0
+            if rows != shape[0] and len(dataset.shape) == len(shape):
+                what = f"holds {rows - (name == 'offsets')} samples, index.json says {n}"
+            else:
+                what = f"is {dataset.dtype} {dataset.shape}, not of the shape {shape} a shard of {n} samples has"
+            raise DatasetError(f"{path}: {name} {what}")
+    images = own_dataset(path, file, "images")
+    if images.dtype != np.uint8 or (layout == LAYOUT_FLAT and len(images.shape) != 1):
+        raise DatasetError(f"{path}: images is {images.dtype} {images.shape}, not uint8 bytes")
+    if layout == LAYOUT_FLAT and images.shape[0] > size:
+        raise DatasetError(f"{path}: images holds {images.shape[0]} bytes, more than the file's {size}")
+    if layout == LAYOUT_FIXED:
+        if len(images.shape) != 4 or images.shape[0] != n:
+            raise DatasetError(f"{path}: images is {images.shape}, not the (N, H, W, C) of {n} samples")
+        if math.prod(images.shape[1:]) > size:
+            raise DatasetError(f"{path}: images of shape {images.shape[1:]} cannot fit in {size} bytes")
+    if v1_paths:
+        for name in ("paths" + V1_RAW_INDEX_SUFFIX, "paths" + V1_RAW_SUFFIX):
+            dataset = own_dataset(path, file, name)
+            if len(dataset.shape) != 1 or dataset.shape[0] > n:
+                raise DatasetError(f"{path}: {name} is {dataset.shape}, more rows than the {n} samples")
 
 
 class HDF5Dataset(PackedDataset):

@@ -44,6 +44,10 @@ DESCRIPTOR_NAMES = (TIMM_INFO_NAME, WIDS_NAME, CARD_NAME)
 SORTED_SHARE = 0.5
 """A dataset whose median shard holds under this share of the classes a shuffled pack's shard would
 is class-sorted (`Manifest.class_sorted`): a pack of class folders in sorted order holds ~8 of 100."""
+MAX_SAMPLES = 1 << 40
+"""The most samples index.json may count (a trillion): beyond any dataset, short of numpy's overflow."""
+MAX_BYTES = 1 << 50
+"""The largest file index.json may describe (a pebibyte)."""
 MAX_MANIFEST_BYTES = 1 << 30
 """The largest index.json read (a million shards with sidecars take ~700 MB)."""
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}")
@@ -195,6 +199,21 @@ def sha256_problem(digest: str) -> str | None:
     return f"{digest!r} is not a sha256 (64 lower-case hex digits)"
 
 
+def check_shard_sizes(manifest: Manifest, sizes: dict[str, int], where: Callable[[str], str]) -> None:
+    """The shards whose real sizes are known (`sizes`: a folder's stat, a bucket's listing) must
+    be large enough, together, for the samples index.json counts in them, before a loader plans an
+    epoch over them: index.json's own sizes say nothing a liar cannot also change. Together, so
+    that a damaged shard (a truncated copy) still opens, its reads reporting the damage and
+    `pack verify` its size; the shard that lacks the most is named."""
+    minimum = FORMATS[manifest.format].min_sample_bytes
+    known = [(shard, sizes[shard.name]) for shard in manifest.shards if shard.name in sizes]
+    if sum(shard.num_samples * minimum for shard, _ in known) <= sum(size for _, size in known):
+        return
+    shard, size = max(known, key=lambda item: item[0].num_samples * minimum - item[1])
+    raise DatasetError(f"{where(shard.name)}: {size} bytes cannot hold the {shard.num_samples} samples index.json "
+                       "counts in it")
+
+
 def plain_name(name: str) -> str:
     """`name`, checked by `name_problem`: DatasetError if it could lead outside its folder."""
     problem = name_problem(name)
@@ -234,10 +253,12 @@ class _ManifestCheck:
             raise self.fail(where, f"{_json_type(value)} where {_json_type(kind())} is expected")
         return value
 
-    def count(self, data: dict[str, Any], key: str, where: str, default: Any = ...) -> Any:
+    def count(self, data: dict[str, Any], key: str, where: str, default: Any = ..., most: int = MAX_SAMPLES) -> Any:
         value = self.get(data, key, where, int, default)
         if value is not None and value < 0:
             raise self.fail(where, f"{value} is negative")
+        if value is not None and value > most:
+            raise self.fail(where, f"{value} is more than pack reads ({most})")
         return value
 
     def items(self, data: dict[str, Any], key: str, where: str, parse: Callable[[Any, str], T],
@@ -273,7 +294,7 @@ class _ManifestCheck:
             options=self.get(data, "options", "options", dict, {}),  # informative: any JSON object
             tool_version=self.get(data, "tool_version", "tool_version", str, ""),
             version=version,
-            source_bytes=self.count(data, "source_bytes", "source_bytes", None),
+            source_bytes=self.count(data, "source_bytes", "source_bytes", None, most=MAX_BYTES << 12),
             fields=self.items(data, "fields", "fields", self.field, []),
             descriptors=self.items(data, "descriptors", "descriptors", self.descriptor, []),
         )
@@ -293,7 +314,7 @@ class _ManifestCheck:
         sha256 = self.get(data, "sha256", f"{where}.sha256", str)
         if problem := sha256_problem(sha256):
             raise self.fail(f"{where}.sha256", problem)
-        return FileInfo(name=name, bytes=self.count(data, "bytes", f"{where}.bytes"), sha256=sha256)
+        return FileInfo(name=name, bytes=self.count(data, "bytes", f"{where}.bytes", most=MAX_BYTES), sha256=sha256)
 
     def shard(self, value: Any, where: str, fmt: str) -> ShardInfo:
         row = FORMATS[fmt]

@@ -14,10 +14,20 @@ import random
 import re
 import time
 from pathlib import Path
+from stat import S_ISREG
 from typing import Any, Callable, Protocol
 
 from .cache import Ahead, CachedFile, Lease, ShardCache
-from .manifest import MANIFEST_NAME, DatasetError, Manifest, MissingFile, load_manifest, parse_manifest, plain_name
+from .manifest import (
+    MANIFEST_NAME,
+    DatasetError,
+    Manifest,
+    MissingFile,
+    check_shard_sizes,
+    load_manifest,
+    parse_manifest,
+    plain_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -131,19 +141,50 @@ class RemoteStore(UrlFilesystem):
     def manifest(self) -> Manifest:
         """index.json, checked; MissingFile where the store has none."""
         fs, base = self.filesystem()
-        text = self._retry(MANIFEST_NAME, lambda: fs.cat_file(f"{base}/{MANIFEST_NAME}"))
+        text = self._retry(self.url_of(MANIFEST_NAME), lambda: fs.cat_file(f"{base}/{MANIFEST_NAME}"))
         return parse_manifest(text, self.url_of(MANIFEST_NAME))
 
-    def fetch(self, name: str, dest: Path) -> None:
-        """The whole file `name` into `dest` (overwritten), retried on transient errors."""
+    def listed_sizes(self) -> dict[str, int]:
+        """File name -> size of what an object store lists under the URL (one request per 1,000
+        files); nothing for HTTP, whose servers rarely list and never alike."""
+        if self.url.split("://", 1)[0] in ("http", "https"):
+            return {}
         fs, base = self.filesystem()
-        self._retry(name, lambda: fs.get_file(f"{base}/{plain_name(name)}", str(dest)))
+        try:
+            listed = self._retry(self.url, lambda: fs.ls(base, detail=True))
+        except MissingFile:
+            return {}
+        return {entry["name"].rstrip("/").rsplit("/", 1)[-1]: entry["size"] for entry in listed
+                if entry.get("type") == "file" and isinstance(entry.get("size"), int)}
 
-    def _retry(self, name: str, call: Callable[[], Any]) -> Any:
+    def fetch(self, name: str, dest: Path, size: int) -> None:
+        """The whole file `name` into `dest` (overwritten), retried on transient errors; a
+        DatasetError as soon as the store sends more than the `size` index.json gives it (a server
+        that lies, or never stops, would fill the disk)."""
+        from fsspec.callbacks import Callback
+
         url = self.url_of(name)
+
+        class AtMost(Callback):
+            def set_size(self, total: int | None) -> None:
+                if total is not None and total > size:
+                    raise DatasetError(f"{url}: the store sends {total} bytes, index.json says {size}")
+                super().set_size(total)
+
+            def relative_update(self, inc: int = 1) -> None:
+                super().relative_update(inc)
+                if self.value > size:
+                    raise DatasetError(f"{url}: the store sends more than the {size} bytes index.json says")
+
+        fs, base = self.filesystem()
+        self._retry(url, lambda: fs.get_file(f"{base}/{plain_name(name)}", str(dest), callback=AtMost()))
+
+    def _retry(self, url: str, call: Callable[[], Any]) -> Any:
         for attempt in range(self.retries + 1):
             try:
                 return call()
+            except DatasetError:
+                raise  # said by us: no retry changes it
             except Exception as exc:  # noqa: BLE001 - each back end raises its own types; the status decides
                 if NO_CREDENTIALS & {kind.__name__ for kind in type(exc).__mro__}:
                     raise DatasetError(f"{url}: no credentials ({exc})") from None
@@ -180,6 +221,21 @@ class LocalFiles:
     def path(self, file: CachedFile) -> Path:
         return self.root / plain_name(file.name)
 
+    def sizes(self, manifest: Manifest) -> dict[str, int]:
+        """The size of each shard file there is; DatasetError for one that is not a regular file (a
+        FIFO would block the reader that opens it)."""
+        sizes = {}
+        for shard in manifest.shards:
+            path = self.path(shard)
+            try:
+                stat = path.stat()
+            except OSError:
+                continue  # missing: reading it says so, and `pack verify` lists it
+            if not S_ISREG(stat.st_mode):
+                raise DatasetError(f"{path}: not a regular file")
+            sizes[shard.name] = stat.st_size
+        return sizes
+
     def lease(self, file: CachedFile, *, make_room: Callable[[], bool] | None = None,
               ahead: Ahead | None = None) -> Lease:
         return Lease(self.path(file))
@@ -206,10 +262,13 @@ def open_files(path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str
     """The files of the dataset at `path` (a directory or URL) and its manifest, read first."""
     if not is_url(path):
         local = LocalFiles(path)
-        return local, load_manifest(local.root)
+        manifest = load_manifest(local.root)
+        check_shard_sizes(manifest, local.sizes(manifest), lambda name: str(local.root / name))
+        return local, manifest
     url = str(path)
     store = RemoteStore(url, storage_options)
     manifest = store.manifest()
+    check_shard_sizes(manifest, store.listed_sizes(), store.url_of)
     cache = ShardCache(default_cache_dir(url) if cache_dir is None else cache_dir, cache_limit)
     log.info("%s: %d shards through %r", url, len(manifest.shards), cache)
     return CachedFiles(store, cache), manifest

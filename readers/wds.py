@@ -358,7 +358,7 @@ def assemble(key: str, parts: dict[str, bytes], known: set[str], meta_extension:
         values[spec.name] = data
     try:
         meta = json.loads(parts[meta_extension].decode("utf-8"))
-    except ValueError as exc:  # not UTF-8, or not JSON
+    except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, or nested deeper than Python's stack
         raise TarError(f"sample {key!r}: unreadable .{meta_extension} ({exc})") from None
     return meta, image_data(images[0], memoryview(parts[images[0]])), values
 

@@ -111,6 +111,9 @@ VARIANTS: list[tuple[str, Mutate, str]] = [
                                   lambda m: m.__setitem__("num_samples", m["num_samples"] - 8)), r"shards\[0\]\.num_samples"),
     ("shard-count-list", setter("shards", 0, "num_samples", value=[4]), r"shards\[0\]\.num_samples"),
     ("shard-size-negative", setter("shards", 0, "bytes", value=-5), r"shards\[0\]\.bytes"),
+    ("shard-size-beyond-any-file", setter("shards", 0, "bytes", value=1 << 60), r"shards\[0\]\.bytes"),
+    ("shard-count-beyond-int64", both(setter("shards", 0, "num_samples", value=10**19),
+                                      setter("shards", 0, "bytes", value=1 << 49)), r"shards\[0\]\.num_samples"),
     ("shard-size-text", setter("shards", 0, "bytes", value="5"), r"shards\[0\]\.bytes"),
     ("shard-size-float", setter("shards", 0, "bytes", value=1.5), r"shards\[0\]\.bytes"),
     ("shard-too-small-for-its-count", setter("shards", 0, "bytes", value=100), r"shards\[0\]"),
@@ -460,3 +463,122 @@ def test_pack_info_escapes_control_characters_a_manifest_holds(sandbox: dict[str
     assert code == 0, output
     assert "\x1b" not in output and "\x07" not in output
     assert "a\\x1b[2Jb" in output and "pack \\x07" in output
+
+
+def hdf5_copy(packed_as: Callable, tmp_path: Path) -> Path:
+    out = tmp_path / "out"
+    shutil.copytree(packed_as("hdf5")[0], out)
+    return out
+
+
+SECRET = b"TOPSECRET-ssh-key-0123456789abcd"
+
+
+def external_storage(file: h5py.File, secret: Path) -> None:
+    del file["labels"]
+    file.create_dataset("labels", shape=(4,), dtype=np.int64, external=[(str(secret), 0, 32)])
+
+
+def external_link(file: h5py.File, secret: Path) -> None:
+    with h5py.File(secret.with_suffix(".h5"), "w") as other:
+        other.create_dataset("labels", data=np.frombuffer(SECRET, dtype=np.int64))
+    del file["labels"]
+    file["labels"] = h5py.ExternalLink(str(secret.with_suffix(".h5")), "/labels")
+
+
+def virtual_dataset(file: h5py.File, secret: Path) -> None:
+    with h5py.File(secret.with_suffix(".h5"), "w") as other:
+        other.create_dataset("labels", data=np.frombuffer(SECRET, dtype=np.int64))
+    layout = h5py.VirtualLayout(shape=(4,), dtype=np.int64)
+    layout[:] = h5py.VirtualSource(str(secret.with_suffix(".h5")), "labels", shape=(4,))
+    del file["labels"]
+    file.create_virtual_dataset("labels", layout)
+
+
+def soft_link_to_a_field(file: h5py.File, secret: Path) -> None:
+    file["crc32_copy"] = file["crc32"]
+    del file["crc32"]
+    file["crc32"] = h5py.SoftLink("/crc32_copy")
+
+
+@pytest.mark.parametrize("make", [external_storage, external_link, virtual_dataset, soft_link_to_a_field],
+                         ids=lambda make: make.__name__)
+def test_an_hdf5_shard_cannot_make_the_reader_read_another_file(make: Callable, packed_as: Callable,
+                                                                tmp_path: Path) -> None:
+    out = hdf5_copy(packed_as, tmp_path)
+    secret = tmp_path / "secret.txt"
+    secret.write_bytes(SECRET)
+    with h5py.File(out / "shard-000000.h5", "r+") as file:
+        make(file, secret)
+    ds = readers.open_dataset(out, fields=("label",))
+    with pytest.raises(readers.DatasetError, match=r"shard-000000\.h5: '(labels|crc32)' (links outside the shard|keeps its "
+                                                   r"data outside the shard)"):
+        ds[0]
+    code, output = run("verify", out)
+    assert code == 1 and "TOPSECRET" not in output and "Traceback" not in output
+
+
+@pytest.mark.parametrize("name,shape,chunks", [("labels", (4, 16000, 16000), (1, 1000, 1000)),
+                                               ("crc32", (4, 3), None), ("images", (200_000_000,), (1,))])
+def test_hdf5_columns_of_another_shape_are_refused_before_they_are_read(name: str, shape: tuple, chunks: Any,
+                                                                        packed_as: Callable, tmp_path: Path) -> None:
+    out = hdf5_copy(packed_as, tmp_path)
+    with h5py.File(out / "shard-000000.h5", "r+") as file:
+        dtype = file[name].dtype
+        del file[name]
+        file.create_dataset(name, shape=shape, dtype=dtype, chunks=chunks)  # never written: costs no disk
+    raised, peak = read_peak(lambda: readers.open_dataset(out)[0])
+    assert isinstance(raised, readers.DatasetError) and f"shard-000000.h5: {name} " in str(raised), raised
+    assert peak < 8 << 20
+
+
+def test_counts_raised_with_sizes_to_match_are_refused_by_the_files_real_sizes(sandbox: dict[str, Any]) -> None:
+    """A liar who raises a shard's count and its size in index.json together (10^9 samples in a
+    'terabyte' that is a 15 kB file) would have a loader plan an epoch of 8 GB of indices: the real
+    sizes (the folder's, the bucket's listing) refuse it first."""
+    raise_count = both(setter("shards", 0, "num_samples", value=10**9), setter("shards", 0, "bytes", value=10**13),
+                       lambda m: m.__setitem__("num_samples", m["num_samples"] + 10**9 - 4))
+    out = variant_dataset(sandbox, "count-and-size-raised", raise_count)
+    with pytest.raises(readers.DatasetError, match=r"shard-000000\.tar: \d+ bytes cannot hold the 1000000000 samples "
+                                                   r"index\.json counts in it"):
+        readers.open_dataset(out)
+    for file in out.iterdir():
+        sandbox["fs"].put_file(str(file), f"{BUCKET}/data/{out.name}/{file.name}")
+    url = f"s3://{BUCKET}/data/{out.name}"
+    raised, peak = read_peak(lambda: readers.open_dataset(url, cache_dir=out.parent.parent / "cache" / out.name,
+                                                          storage_options=sandbox["s3"].storage_options))
+    assert isinstance(raised, readers.DatasetError) and str(raised).startswith(f"{url}/shard-000000.tar: "), raised
+    assert peak < 32 << 20
+
+
+def test_a_fifo_named_like_a_shard_is_an_error_not_a_hang(tmp_path: Path, packed_as: Callable) -> None:
+    out = tmp_path / "out"
+    shutil.copytree(packed_as("wds")[0], out)
+    (out / "shard-000000.tar").unlink()
+    os.mkfifo(out / "shard-000000.tar")
+    with pytest.raises(readers.DatasetError, match=r"shard-000000\.tar: not a regular file"):
+        readers.open_dataset(out)
+
+
+def test_a_store_that_sends_more_than_index_json_says_is_cut_off(sandbox: dict[str, Any], tmp_path: Path) -> None:
+    """index.json says 2 kB; the server sends the whole (larger) tar: the download stops at once
+    instead of filling the cache's disk (a server that never stops would fill it)."""
+    out = variant_dataset(sandbox, "shard-smaller-than-sent", setter("shards", 0, "bytes", value=6144))
+    url = f"{sandbox['http'].url}/data/{out.name}"
+    ds = readers.open_dataset(url, decode="bytes", cache_dir=tmp_path / "cache")
+    with pytest.raises(readers.DatasetError, match=rf"^{re.escape(url)}/shard-000000\.tar: the store sends \d+ bytes, "
+                                                   r"index\.json says 6144$"):
+        ds[0]
+    assert sum(path.stat().st_size for path in (tmp_path / "cache").rglob("*") if path.is_file()) == 0
+    assert sandbox["http"].gets[f"/data/{out.name}/shard-000000.tar"] == 1  # not retried
+
+
+@pytest.mark.parametrize("text,problem", [('{"classes": ["cat", "cat", "dog"]}', "classes name 'cat' twice"),
+                                          ('{"classes": "dog"}', "classes must be a list of names"),
+                                          ('{"classes": ' + "[" * 100_000 + "]" * 100_000 + "}",
+                                           "not the index.json of a packed dataset (no classes list)")])
+def test_a_classes_json_is_checked_as_index_json_would_be(text: str, problem: str, image_folder: tuple[Path, Any],
+                                                          tmp_path: Path) -> None:
+    (tmp_path / "other.json").write_text(text)
+    code, output = run("lmdb", image_folder[0], tmp_path / "out", "--classes", tmp_path / "other.json", "-q")
+    assert code == 1 and output.strip().splitlines()[-1] == f"Error: {tmp_path / 'other.json'}: {problem}", output

@@ -29,10 +29,13 @@ def read_classes(path: str) -> list[str]:
     if path.endswith(".json"):
         try:
             classes = json.loads(text)["classes"]
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             raise ScanError(f"{path}: not the index.json of a packed dataset (no classes list)") from None
-        if not all(isinstance(name, str) for name in classes):
-            raise ScanError(f"{path}: classes must be names")
+        if not isinstance(classes, list) or not all(isinstance(name, str) for name in classes):
+            raise ScanError(f"{path}: classes must be a list of names")
+        if len(set(classes)) != len(classes):  # readers refuse a dataset whose classes repeat a name
+            twice = next(name for i, name in enumerate(classes) if name in classes[:i])
+            raise ScanError(f"{path}: classes name {twice!r} twice")
         return list(classes)
     classes, lines = [], {}
     for line, name in enumerate(text.splitlines(), 1):
