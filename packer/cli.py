@@ -25,7 +25,8 @@ from .errors import PackError
 from .fsutil import limit_malloc_arenas
 from .api import run, split_options
 from .pipeline import Summary, ensure_plan, merge
-from .plan import DEFAULT_IMAGE_KEY, DEFAULT_LABEL_KEY, DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SIZE, PackOptions
+from .plan import (DEFAULT_IMAGE_KEY, DEFAULT_LABEL_KEY, DEFAULT_ORDER, DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SIZE,
+                   MAX_SEED, ORDERS, PackOptions)
 from .scan import ScanError
 from .sources.inputs import CLI_INPUT_FORMATS
 from .sources.metadata import DEFAULT_LABEL_COLUMN
@@ -119,6 +120,12 @@ def packing_options(command: Callable[..., Any]) -> Callable[..., Any]:
                      help="Most samples per shard."),
         click.option("--shard-bytes", type=ByteSize(), default=DEFAULT_SHARD_BYTES, show_default="1GiB",
                      help="Most source bytes per shard (e.g. 4GB, 512MiB)."),
+        click.option("--order", type=click.Choice(ORDERS), default=DEFAULT_ORDER, show_default=True,
+                     help="shuffled: samples in a pseudo-random order drawn from --seed, so every shard "
+                          "mixes classes (container inputs: 16 MiB runs shuffled, interleaved 64 at a time, each "
+                          "read front to back); sorted: as listed, in path order (e.g. evaluation sets)."),
+        click.option("--seed", type=click.IntRange(0, MAX_SEED), default=0, show_default=True,
+                     help="The seed of --order shuffled: the same seed, the same order, on every run and task."),
         click.option("--validate", type=click.Choice(VALIDATE_MODES), default="quick", show_default=True,
                      help="quick: check content type, end markers and header size; full: also decode every image."),
         click.option("--max-pixels", type=click.IntRange(min=1), default=DEFAULT_MAX_PIXELS, show_default=True,

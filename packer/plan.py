@@ -4,8 +4,9 @@ The plan lives in OUT/.pack/: `plan.json` (options, classes, fields, shard bound
 `listing.jsonl` (one `[path, label, size]` per line, `[path, label, size, {field: value}]` when
 values come with the listing, from a metadata file, and `[path, label, size, values or null,
 [input, offset, length]]` for a sample inside a container input: a tar shard, a record file, a
-packed dataset; `plan.inputs` names those files). Shard boundaries depend only on the sorted
-listing and the shard options, so every run and every task computes the same shards.
+packed dataset; `plan.inputs` names those files). The listing is in packing order (`--order`,
+`packer.order`): shard boundaries depend only on it and the shard options, and the order only on
+the sorted scan and the options, so every run and every task computes the same shards.
 """
 
 from __future__ import annotations
@@ -32,6 +33,11 @@ from .sources.listing import Listing
 from .sources.metadata import DEFAULT_LABEL_COLUMN
 from .sources.sidecars import extension_problem
 from .validate import DEFAULT_MAX_PIXELS, VALIDATE_MODES
+
+DEFAULT_ORDER = "shuffled"
+ORDERS = ("shuffled", "sorted")
+"""`--order`: how `packer.order.arrange` puts the listing in packing order."""
+MAX_SEED = 2**64 - 1
 
 DEFAULT_SHARD_SIZE = 10_000
 DEFAULT_IMAGE_KEY = "image/encoded"  # TFRecord features (packer.sources.tfrecord): ImageNet's names
@@ -67,6 +73,9 @@ class PackOptions:
     image_key: str = DEFAULT_IMAGE_KEY  # TFRecord features (packer.sources.tfrecord)
     label_key: str = DEFAULT_LABEL_KEY
     label_offset: int = 0
+    # The order samples are packed in (packer.order): a seeded shuffle, or the listing's sorted order.
+    order: str = DEFAULT_ORDER
+    seed: int = 0
 
     def __post_init__(self) -> None:
         """Reject contradictory options; fill in the defaults of decoding stores (RGB, quality 90)."""
@@ -103,6 +112,10 @@ class PackOptions:
             raise PackError(f"--validate must be one of {', '.join(VALIDATE_MODES)}, not {self.validate!r}")
         if self.max_pixels < 1:
             raise PackError(f"--max-pixels must be at least 1, not {self.max_pixels}")
+        if self.order not in ORDERS:
+            raise PackError(f"--order must be one of {', '.join(ORDERS)}, not {self.order!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
+            raise PackError(f"--seed must be an integer from 0 to {MAX_SEED}, not {self.seed!r}")
 
     def _check_sources(self) -> None:
         for name in ("files_from", "metadata", "classes"):
@@ -144,7 +157,7 @@ class PackOptions:
 
 @dataclass(slots=True)
 class Entry:
-    """One file to pack; `path` (relative to SRC) is its key: unique, and the listing's sort order.
+    """One file to pack; `path` (relative to SRC) is its key: unique, and the sorted order's sort key.
     A shard's worker holds one per sample: slots, and a tuple for the location, keep them small."""
 
     path: str
@@ -227,7 +240,12 @@ def listing_lines(listing: Listing, start: int, end: int) -> Iterable[str]:
 
 
 def write_plan(out: Path, listing: Listing, options: PackOptions) -> Plan:
-    """Write listing.jsonl and plan.json under OUT/.pack and return the plan."""
+    """Put the listing in packing order, write it to listing.jsonl, cut shards from it, and write
+    plan.json under OUT/.pack; return the plan. The order comes from the options alone, so every
+    task and rerun that plans the same SRC packs the same shards."""
+    from .order import arrange  # here: it loads numpy, which shard workers (importing this module) never need
+
+    arrange(listing, options.order, options.seed)
     work_dir(out).mkdir(parents=True, exist_ok=True)
     bounds = shard_bounds(listing.sizes, options.shard_size, options.shard_bytes)
     digest = hashlib.sha256()
@@ -270,6 +288,7 @@ def load_plan(out: Path) -> Plan | None:
     path = plan_path(out)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
+        data["options"].setdefault("order", "sorted")  # planned before --order existed: the sorted order
         return Plan(**{**data, "options": PackOptions(**data["options"]),
                        "fields": [FieldSpec.from_dict(spec) for spec in data.get("fields", ())]})
     except FileNotFoundError:

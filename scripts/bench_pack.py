@@ -26,11 +26,17 @@ above that of packing the folder).
     python scripts/bench_pack.py --suite fields --files 20000
     python scripts/bench_pack.py --suite files-from --list-files 1000000
     python scripts/bench_pack.py --suite recordio --files 20000 --repeats 3
+    python scripts/bench_pack.py --suite order --files 20000 --repeats 3 --formats lmdb
 
 `--suite recordio` (issue 21): the speed benchmark's folder written as an MXNet `.rec` + `.idx`
 (by tests/recordfiles.py, as im2rec lays it out), then `pack FORMAT train.rec` against what
 users do without it: write the records out as files, then pack that folder; same run,
 interleaved, medians. Goals: >= 2x faster, and peak RSS never above packing the folder.
+
+`--suite order` (issue 28): `pack FORMAT SRC --order shuffled` against `--order sorted` for the
+speed benchmark's folder, its tar shards (`--suite inputs`') and its `.rec` (`--suite recordio`'s),
+each from a cold page cache, in interleaved rounds (which order goes first alternates), medians.
+Goal: shuffled within 10% of sorted (time ratio <= 1.10) for every input.
 """
 
 from __future__ import annotations
@@ -418,10 +424,43 @@ def bench_recordio(work: Path, files: int, repeats: int, extra: list[str], forma
     return ok
 
 
+def bench_order(work: Path, files: int, repeats: int, extra: list[str], formats: list[str]) -> bool:
+    """Shuffled against sorted packing of one set of images as a folder, as tar shards and as a .rec."""
+    src = make_source(work, files)
+    rec = work / f"records-{files}" / "train.rec"
+    rec.parent.mkdir(exist_ok=True)
+    write_rec(src, rec)
+    inputs = {"folder": src, "tars": make_tar_shards(src, work / f"shards-{files}", per_shard=1000), "recordio": rec}
+    cold = benchlib.drop_page_cache()
+    print(f"{files} JPEGs as a folder, {len(list(inputs['tars'].glob('*.tar')))} tar shards and one .rec; page cache "
+          f"{'dropped before each run' if cold else 'NOT dropped (no permission): warm runs'}; {repeats} interleaved "
+          "rounds, medians")
+    out = work / "order-out"
+    runs: dict[tuple[str, str, str], list[float]] = {}
+    for round_number in range(repeats):
+        orders = ("sorted", "shuffled") if round_number % 2 == 0 else ("shuffled", "sorted")
+        for fmt in formats:
+            for name, path in inputs.items():
+                for order in orders:
+                    seconds, _ = timed(pack_command(fmt, path, out, [*extra, "--order", order]), cold)
+                    runs.setdefault((fmt, name, order), []).append(seconds)
+    shutil.rmtree(out, ignore_errors=True)
+    ok = True
+    for fmt in formats:
+        for name in inputs:
+            shuffled, ordered = (float(np.median(runs[fmt, name, order])) for order in ("shuffled", "sorted"))
+            ratio = shuffled / ordered
+            ok &= ratio <= 1.10
+            print(f"  {fmt:5s} {name:8s} sorted {ordered:6.2f} s ({files / ordered:5.0f}/s)  shuffled {shuffled:6.2f} s "
+                  f"({files / shuffled:5.0f}/s)  shuffled/sorted {ratio:4.2f} (goal <= 1.10: "
+                  f"{'met' if ratio <= 1.10 else 'MISSED'})")
+    return ok
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--suite", choices=("speed", "fields", "files-from", "inputs", "recordio"), default="speed")
-    parser.add_argument("--formats", default="lmdb,wds", help="formats for --suite inputs and recordio")
+    parser.add_argument("--suite", choices=("speed", "fields", "files-from", "inputs", "recordio", "order"), default="speed")
+    parser.add_argument("--formats", default="lmdb,wds", help="formats for --suite inputs, recordio and order")
     parser.add_argument("--files", type=int, default=20_000)
     parser.add_argument("--list-files", type=int, default=1_000_000, help="files for --suite files-from")
     parser.add_argument("--repeats", type=int, default=1)
@@ -437,6 +476,8 @@ def main() -> None:
         sys.exit(0 if bench_inputs(args.work, args.files, args.repeats, extra, args.formats.split(",")) else 1)
     if args.suite == "recordio":
         sys.exit(0 if bench_recordio(args.work, args.files, max(args.repeats, 1), extra, args.formats.split(",")) else 1)
+    if args.suite == "order":
+        sys.exit(0 if bench_order(args.work, args.files, max(args.repeats, 1), extra, args.formats.split(",")) else 1)
     if args.suite == "files-from":
         sys.exit(0 if bench_files_from(args.work, args.list_files, max(args.repeats, 3)) else 1)
     ok = bench_speed(args.work, args.files, args.repeats, extra)

@@ -39,7 +39,8 @@ def image_folder(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
 @pytest.fixture(scope="session")
 def packed_as(tmp_path_factory: pytest.TempPathFactory) -> PackedAs:
     """format -> (dataset, files): the seeded image folder packed in shards of 4 (5 shards, the
-    last one short), on first use per format and session; the dataset must only be read."""
+    last one short), on first use per format and session; the dataset must only be read. In
+    sorted order, so that sample i is the i-th sorted path (tests/test_order.py covers shuffles)."""
     root = tmp_path_factory.mktemp("packed-source") / "src"
     files = make_test_folder(root)
     outs: dict[str, Path] = {}
@@ -47,7 +48,7 @@ def packed_as(tmp_path_factory: pytest.TempPathFactory) -> PackedAs:
     def packed_as(fmt: str) -> tuple[Path, dict[str, bytes]]:
         if fmt not in outs:
             outs[fmt] = tmp_path_factory.mktemp(f"packed-{fmt}") / "out"
-            pack(root, outs[fmt], PackOptions(format=fmt, shard_size=4))
+            pack(root, outs[fmt], PackOptions(format=fmt, shard_size=4, order="sorted"))
         return outs[fmt], dict(files)
 
     return packed_as

@@ -36,12 +36,14 @@ def test_snippet_reads_sample_zero(fmt: str, code: str, image_folder: tuple[Path
                                    tmp_path: Path) -> None:
     root, files = image_folder
     out = tmp_path / "OUT"
-    pack(root, out, PackOptions(format=fmt, shard_size=6))
+    pack(root, out, PackOptions(format=fmt, shard_size=6))  # shuffled: sample 0 is whichever file came first
     namespace: dict = {}
     exec(code.replace('"OUT/', f'"{out}/'), namespace)
-    first = sorted(files)[0]
+    first = namespace["meta"]["path"] if "meta" in namespace else namespace["path"]
+    label = int(first.split("/")[0].removeprefix("class_"))
     assert bytes(namespace["image_bytes"]) == files[first]
     if "meta" in namespace:
-        assert namespace["meta"] == {"label": 0, "path": first, "format": "jpeg", "crc32": zlib.crc32(files[first])}
+        codec = "png" if first.endswith(".PNG") else "jpeg"
+        assert namespace["meta"] == {"label": label, "path": first, "format": codec, "crc32": zlib.crc32(files[first])}
     else:
-        assert namespace["path"] == first and namespace["label"] == 0
+        assert namespace["label"] == label

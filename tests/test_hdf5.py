@@ -75,7 +75,7 @@ def small_hdf5(tmp_path: Path) -> Path:
         (root / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
         (root / f"c{i % 2}" / f"{i}.jpg").write_bytes(image_bytes(rng))
     out = tmp_path / "out"
-    pack(root, out, PackOptions(format="hdf5", shard_size=3))
+    pack(root, out, PackOptions(format="hdf5", shard_size=3, order="sorted"))  # ds[4] is c1/3.jpg
     return out
 
 

@@ -36,7 +36,7 @@ def pack_folder(image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path, fmt
     (root / "class_01" / "disguised.jpg").write_bytes(disguised)
     files = {**files, "class_01/disguised.jpg": disguised}
     out = tmp_path / fmt
-    pack(root, out, PackOptions(format=fmt, shard_size=6))
+    pack(root, out, PackOptions(format=fmt, shard_size=6, order="sorted"))  # sample i: the i-th sorted path
     return out, files, sorted(files)
 
 

@@ -36,6 +36,11 @@ def wds_out(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, b
     return out, files
 
 
+def stored(out: Path, field: str) -> list:
+    """One field of every sample, in stored order, through our own reader."""
+    return [value for (value,) in readers.open_dataset(out, fields=(field,))]
+
+
 def reference(out: Path, decode: str = "bytes") -> list[tuple]:
     """(image, label, path) of every sample, in order, through our own reader."""
     dataset = readers.open_dataset(out, decode=decode, fields=("image", "label", "path"))
@@ -108,7 +113,8 @@ def test_hf_card_types_each_field_as_a_column(tmp_path: Path, streaming: bool) -
     assert features["txt"] == datasets.Value("string") and isinstance(features["json"], datasets.Json)
     assert set(features) == {"jpg", "cls", "txt", "json", "pack.json", "__key__", "__url__"}
     rows = list(loaded)
-    assert [row["pack.json"]["path"] for row in rows] == sorted(samples)
+    paths = stored(out, "path")
+    assert [row["pack.json"]["path"] for row in rows] == paths and sorted(paths) == sorted(samples)
     assert [row["__key__"] for row in rows] == keys(out)
     for row in rows:
         _, caption, meta = samples[row["pack.json"]["path"]]
@@ -166,7 +172,7 @@ def test_hf_hdf5_card_reads_the_fields_group(tmp_path: Path) -> None:
     assert code == 0, output
     carded = datasets.load_dataset(str(out), split="train", cache_dir=str(tmp_path / "cache"))
     assert carded.features["fields"] == {"txt": datasets.Value("string"), "json": datasets.Value("string")}
-    assert [row["paths"] for row in carded] == sorted(samples)
+    assert [row["paths"] for row in carded] == stored(out, "path") and sorted(stored(out, "path")) == sorted(samples)
     for row in carded:
         _, caption, meta = samples[row["paths"]]
         assert row["fields"]["txt"] == caption and json.loads(row["fields"]["json"]) == meta
@@ -187,4 +193,4 @@ def test_hf_loads_integer_labels_without_class_names(tmp_path: Path) -> None:
     pack(root, out, PackOptions(format="wds", metadata=str(tmp_path / "metadata.jsonl")))
     assert readers.load_manifest(out).classes == []
     loaded = datasets.load_dataset(str(out), split="train", cache_dir=str(tmp_path / "cache"))
-    assert [row["cls"] for row in loaded] == [0, 3, 6, 9]
+    assert [row["cls"] for row in loaded] == stored(out, "label") and sorted(stored(out, "label")) == [0, 3, 6, 9]

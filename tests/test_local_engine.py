@@ -38,7 +38,8 @@ def test_on_error_fail_with_the_other_worker_stopped_names_the_bad_file(tmp_path
     src = folder_with_a_bad_file_per_shard(tmp_path / "src")
     out = tmp_path / "out"
     process = subprocess.Popen([*PACK, "lmdb", str(src), str(out), "--on-error", "fail", "--shard-size", "3",
-                                "--workers", "2", "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                "--order", "sorted", "--workers", "2", "-q"],  # every shard starts with a bad file
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     stopped = stop_workers_as_they_start(process, 2)
     try:
         signal_all(stopped[:1], signal.SIGCONT)

@@ -1,5 +1,6 @@
 """MXNet RecordIO and TFRecord files as SRC: the same samples as packing the images from a folder,
-with workers, tasks + merge, resume and rejects as for folders."""
+with workers, tasks + merge, resume and rejects as for folders. Tests that compare samples by
+position pack with order sorted (tests/test_order.py: the windowed shuffle)."""
 
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ def contents(out: Path, *fields: str) -> list[tuple]:
 @pytest.fixture(scope="module")
 def from_folder(samples, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("folder") / "out"
-    packer.pack(samples[0], out, format="hdf5", shard_size=5, workers=1)
+    packer.pack(samples[0], out, order="sorted", format="hdf5", shard_size=5, workers=1)
     return out
 
 
@@ -70,7 +71,7 @@ def test_recordio_packs_the_same_samples_as_the_folder(samples, from_folder, tmp
     payloads = [recordio_payload(data, float(label), id=key) for key, (_, data, label) in enumerate(listed)]
     assert sum(len(recordio_parts(payload)) > 1 for payload in payloads) == 6  # split records are there
     write_recordio(rec, payloads, index=index)
-    code, output = run("hdf5", rec, tmp_path / "out", "--shard-size", 5, "--workers", 2, "-q")
+    code, output = run("hdf5", "--order", "sorted", rec, tmp_path / "out", "--shard-size", 5, "--workers", 2, "-q")
     assert code == 0, output
     assert contents(tmp_path / "out") == contents(from_folder)
     paths = [path for _, path in readers.open_dataset(tmp_path / "out", fields=("label", "path"))]
@@ -81,7 +82,7 @@ def test_label_arrays_become_a_float32_field(samples, tmp_path):
     _, listed = samples
     arrays = [[float(label), 0.5 * key, -1.25] for key, (_, _, label) in enumerate(listed)]
     write_recordio(tmp_path / "a.rec", [recordio_payload(data, array) for (_, data, _), array in zip(listed, arrays)])
-    packer.pack(tmp_path / "a.rec", tmp_path / "out", format="lmdb")
+    packer.pack(tmp_path / "a.rec", tmp_path / "out", order="sorted", format="lmdb")
     got = contents(tmp_path / "out", "label_array")
     assert [(image, label) for image, label, _ in got] == [(data, label) for _, data, label in listed]
     for (_, _, array), expected in zip(got, arrays):
@@ -95,7 +96,7 @@ def test_insightface_header_and_identity_records_are_not_samples(samples, tmp_pa
     images = [data for _, data, _ in listed]
     identities = [key // 3 for key in range(len(images))]
     write_recordio(tmp_path / "train.rec", insightface_payloads(images, identities))
-    summary = packer.pack(tmp_path / "train.rec", tmp_path / "out", format="wds")
+    summary = packer.pack(tmp_path / "train.rec", tmp_path / "out", order="sorted", format="wds")
     assert summary.num_samples == len(images) and summary.rejects == 0
     assert summary.ignored == len(set(identities))  # the identity records
     assert contents(tmp_path / "out") == list(zip(images, identities))
@@ -135,7 +136,8 @@ def test_recordio_tasks_merge_and_resume_give_the_same_shards(samples, tmp_path)
     write_recordio(rec, [recordio_payload(data, float(label)) for _, data, label in listed])
     whole = packer.pack(rec, tmp_path / "whole", format="wds", shard_size=4, workers=2)
     for task in range(3):
-        code, output = run("wds", rec, tmp_path / "tasks", "--shard-size", 4, "--task-index", task, "--task-count", 3, "-q")
+        code, output = run("wds", rec, tmp_path / "tasks", "--shard-size", 4, "--task-index", task, "--task-count",
+                           3, "-q")
         assert code == 0, output
     assert run("merge", tmp_path / "tasks")[0] == 0
     packer.pack(rec, tmp_path / "resumed", format="wds", shard_size=4, task_index=1, task_count=3)
@@ -161,7 +163,8 @@ def test_tfrecord_packs_the_same_samples_as_the_folder(samples, from_folder, tmp
     records = imagenet_records(listed)
     write_tfrecord(tmp_path / "train-00000-of-00002", records[:7], index=True)
     write_tfrecord(tmp_path / "train-00001-of-00002", records[7:])
-    code, output = run("lmdb", str(tmp_path / "train-*-of-00002"), tmp_path / "out", "--input-format", "tfrecord",
+    code, output = run("lmdb", "--order", "sorted", str(tmp_path / "train-*-of-00002"), tmp_path / "out",
+                       "--input-format", "tfrecord",
                        "--label-offset", -1, "--workers", 2, "--shard-size", 5, "-q")
     assert code == 0, output
     assert contents(tmp_path / "out") == contents(from_folder)
@@ -176,7 +179,7 @@ def test_tfrecord_packs_the_same_samples_as_the_folder(samples, from_folder, tmp
 def test_a_bad_tfrecord_crc_is_a_reject_naming_file_and_record(samples, tmp_path):
     _, listed = samples
     offsets = write_tfrecord(tmp_path / "a.tfrecord", imagenet_records(listed), bad_crc=[2])
-    summary = packer.pack(tmp_path / "a.tfrecord", tmp_path / "out", format="hdf5", label_offset=-1)
+    summary = packer.pack(tmp_path / "a.tfrecord", tmp_path / "out", order="sorted", format="hdf5", label_offset=-1)
     assert summary.num_samples == len(listed) - 1
     (reject,) = [json.loads(line) for line in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
     assert reject == {"path": "a.tfrecord/2", "reason": f"record at byte {offsets[2]}: bad data CRC in the record "

@@ -14,6 +14,7 @@ import pytest
 from imagefolders import make_image_folder
 from workers import signal_all, stop_workers_as_they_start
 
+import readers
 from packer.errors import PackError
 from packer.pipeline import pack
 from packer.plan import PackOptions
@@ -39,6 +40,8 @@ def big_folder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     make_image_folder(src, classes=4, per_class=150, seed=3)
     reference = root / "reference"
     subprocess.run([*PACK, "lmdb", str(src), str(reference), "--shard-size", "20", "-q"], check=True)
+    paths = [path for (path,) in readers.open_dataset(reference, fields=("path",))]
+    assert paths != sorted(paths)  # the default order, shuffled, is what the reruns must reproduce
     return src, reference
 
 

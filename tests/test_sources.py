@@ -1,4 +1,5 @@
-"""Input kinds from the CLI: sidecar files, metadata and labels files, class lists, file lists."""
+"""Input kinds from the CLI: sidecar files, metadata and labels files, class lists, file lists.
+Tests that expect samples in path order pack with --order sorted (tests/test_order.py: the shuffle)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ def rejects(out: Path) -> list[dict[str, str]]:
 @pytest.mark.parametrize("fmt", sorted(WRITERS))
 def test_sidecars_round_trip(fmt: str, tmp_path: Path) -> None:
     samples = make_caption_folder(tmp_path / "src")
-    code, output = run(fmt, tmp_path / "src", tmp_path / "out", "--sidecars", "txt,json", "--shard-size", "4", "-q")
+    code, output = run(fmt, "--order", "sorted", tmp_path / "src", tmp_path / "out", "--sidecars", "txt,json",
+                       "--shard-size", "4", "-q")
     assert code == 0, output
     assert "0 rejected" in output and ", 0 non-image entries ignored" in output  # sidecars are not "ignored"
     ds = readers.open_dataset(tmp_path / "out", decode="bytes", fields=("image", "path", "txt", "json", "label"))
@@ -41,7 +43,7 @@ def test_sidecars_round_trip(fmt: str, tmp_path: Path) -> None:
 
 def test_sidecars_as_webdataset_sees_them(tmp_path: Path) -> None:
     samples = make_caption_folder(tmp_path / "src", folders=1)
-    code, output = run("wds", tmp_path / "src", tmp_path / "out", "--sidecars", "txt,json", "-q")
+    code, output = run("wds", "--order", "sorted", tmp_path / "src", tmp_path / "out", "--sidecars", "txt,json", "-q")
     assert code == 0, output
     seen = list(webdataset.WebDataset(str(tmp_path / "out" / "shard-000000.tar"), shardshuffle=False).decode())
     assert [(s["txt"], s["json"]) for s in seen] == [samples[path][1:] for path in sorted(samples)]
@@ -54,17 +56,19 @@ def test_missing_sidecar_is_a_reject_unless_optional(tmp_path: Path) -> None:
     samples = make_caption_folder(tmp_path / "src", folders=1)
     lacking = sorted(samples)[1]
     (tmp_path / "src" / lacking).with_suffix(".txt").unlink()
-    code, output = run("lmdb", tmp_path / "src", tmp_path / "strict", "--sidecars", "txt", "-q")
+    code, output = run("lmdb", "--order", "sorted", tmp_path / "src", tmp_path / "strict", "--sidecars", "txt", "-q")
     assert code == 0 and "1 rejected" in output
     stem = lacking[:-4]
     assert rejects(tmp_path / "strict") == [
         {"path": lacking, "reason": f"missing sidecar {stem}.txt (--sidecars-optional packs the sample without it)"}]
-    code, output = run("lmdb", tmp_path / "src", tmp_path / "lenient", "--sidecars", "txt", "--sidecars-optional", "-q")
+    code, output = run("lmdb", "--order", "sorted", tmp_path / "src", tmp_path / "lenient", "--sidecars", "txt",
+                       "--sidecars-optional", "-q")
     assert code == 0 and "0 rejected" in output
     ds = readers.open_dataset(tmp_path / "lenient", fields=("path", "txt"))
     assert ds.field_spec("txt").optional  # type: ignore[union-attr]
     assert [caption for path, caption in ds] == [None if path == lacking else samples[path][1] for path in sorted(samples)]
-    code, output = run("lmdb", tmp_path / "src", tmp_path / "fail", "--sidecars", "txt", "--on-error", "fail", "-q")
+    code, output = run("lmdb", "--order", "sorted", tmp_path / "src", tmp_path / "fail", "--sidecars", "txt",
+                       "--on-error", "fail", "-q")
     assert code == 1 and f"{lacking}: missing sidecar {stem}.txt" in output
 
 
@@ -94,12 +98,13 @@ def copy_images(src: Path, dst: Path, names: dict[str, str]) -> None:
 
 def test_train_and_val_share_the_class_list(image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
     root, files = image_folder
-    code, output = run("hdf5", root, tmp_path / "train", "-q")
+    code, output = run("hdf5", "--order", "sorted", root, tmp_path / "train", "-q")
     assert code == 0, output
     # Val has no image of class_01; its labels come in a val.txt of names and indexes.
     copy_images(root, tmp_path / "val", {"v1.jpg": "class_02/img 000.jpg", "v2.jpg": "class_00/img 001.jpg"})
     (tmp_path / "val.txt").write_text("v1.jpg class_02\nv2.jpg 0\n")
-    code, output = run("hdf5", tmp_path / "val", tmp_path / "val-out", "--metadata", tmp_path / "val.txt",
+    code, output = run("hdf5", "--order", "sorted", tmp_path / "val", tmp_path / "val-out", "--metadata",
+                       tmp_path / "val.txt",
                        "--classes", tmp_path / "train" / "index.json", "-q")
     assert code == 0, output
     ds = readers.open_dataset(tmp_path / "val-out", decode="bytes", fields=("image", "label", "path"))
@@ -107,7 +112,8 @@ def test_train_and_val_share_the_class_list(image_folder: tuple[Path, dict[str, 
     assert list(ds) == [(files["class_02/img 000.jpg"], 2, "v1.jpg"), (files["class_00/img 001.jpg"], 0, "v2.jpg")]
     # A folder packed with the class list of another: the folder names map through it.
     (tmp_path / "classes.txt").write_text("class_02\nclass_00\n")
-    code, output = run("lmdb", root, tmp_path / "mapped", "--classes", tmp_path / "classes.txt", "-q")
+    code, output = run("lmdb", "--order", "sorted", root, tmp_path / "mapped", "--classes", tmp_path / "classes.txt",
+                       "-q")
     assert code == 0 and f"{len([p for p in files if p.startswith('class_01')])} rejected" in output
     ds = readers.open_dataset(tmp_path / "mapped", fields=("label", "path"))
     assert ds.classes == ["class_02", "class_00"]
@@ -133,7 +139,7 @@ def test_hugging_face_metadata_jsonl(fmt: str, image_folder: tuple[Path, dict[st
          "score": 1, "ok": True, "split": "x"},
     ]
     (src / "metadata.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    code, output = run(fmt, src, tmp_path / "out", "--metadata", src / "metadata.jsonl", "-q")
+    code, output = run(fmt, "--order", "sorted", src, tmp_path / "out", "--metadata", src / "metadata.jsonl", "-q")
     assert code == 0 and "2 rejected" in output, output
     assert sorted((r["path"], r["reason"]) for r in rejects(tmp_path / "out")) == [
         ("train/gone.jpg", f"{src / 'metadata.jsonl'} line 4: no such image under SRC"),
@@ -156,7 +162,8 @@ def test_hugging_face_metadata_jsonl(fmt: str, image_folder: tuple[Path, dict[st
 def test_img2dataset_files_folder(tmp_path: Path) -> None:
     """Folders 00000/, 00001/ are not classes: --no-classes packs every image unlabelled."""
     samples = make_caption_folder(tmp_path / "src")
-    code, output = run("wds", tmp_path / "src", tmp_path / "out", "--sidecars", "txt,json", "--no-classes", "-q")
+    code, output = run("wds", "--order", "sorted", tmp_path / "src", tmp_path / "out", "--sidecars", "txt,json",
+                       "--no-classes", "-q")
     assert code == 0, output
     ds = readers.open_dataset(tmp_path / "out", decode="bytes", fields=("label", "path", "txt", "json"))
     assert ds.classes == []
@@ -173,7 +180,8 @@ def test_csv_and_tsv_metadata_types_and_integer_labels(image_folder: tuple[Path,
                                        .replace('"a\t quoted\nnote"', '"a, quoted\nnote"'))
     for meta in ("meta.csv", "meta.tsv"):
         out = tmp_path / f"out-{meta}"
-        code, output = run("lmdb", tmp_path / "flat", out, "--metadata", tmp_path / meta, "--label-column", "cls", "-q")
+        code, output = run("lmdb", "--order", "sorted", tmp_path / "flat", out, "--metadata", tmp_path / meta,
+                           "--label-column", "cls", "-q")
         assert code == 0 and "0 rejected" in output, output
         ds = readers.open_dataset(out, fields=("label", "count", "ratio", "flag", "note", "code"))
         assert ds.classes == []  # integer labels stay as they are
@@ -198,14 +206,16 @@ def test_files_from_is_byte_identical_to_the_walk(fmt: str, image_folder: tuple[
     walked, listed_index = (json.loads((tmp_path / out / "index.json").read_text()) for out in ("walk", "list"))
     assert {**listed_index, "options": None} == {**walked, "options": None}
     (tmp_path / "list0").write_bytes(data.replace(b"\n", b"\0"))
-    code, output = run(fmt, root, tmp_path / "null", "--files-from", tmp_path / "list0", "--null", "--shard-size", "5", "-q")
+    code, output = run(fmt, root, tmp_path / "null", "--files-from", tmp_path / "list0", "--null", "--shard-size",
+                       "5", "-q")
     assert code == 0 and shards_of(tmp_path / "null") == shards_of(tmp_path / "walk")
 
 
 def test_files_from_stdin_and_missing_files(image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
     root, files = image_folder
     listed = sorted(files)[:3] + ["class_00/missing.jpg", "../outside.jpg", "/etc/passwd.jpg"]
-    result = CliRunner().invoke(main, ["lmdb", str(root), str(tmp_path / "out"), "--files-from", "-", "-q"],
+    result = CliRunner().invoke(main, ["lmdb", "--order", "sorted", str(root), str(tmp_path / "out"), "--files-from",
+                                "-", "-q"],
                                 input="\n".join(listed) + "\n")
     assert result.exit_code == 0 and "3 rejected" in result.output, result.output
     assert sorted((r["path"], r["reason"]) for r in rejects(tmp_path / "out")) == [
@@ -255,12 +265,13 @@ def test_bad_input_is_one_line_naming_file_and_line(case: str, image_folder: tup
         (tmp_path / name).write_bytes(content if isinstance(content, bytes) else content.encode())
     args = [arg.format(d=tmp_path) for arg in args]
     expected = [(path.format(d=tmp_path), reason.format(d=tmp_path)) for path, reason in expected]
-    code, output = run("lmdb", tmp_path / "flat", tmp_path / "skip", *args, "-q")
+    code, output = run("lmdb", "--order", "sorted", tmp_path / "flat", tmp_path / "skip", *args, "-q")
     assert code == 0 and f"{len(expected)} rejected" in output, output
     assert sorted((r["path"], r["reason"]) for r in rejects(tmp_path / "skip")) == sorted(expected)
     packed = [path for (path,) in readers.open_dataset(tmp_path / "skip", fields=("path",))]
     assert packed == (["x.jpg", "y.jpg"] if case in ("leaves src", "absolute") else ["x.jpg"])
-    code, output = run("lmdb", tmp_path / "flat", tmp_path / "fail", *args, "--on-error", "fail", "-q")
+    code, output = run("lmdb", "--order", "sorted", tmp_path / "flat", tmp_path / "fail", *args, "--on-error",
+                       "fail", "-q")
     path, reason = expected[0]
     where = path if path.startswith("/") else str(tmp_path / "flat" / path)
     assert code == 1 and output == f"Error: {where}: {reason} (--on-error fail)\n"
@@ -321,14 +332,17 @@ def test_metadata_columns_keep_leading_zeros_and_name_their_problems(image_folde
     root, _ = image_folder
     copy_images(root, tmp_path / "flat", {"x.jpg": "class_00/img 000.jpg", "y.jpg": "class_00/img 001.jpg"})
     (tmp_path / "zips.csv").write_text("path,zip,score\nx.jpg,02139,00.5\ny.jpg,10001,0.25\n")
-    code, output = run("lmdb", tmp_path / "flat", tmp_path / "out", "--metadata", tmp_path / "zips.csv", "-q")
+    code, output = run("lmdb", "--order", "sorted", tmp_path / "flat", tmp_path / "out", "--metadata",
+                       tmp_path / "zips.csv", "-q")
     assert code == 0, output
     ds = readers.open_dataset(tmp_path / "out", fields=("zip", "score"))
     assert list(ds) == [("02139", "00.5"), ("10001", "0.25")]
     (tmp_path / "twice.csv").write_text("path,zip,zip\nx.jpg,1,2\n")
-    code, output = run("lmdb", tmp_path / "flat", tmp_path / "out2", "--metadata", tmp_path / "twice.csv", "-q")
+    code, output = run("lmdb", "--order", "sorted", tmp_path / "flat", tmp_path / "out2", "--metadata",
+                       tmp_path / "twice.csv", "-q")
     assert (code, output.strip()) == (1, f"Error: {tmp_path / 'twice.csv'}: line 1: column 'zip' appears more than once")
-    code, output = run("lmdb", tmp_path / "flat", tmp_path / "out3", "--metadata", tmp_path / "zips.csv",
+    code, output = run("lmdb", "--order", "sorted", tmp_path / "flat", tmp_path / "out3", "--metadata",
+                       tmp_path / "zips.csv",
                        "--label-column", "cls", "-q")
     assert (code, output.strip()) == (1, f"Error: {tmp_path / 'zips.csv'}: no column 'cls' (--label-column); "
                                          "columns: zip, score")

@@ -218,7 +218,8 @@ def test_fields_stream_and_read_at_random_over_http(fmt: str, http_server: Loopb
     parsed per sample) and read at random, they equal the local random read of the same dataset."""
     samples = make_caption_folder(tmp_path / "src", folders=3)
     out = http_server.directory / f"fields-{fmt}"
-    code, output = run(fmt, tmp_path / "src", out, "--sidecars", "txt,json", "--shard-size", "4", "-q")
+    code, output = run(fmt, "--order", "sorted", tmp_path / "src", out, "--sidecars", "txt,json", "--shard-size", "4",
+                       "-q")  # sorted: sample i is the i-th sorted path
     assert code == 0, output
     wanted = ("index", "path", "txt", "json")
     local = readers.open_dataset(out, decode="bytes", fields=wanted)

@@ -42,12 +42,15 @@ class InputKind:
     (None: recognised, but no reader yet); `python_only`: made by the Python API, never a CLI SRC;
     `in_line`: passthrough reads its records in the shard's own thread (byte ranges of a file in
     order, which the kernel reads ahead by itself), not in reader threads that would only pass the
-    GIL around; not for code of the user's, which may wait on I/O."""
+    GIL around; not for code of the user's, which may wait on I/O. `windowed`: a shuffled pack
+    mixes its samples in windows of nearby byte ranges (`packer.order`), so reads stay nearly
+    sequential; not for inputs that are each one call of the user's code, permuted fully."""
 
     suffixes: tuple[str, ...]
     module: str | None
     python_only: bool = False
     in_line: bool = True
+    windowed: bool = True
 
 
 INPUT_KINDS: dict[str, InputKind] = {
@@ -55,7 +58,8 @@ INPUT_KINDS: dict[str, InputKind] = {
     "recordio": InputKind((".rec",), "packer.sources.recordio"),
     "tfrecord": InputKind((".tfrecord", ".tfrecords"), "packer.sources.tfrecord"),
     "pack": InputKind((), "packer.sources.packed"),  # a directory holding index.json
-    "samples": InputKind((), "packer.sources.samples", python_only=True, in_line=False),  # packer.pack_samples' fn + inputs
+    "samples": InputKind((), "packer.sources.samples", python_only=True, in_line=False,
+                         windowed=False),  # packer.pack_samples' fn + inputs
 }
 INPUT_FORMATS = ("folder", *INPUT_KINDS)
 CLI_INPUT_FORMATS = ("folder", *(name for name, kind in INPUT_KINDS.items() if not kind.python_only))
@@ -247,7 +251,7 @@ def expand_pattern(text: str) -> list[str]:
     return sorted({os.path.abspath(name) for name in files})
 
 
-READ_AHEAD_BYTES = 16 << 20
+READ_AHEAD_BYTES = 8 << 20
 
 
 class InputFiles:
@@ -255,15 +259,16 @@ class InputFiles:
     reader threads may call at once on one descriptor (no shared file position).
 
     Eight threads reading neighbouring ranges of one file look random to the kernel, which then
-    stops reading ahead: each read would wait for the disk. So the reads announce the next
-    READ_AHEAD_BYTES of the file (posix_fadvise WILLNEED), and the kernel fetches it in large
-    requests while the threads work.
+    stops reading ahead: each read would wait for the disk; so do a shuffled pack's interleaved
+    runs (`packer.order`), several places of one file read in turn. So a read announces its
+    READ_AHEAD_BYTES block of the file and the next (posix_fadvise WILLNEED), once each, and the
+    kernel fetches them in large requests while the threads work, whatever the order of the runs.
     """
 
     def __init__(self, inputs: list[str]) -> None:
         self.inputs = inputs
         self._fds: dict[int, int] = {}
-        self._announced: dict[int, int] = {}  # input -> end of the range announced so far
+        self._announced: set[tuple[int, int]] = set()  # (input, block) announced so far
         self._lock = threading.Lock()
 
     def read(self, input: int, offset: int, length: int) -> bytes:
@@ -277,9 +282,11 @@ class InputFiles:
                         fd = self._fds[input] = os.open(self.inputs[input], os.O_RDONLY)
                     except OSError as exc:
                         raise RejectedFile(f"{self.inputs[input]}: cannot open ({exc.strerror or exc})") from None
-        if offset + length > self._announced.get(input, 0):
-            self._announced[input] = offset + max(length, READ_AHEAD_BYTES)
-            os.posix_fadvise(fd, offset, max(length, READ_AHEAD_BYTES), os.POSIX_FADV_WILLNEED)
+        last = (offset + length) // READ_AHEAD_BYTES + 1
+        for block in range(offset // READ_AHEAD_BYTES, last + 1):
+            if (input, block) not in self._announced:
+                self._announced.add((input, block))
+                os.posix_fadvise(fd, block * READ_AHEAD_BYTES, READ_AHEAD_BYTES, os.POSIX_FADV_WILLNEED)
         try:
             return os.pread(fd, length, offset)
         except OSError as exc:

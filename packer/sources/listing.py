@@ -56,6 +56,28 @@ class PathList(Sequence[str]):
     def __len__(self) -> int:
         return self._len
 
+    TAKE_CHUNK = 64 * BLOCK
+
+    def take(self, positions: Sequence[int]) -> PathList:
+        """The paths at `positions`, in that order, copied as bytes and never decoded, so a
+        permutation costs what a slice does (indexing out of order decodes a block per path)."""
+        import numpy as np  # here: shard workers, which only read paths, never load numpy
+
+        data = np.frombuffer(self._data, dtype=np.uint8)  # a view: self._data is not resized meanwhile
+        ends = np.flatnonzero(data == 0) + 1  # one past each path's NUL
+        picked = np.asarray(positions, dtype=np.int64)
+        taken = PathList()
+        for first in range(0, len(picked), self.TAKE_CHUNK):  # a multiple of BLOCK: block starts line up
+            chosen = picked[first:first + self.TAKE_CHUNK]
+            starts = np.where(chosen > 0, ends[chosen - 1], 0)
+            lengths = ends[chosen] - starts
+            offsets = np.cumsum(lengths) - lengths
+            gather = np.repeat(starts - offsets, lengths) + np.arange(int(lengths.sum()))
+            taken._starts.extend((len(taken._data) + offsets[::self.BLOCK]).tolist())
+            taken._data += data[gather].tobytes()
+        taken._len = len(picked)
+        return taken
+
     def _block(self, number: int) -> list[str]:
         if self._cached[0] != number:
             end = self._starts[number + 1] if number + 1 < len(self._starts) else len(self._data)
@@ -129,20 +151,35 @@ class Listing:
     def __len__(self) -> int:
         return len(self.paths)
 
-    def keep(self, positions: list[int]) -> None:
-        """Keep only the files at these positions (in order), with their labels, sizes and values."""
-        self.paths = PathList(self.paths[i] for i in positions)
-        self.labels = array("q", (self.labels[i] for i in positions))
-        self.sizes = array("q", (self.sizes[i] for i in positions))
+    def keep(self, positions: Sequence[int]) -> None:
+        """Keep only the files at these positions, in this order (a filter, or a permutation), with
+        their labels, sizes, values and locations."""
+        import numpy as np  # here: shard workers, which only read listings, never load numpy
+
+        picked = np.asarray(positions, dtype=np.int64)
+        paths = self.paths
+        self.paths = paths.take(picked) if isinstance(paths, PathList) else [paths[i] for i in picked]
+        self.labels = taken_rows(self.labels, picked, 1)
+        self.sizes = taken_rows(self.sizes, picked, 1)
         if self.values is not None:
-            self.values = [self.values[i] for i in positions]
+            values = self.values
+            self.values = [values[i] for i in picked]
         if self.locations is not None:
-            locations = self.locations
-            self.locations = array("q", (locations[3 * i + k] for i in positions for k in range(3)))
+            self.locations = taken_rows(self.locations, picked, 3)
 
     def location(self, position: int) -> list[int] | None:
         """(input number, offset, length) of a container sample; None for a file under `root`."""
         return None if self.locations is None else list(self.locations[3 * position:3 * position + 3])
+
+
+def taken_rows(table: array, positions: Any, width: int) -> array:
+    """The rows (of `width` int64s) of a flat array('q') at numpy `positions`, in that order."""
+    import numpy as np
+
+    rows = np.frombuffer(table, dtype=np.int64).reshape(-1, width) if len(table) else np.zeros((0, width), np.int64)
+    taken = array("q")
+    taken.frombytes(rows[positions].tobytes())
+    return taken
 
 
 def is_image_name(name: str) -> bool:
