@@ -280,7 +280,7 @@ def class_sorted(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """8 class folders of 12 packed in sorted order in shards of 6: about one class per shard."""
     root = tmp_path_factory.mktemp("class-sorted")
     make_image_folder(root / "src", classes=8, per_class=12)
-    assert run("lmdb", root / "src", root / "out", "--shard-size", "6", "-q")[0] == 0
+    assert run("lmdb", root / "src", root / "out", "--shard-size", "6", "--order", "sorted", "-q")[0] == 0
     return root / "out"
 
 
