@@ -77,9 +77,9 @@ def test_an_unlabelled_set_shows_its_captions_or_a_field(tmp_path: Path) -> None
 
 
 def test_a_url_reads_only_the_shards_it_needs(serve: Callable[[str], str], http_server: LoopbackHTTP,
-                                              packed_as: PackedAs) -> None:
+                                              packed_as: PackedAs, tmp_path: Path) -> None:
     """The shared pack is sorted by class (6, 7, 7 samples in shards of 4): one class's two samples
-    are in one shard, one of each class in at most three of the five."""
+    are in one shard, one of each class in at most three of the five. The page reads its rejects there too."""
     url = serve("lmdb")
     names = [f"shard-{number:06d}.lmdb" for number in range(5)]
     base = urllib.parse.urlsplit(url).path
@@ -96,6 +96,9 @@ def test_a_url_reads_only_the_shards_it_needs(serve: Callable[[str], str], http_
     assert [now - then for now, then in zip(fetched(), before)] == [int(n in sheet.shards_read) for n in range(5)]
     local = show(packed_as("lmdb")[0], per_class=1)
     assert [cell.index for cell in local.cells] == [cell.index for cell in sheet.cells]
+    (http_server.directory / base.strip("/") / "rejects.jsonl").write_text('{"path": "x<y>.jpg", "reason": "truncated"}\n')
+    show(url, html_path=tmp_path / "page.html", per_class=1)
+    assert "<td>x&lt;y&gt;.jpg</td><td>truncated</td>" in (tmp_path / "page.html").read_text(encoding="utf-8")
 
 
 class Page(html.parser.HTMLParser):
