@@ -357,6 +357,32 @@ def info_command(out: Path | str, as_json: bool) -> None:
         click.echo(f"  {entry['index']:5d}  {entry['samples']:9d}  {printable(entry['name'])}")
 
 
+@main.command("show")
+@click.argument("out", type=PathOrURL())
+@click.option("-o", "--output", "sheet_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the contact sheet here (PNG).")
+@click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write a page: the sheet, samples per class, stored image sizes, the rejects.")
+@click.option("--per-class", type=click.IntRange(1, 100), default=8, show_default=True, help="Samples per class.")
+@click.option("--classes", type=click.IntRange(min=1), default=20, show_default=True,
+              help="Classes shown, drawn by --seed when there are more (rows, for an unlabelled set).")
+@click.option("--field", default=None,
+              help="Field printed under each image; default: the class name, or an unlabelled set's text field (else path).")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Which classes and samples.")
+def show_command(out: Path | str, sheet_path: Path | None, html_path: Path | None, per_class: int, classes: int,
+                 field: str | None, seed: int) -> None:
+    """Draw samples of OUT as the reader returns them, per class, into a PNG contact sheet and/or an HTML page."""
+    if sheet_path is None and html_path is None:
+        raise click.UsageError("nothing to write: give -o SHEET.png and/or --html PAGE.html")
+    from .show import show  # reads through `readers`, which imports torch: only when asked
+
+    sheet = show(out, sheet_path=sheet_path, html_path=html_path, per_class=per_class, classes=classes,
+                 field=field, seed=seed)
+    where = " and ".join(str(path) for path in (sheet_path, html_path) if path is not None)
+    click.echo(f"{where}: {len(sheet.cells)} samples from {len(sheet.shards_read)} of "
+               f"{len(sheet.manifest.shards)} shards")
+
+
 def printable(text: str) -> str:
     """`text` with control characters escaped (`\\x1b`): a stranger's index.json cannot drive the terminal."""
     return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)

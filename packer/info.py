@@ -61,17 +61,10 @@ def image_sizes(out: str | os.PathLike[str], num_samples: int, **remote: Any) ->
     widths, heights = [], []
     try:
         for index in range(0, num_samples, step):
-            meta, payload = dataset.record(index)
-            if "shape" in meta:
-                height, width = meta["shape"][:2]
-            else:
-                try:
-                    with Image.open(io.BytesIO(payload)) as image:
-                        width, height = image.size
-                except (OSError, ValueError, Image.DecompressionBombError):  # not an image (pack verify --full says)
-                    continue
-            widths.append(width)
-            heights.append(height)
+            size = stored_size(*dataset.record(index))
+            if size is not None:
+                widths.append(size[0])
+                heights.append(size[1])
     finally:
         dataset.close()
     if not widths:
@@ -82,3 +75,16 @@ def image_sizes(out: str | os.PathLike[str], num_samples: int, **remote: Any) ->
         **{name: {"min": min(values), "median": statistics.median(values), "max": max(values)}
            for name, values in (("width", widths), ("height", heights), ("pixels", pixels))},
     }
+
+
+def stored_size(meta: dict[str, Any], payload: bytes | memoryview) -> tuple[int, int] | None:
+    """(width, height) of a stored image from its meta or its header (no decode); None for a
+    payload that is not an image (pack verify --full says which)."""
+    if "shape" in meta:
+        height, width = meta["shape"][:2]
+        return int(width), int(height)
+    try:
+        with Image.open(io.BytesIO(payload)) as image:
+            return image.size
+    except (OSError, ValueError, Image.DecompressionBombError):
+        return None
