@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
+import select
 import signal
 import sys
 from dataclasses import fields
@@ -85,14 +87,19 @@ def human_bytes(size: float) -> str:
     raise AssertionError("unreachable")
 
 
+def counted(count: int, noun: str, plural: str | None = None) -> str:
+    """`1 shard`, `3 shards`; `1 class`, `0 classes`."""
+    return f"{count} {noun if count == 1 else plural or noun + 's'}"
+
+
 def print_summary(summary: Summary) -> None:
     resumed = f", {summary.resumed_shards} resumed" if summary.resumed_shards else ""
-    shards = (f"{summary.num_shards} shards" if summary.published
-              else f"{summary.num_shards} of {summary.planned_shards} shards (this task's)")
+    shards = (counted(summary.num_shards, "shard") if summary.published
+              else f"{summary.num_shards} of {counted(summary.planned_shards, 'shard')} (this task's)")
     ratio = (f", {summary.bytes / summary.source_bytes:.2f}x the {human_bytes(summary.source_bytes)} of source files"
              if summary.source_bytes else "")
     click.echo(
-        f"packed {summary.num_samples} samples ({human_bytes(summary.bytes)}{ratio}) into {shards}{resumed} "
+        f"packed {counted(summary.num_samples, 'sample')} ({human_bytes(summary.bytes)}{ratio}) into {shards}{resumed} "
         f"in {summary.elapsed:.1f}s ({summary.files_per_second:.0f} files/s); {summary.rejects} rejected "
         f"(see {joined(summary.out, REJECTS_NAME)}), {summary.ignored} non-image entries ignored"
         + ("" if summary.published else f"; run `pack merge {summary.out}` when every task is done")
@@ -106,6 +113,7 @@ def packing_options(command: Callable[..., Any]) -> Callable[..., Any]:
                      help="original: the file's bytes unchanged; raw: decoded uint8 HWC pixels; "
                           "bmp: lossless BMP; jpeg: re-encoded JPEG (after --resize/--center-crop)."),
         click.option("--mode", type=click.Choice(PIXEL_MODES, case_sensitive=False), default=None,
+                     metavar="[" + "|".join(PIXEL_MODES) + "]",  # click would show the choices lower-cased
                      help="Pixel mode of decoding stores.  [default: RGB]"),
         click.option("--resize", type=click.IntRange(min=1), default=None, metavar="N",
                      help="Decoding stores: scale the shorter side to N, keeping the aspect ratio."),
@@ -243,6 +251,31 @@ def progress_bar(desc: str, quiet: bool) -> tqdm:
     return tqdm(desc=desc, unit="img", file=sys.stderr, disable=quiet, mininterval=interval, dynamic_ncols=True)
 
 
+class Interrupted(click.ClickException):
+    """Ctrl-C or SIGTERM: the shell's convention for death by SIGINT is exit 128 + 2."""
+
+    exit_code = 128 + signal.SIGINT
+
+
+def stdout_closed() -> bool:
+    """Whether standard output is a pipe whose reader has gone (`| head`), as opposed to a broken
+    pipe elsewhere (a socket to a bucket), which stays an error."""
+    try:
+        descriptor = sys.stdout.fileno()
+    except (AttributeError, ValueError, io.UnsupportedOperation):  # CliRunner's capture: no descriptor
+        return False
+    poller = select.poll()
+    poller.register(descriptor, select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poller.poll(0))
+
+
+def silence_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush does not fail on a closed pipe too."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
 class PackGroup(click.Group):
     """Turns the library's expected failures into one-line errors instead of tracebacks."""
 
@@ -252,8 +285,11 @@ class PackGroup(click.Group):
         except (PackError, ScanError, DatasetError) as exc:
             raise click.ClickException(str(exc)) from None
         except KeyboardInterrupt:
-            raise click.ClickException("interrupted; nothing was published; rerun the same command to resume") from None
+            raise Interrupted("interrupted; nothing was published; rerun the same command to resume") from None
         except OSError as exc:
+            if isinstance(exc, BrokenPipeError) and stdout_closed():  # `pack info OUT | head -2`: the reader has all it wanted
+                silence_stdout()
+                ctx.exit(0)
             where = exc.filename or "pack"
             raise click.ClickException(f"{where}: {exc.strerror or exc}") from None
 
@@ -282,7 +318,7 @@ def main(ctx: click.Context, verbose: bool) -> None:
 def plan_command(src: Path | str, out: Path | str, fmt: str, **params: Any) -> None:
     """Scan SRC once and write the shard plan into OUT, for the tasks of a batch job to share."""
     plan = ensure_plan(src, out, pack_options_from(fmt, params))
-    click.echo(f"planned {plan.num_listed} files into {plan.num_shards} shards in {out}")
+    click.echo(f"planned {counted(plan.num_listed, 'file')} into {counted(plan.num_shards, 'shard')} in {out}")
 
 
 @main.command("merge")
@@ -292,7 +328,8 @@ def plan_command(src: Path | str, out: Path | str, fmt: str, **params: Any) -> N
 def merge_command(out: Path | str, on_error: str, max_errors: int | None, split: str) -> None:
     """Publish index.json once every planned shard in OUT is finished; name what is missing if not."""
     manifest = merge(out, ErrorPolicy(on_error=on_error, max_errors=max_errors), split=split)
-    click.echo(f"merged {len(manifest.shards)} shards, {manifest.num_samples} samples: {joined(out, MANIFEST_NAME)}")
+    click.echo(f"merged {counted(len(manifest.shards), 'shard')}, {counted(manifest.num_samples, 'sample')}: "
+               f"{joined(out, MANIFEST_NAME)}")
 
 
 @main.command("verify")
@@ -322,8 +359,9 @@ def verify_command(out: Path | str, full: bool, quiet: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 def info_command(out: Path | str, as_json: bool) -> None:
     """Describe a packed dataset: format, store, counts, classes, shard and image sizes, options."""
-    from .info import (
-        describe,  # reads through `readers`, which imports torch: only when asked
+    from .info import (  # reads through `readers`, which imports torch: only when asked
+        describe,
+        non_default_options,
     )
 
     info = describe(out)
@@ -332,7 +370,7 @@ def info_command(out: Path | str, as_json: bool) -> None:
         return
     sizes = info["image_sizes"]
     click.echo(f"{info['path']}: {info['format']} shards, store {info['store']}, {printable(info['tool_version'])}")
-    click.echo(f"samples      {info['num_samples']} in {len(info['classes'])} classes")
+    click.echo(f"samples      {info['num_samples']} in {counted(len(info['classes']), 'class', 'classes')}")
     click.echo(f"shards       {info['shards']}, {human_bytes(info['bytes'])} in all; per shard "
                + " / ".join(human_bytes(info['shard_bytes'][k]) for k in ('min', 'median', 'max')) + " (min/median/max)")
     click.echo(f"per sample   {human_bytes(info['bytes_per_sample'])}")
@@ -351,7 +389,9 @@ def info_command(out: Path | str, as_json: bool) -> None:
                    "packs it shuffled" if mixing["class_sorted"] else "mixed")
         click.echo(f"mixing       shards hold {mixing['shard_classes']:.0f} classes (median), a shuffled pack's "
                    f"{mixing['shuffled_classes']:.0f}: {verdict}")
-    click.echo("options      " + printable(", ".join(f"{key}={value}" for key, value in info["options"].items())))
+    changed = non_default_options(info["options"])
+    click.echo("options      " + (printable(", ".join(f"{key}={value}" for key, value in changed.items()))
+                                  if changed else "all defaults"))
     click.echo("classes")
     for entry in info["classes"]:
         click.echo(f"  {entry['index']:5d}  {entry['samples']:9d}  {printable(entry['name'])}")

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import statistics
 import tempfile
+from dataclasses import asdict
 from typing import Any
 
 from PIL import Image
@@ -13,6 +15,7 @@ from PIL import Image
 from readers.datasets import open_dataset
 from readers.remote import is_url
 
+from .plan import PackOptions
 from .verify import read_manifest
 
 SIZE_SAMPLE = 1000
@@ -82,3 +85,12 @@ def image_sizes(out: str | os.PathLike[str], num_samples: int, **remote: Any) ->
         **{name: {"min": min(values), "median": statistics.median(values), "max": max(values)}
            for name, values in (("width", widths), ("height", heights), ("pixels", pixels))},
     }
+
+
+def non_default_options(options: dict[str, Any]) -> dict[str, Any]:
+    """The recorded options a plain `pack FORMAT SRC OUT` would not have given, `format` aside (the
+    first line says it): the TFRecord keys of a folder pack, or every None, say nothing."""
+    defaults = json.loads(json.dumps(asdict(PackOptions(format=options.get("format", "lmdb"),
+                                                        store=options.get("store", "original")))))
+    return {key: value for key, value in options.items()
+            if key != "format" and (key not in defaults or value != defaults[key])}
