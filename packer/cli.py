@@ -93,6 +93,11 @@ def counted(count: int, noun: str, plural: str | None = None) -> str:
 
 
 def print_summary(summary: Summary) -> None:
+    if summary.up_to_date:
+        click.echo(f"{summary.out}: up to date, {counted(summary.num_samples, 'sample')} in "
+                   f"{counted(summary.num_shards, 'shard')} packed from the same SRC with the same options; "
+                   "nothing to do (--overwrite packs it again)")
+        return
     resumed = f", {summary.resumed_shards} resumed" if summary.resumed_shards else ""
     shards = (counted(summary.num_shards, "shard") if summary.published
               else f"{summary.num_shards} of {counted(summary.planned_shards, 'shard')} (this task's)")
@@ -238,23 +243,57 @@ def make_pack_command(fmt: str) -> click.Command:
             options, run_options = split_options(fmt, params)
         except PackError as exc:  # contradictory flags are a usage error (exit 2), like a bad value
             raise click.UsageError(str(exc)) from None
-        with progress_bar(f"pack {fmt}", quiet) as bar:
-            summary = run(src, out, options, run_options, progress=bar.update)
+        with PlannedBar(f"pack {fmt}", quiet) as bar:
+            summary = run(src, out, options, run_options, progress=bar.update, planned=bar.start)
         print_summary(summary)
 
     return command
 
 
-def progress_bar(desc: str, quiet: bool) -> tqdm:
+def progress_bar(desc: str, quiet: bool, total: int | None = None) -> tqdm:
     """On stderr; in a batch job's log (not a terminal) it still shows, but rarely."""
     interval = 0.2 if sys.stderr.isatty() else 30.0
-    return tqdm(desc=desc, unit="img", file=sys.stderr, disable=quiet, mininterval=interval, dynamic_ncols=True)
+    return tqdm(desc=desc, total=total, unit="img", file=sys.stderr, disable=quiet, mininterval=interval,
+                dynamic_ncols=True)
+
+
+class PlannedBar:
+    """A progress bar drawn only once the plan gives its total (so a percentage and an ETA), never
+    before an error that comes first (a missing SRC)."""
+
+    def __init__(self, desc: str, quiet: bool) -> None:
+        self.desc, self.quiet = desc, quiet
+        self.bar: tqdm | None = None
+
+    def start(self, total: int) -> None:
+        self.bar = progress_bar(self.desc, self.quiet, total)
+
+    def update(self, count: int) -> None:
+        if self.bar is not None:
+            self.bar.update(count)
+
+    def __enter__(self) -> PlannedBar:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's preemption), raised like Ctrl-C so the run stops the same way."""
+
+
+def raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated
 
 
 class Interrupted(click.ClickException):
-    """Ctrl-C or SIGTERM: the shell's convention for death by SIGINT is exit 128 + 2."""
+    """Ctrl-C or SIGTERM: the shell's convention for death by a signal is exit 128 + its number."""
 
-    exit_code = 128 + signal.SIGINT
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.exit_code = 128 + signum
 
 
 def stdout_closed() -> bool:
@@ -284,8 +323,9 @@ class PackGroup(click.Group):
             return super().invoke(ctx)
         except (PackError, ScanError, DatasetError) as exc:
             raise click.ClickException(str(exc)) from None
-        except KeyboardInterrupt:
-            raise Interrupted("interrupted; nothing was published; rerun the same command to resume") from None
+        except KeyboardInterrupt as exc:
+            raise Interrupted("interrupted; nothing was published; rerun the same command to resume",
+                              signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT) from None
         except OSError as exc:
             if isinstance(exc, BrokenPipeError) and stdout_closed():  # `pack info OUT | head -2`: the reader has all it wanted
                 silence_stdout()
@@ -302,7 +342,7 @@ def main(ctx: click.Context, verbose: bool) -> None:
     """Pack folders of images into LMDB, HDF5 or WebDataset shards for fast PyTorch training."""
     # A scheduler's preemption (SIGTERM) stops like Ctrl-C: temp files removed, resumable. For this
     # command only: an in-process caller (a test session, a notebook) gets its own handler back.
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
     ctx.call_on_close(lambda: signal.signal(signal.SIGTERM, previous))
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     # Dask reads this when first imported (by --engine dask): keep its INFO chatter out of the output.

@@ -155,6 +155,13 @@ class PackOptions:
         return (self.center_crop, self.center_crop, len(self.mode))
 
 
+def option_differences(before: PackOptions, now: PackOptions) -> list[str]:
+    """`--shard-size: 2 before, 4 now` for each option that differs, named as its flag."""
+    old, new = asdict(before), asdict(now)
+    return [f"{'format' if name == 'format' else '--' + name.replace('_', '-')}: {old[name]} before, {new[name]} now"
+            for name in old if old[name] != new[name]]
+
+
 @dataclass(slots=True)
 class Entry:
     """One file to pack; `path` (relative to SRC) is its key: unique, and the sorted order's sort key.

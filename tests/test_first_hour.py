@@ -61,3 +61,21 @@ def test_mode_choices_are_spelled_as_in_the_readme() -> None:
     code, output = run("wds", "--help")
     assert code == 0 and "--mode [RGB|L]" in output
     assert "`--mode RGB\\|L`" in (REPO / "README.md").read_text()
+
+
+def test_progress_bar_has_a_total_and_is_not_drawn_before_an_early_error(
+        image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
+    root, files = image_folder
+    code, output = run("wds", root, tmp_path / "out")
+    assert code == 0 and f"100%" in output and f"{len(files)}/{len(files)}" in output, output
+    out = tmp_path / "missing-out"
+    code, output = run("wds", tmp_path / "missing", out)
+    assert code == 1 and output == f"Error: {tmp_path / 'missing'}: does not exist\n"  # no `0img [00:00, ?img/s]`
+    assert not out.exists()  # no OUT/.pack/plan.lock left behind either
+
+
+def test_a_failed_plan_leaves_an_existing_out_as_it_was(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    assert run("wds", tmp_path / "missing", out, "-q")[0] == 1
+    assert out.is_dir() and os.listdir(out) == []
