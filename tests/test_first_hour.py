@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -79,3 +80,22 @@ def test_a_failed_plan_leaves_an_existing_out_as_it_was(tmp_path: Path) -> None:
     out.mkdir()
     assert run("wds", tmp_path / "missing", out, "-q")[0] == 1
     assert out.is_dir() and os.listdir(out) == []
+
+
+def readme_option_table() -> str:
+    """The rows of README's option table (the one whose header is `| option | meaning |`)."""
+    text = (REPO / "README.md").read_text()
+    start = text.index("| option | meaning |")
+    rows = []
+    for line in text[start:].splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        rows.append(line)
+    return "\n".join(rows)
+
+
+def test_readme_option_table_names_every_flag_of_pack_wds_and_no_other() -> None:
+    command = packer.cli.main.commands["wds"]
+    flags = {flag for param in command.params for flag in getattr(param, "opts", ()) if flag.startswith("--")}
+    documented = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*[a-z]", readme_option_table()))
+    assert documented == flags - {"--help"}
