@@ -313,6 +313,21 @@ def merge(out: str | os.PathLike[str] | RemoteOut, policy: ErrorPolicy = ErrorPo
         return publish(target, policy, split)
 
 
+MAX_IMPLIED_CLASSES = 1 << 20
+"""Integer labels beyond this are not taken as class indexes (an ID, not a class): no class list."""
+
+
+def implied_classes(results: list[ShardResult]) -> list[str]:
+    """Classes "0".."K-1" for integer labels that came without names (a metadata file's indexes, a
+    tar's `cls`, a .rec's labels), K the largest label + 1: `len(ds.classes)` is the class count."""
+    labels = [int(label) for result in results for label in result.label_counts if int(label) >= 0]
+    count = max(labels, default=-1) + 1
+    if count > MAX_IMPLIED_CLASSES:
+        log.warning("labels up to %d: too many to be class indexes; index.json lists no classes", count - 1)
+        return []
+    return [str(index) for index in range(count)]
+
+
 def publish(out: Path | RemoteOut, policy: ErrorPolicy, split: str, *,
             known: tuple[Plan, dict[int, ShardResult | None]] | None = None) -> Manifest:
     """`merge`'s work; `known`: the plan and every shard's marker, just read by the caller (a remote
@@ -346,14 +361,15 @@ def publish(out: Path | RemoteOut, policy: ErrorPolicy, split: str, *,
         if isinstance(out, RemoteOut):  # there too, so the bad files can be looked at
             out.upload(folder / REJECTS_NAME, REJECTS_NAME)
         raise
+    classes = plan.classes or implied_classes(results)
     manifest = Manifest(
         format=plan.options.format,
         store=plan.options.store,
         num_samples=sum(result.num_samples for result in results),
-        classes=plan.classes,
+        classes=classes,
         shards=[result.info() for result in results],
         class_counts=[sum(result.label_counts.get(str(label), 0) for result in results)
-                      for label in range(len(plan.classes))],
+                      for label in range(len(classes))],
         options=asdict(plan.options),
         tool_version=f"pack {__version__}",
         source_bytes=sum(result.source_bytes for result in results),

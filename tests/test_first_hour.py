@@ -13,6 +13,7 @@ import pytest
 from clirun import run
 
 import packer.cli
+import readers
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -99,3 +100,38 @@ def test_readme_option_table_names_every_flag_of_pack_wds_and_no_other() -> None
     flags = {flag for param in command.params for flag in getattr(param, "opts", ()) if flag.startswith("--")}
     documented = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*[a-z]", readme_option_table()))
     assert documented == flags - {"--help"}
+
+
+def flat_images(root: Path, names: list[str], files: dict[str, bytes]) -> dict[str, bytes]:
+    """Images of the test folder copied under `names` into the flat folder `root`."""
+    root.mkdir()
+    copied = dict(zip(names, files.values()))
+    for name, data in copied.items():
+        (root / name).write_bytes(data)
+    return copied
+
+
+def test_name_label_lines_with_spaces_in_the_class_name(image_folder: tuple[Path, dict[str, bytes]],
+                                                        tmp_path: Path) -> None:
+    """Was: each `x.JPEG sea turtle` image rejected twice (no row; no such image `x.JPEG sea`), exit 0."""
+    copied = flat_images(tmp_path / "flat", ["a.JPEG", "b.JPEG", "c.JPEG", "my photo.jpg"], image_folder[1])
+    (tmp_path / "val.txt").write_text("a.JPEG sea turtle\nb.JPEG tench\nc.JPEG sea turtle\nmy photo.jpg tench\n")
+    out = tmp_path / "out"
+    code, output = run("wds", tmp_path / "flat", out, "--metadata", tmp_path / "val.txt", "-q")
+    assert code == 0 and "packed 4 samples" in output and "0 rejected" in output, output
+    ds = readers.open_dataset(out, decode="bytes", fields=("image", "label", "path"))
+    assert ds.classes == ["sea turtle", "tench"]
+    assert sorted((path, ds.classes[label], image) for image, label, path in ds) == sorted(
+        (name, "tench" if name in ("b.JPEG", "my photo.jpg") else "sea turtle", data) for name, data in copied.items())
+
+
+def test_integer_labels_give_a_class_count(image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
+    """Was: labels 0..7, `ds.classes == []`, `pack info`: "in 0 classes"."""
+    flat_images(tmp_path / "flat", [f"{index}.jpg" for index in range(5)], image_folder[1])
+    (tmp_path / "labels.txt").write_text("".join(f"{index}.jpg {index * 7 // 4}\n" for index in range(5)))
+    out = tmp_path / "out"
+    assert run("lmdb", tmp_path / "flat", out, "--metadata", tmp_path / "labels.txt", "-q")[0] == 0
+    ds = readers.open_dataset(out, fields=("label",))
+    assert ds.classes == [str(index) for index in range(8)] and sorted(label for (label,) in ds) == [0, 1, 3, 5, 7]
+    code, output = run("info", out)
+    assert "samples      5 in 8 classes" in output, output
