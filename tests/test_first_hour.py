@@ -11,6 +11,7 @@ from typing import Callable
 
 import pytest
 from clirun import run
+from recordfiles import recordio_payload, write_recordio
 
 import packer.cli
 import readers
@@ -135,3 +136,18 @@ def test_integer_labels_give_a_class_count(image_folder: tuple[Path, dict[str, b
     assert ds.classes == [str(index) for index in range(8)] and sorted(label for (label,) in ds) == [0, 1, 3, 5, 7]
     code, output = run("info", out)
     assert "samples      5 in 8 classes" in output, output
+
+
+def test_a_rejected_first_record_does_not_decide_the_label_layout(image_folder: tuple[Path, dict[str, bytes]],
+                                                                    tmp_path: Path) -> None:
+    """Was: record 0 (3 labels, the first -1) rejected as not a class index, and records 1 and 2
+    (a scalar label) as '0 labels, where the first image record has 3': nothing packed."""
+    images = list(image_folder[1].values())[:3]
+    write_recordio(tmp_path / "train.rec", [recordio_payload(images[0], [-1.0, 2.0, 3.0]),
+                                            recordio_payload(images[1], 4.0), recordio_payload(images[2], 1.0)])
+    out = tmp_path / "out"
+    code, output = run("wds", tmp_path / "train.rec", out, "--order", "sorted", "-q")
+    assert code == 0 and "packed 2 samples" in output and "1 rejected" in output, output
+    ds = readers.open_dataset(out, decode="bytes", fields=("image", "label"))
+    assert list(ds) == [(images[1], 4), (images[2], 1)]
+    assert "label -1.0 is not a class index" in (out / "rejects.jsonl").read_text()
