@@ -142,12 +142,13 @@ def pack_into(src: str | os.PathLike[str], out_path: Path | RemoteOut, options: 
     if published:
         publish(out_path, policy, split, known=(plan, final))
     finished = [result for result in results if result is not None]
+    written = [result for result in finished if result.written]
     return Summary(
         out=str(out_path),
         num_samples=sum(result.num_samples for result in finished),
         bytes=sum(result.bytes for result in finished),
         source_bytes=sum(result.source_bytes for result in finished),
-        num_shards=len(finished),
+        num_shards=len(written),
         planned_shards=plan.num_shards,
         rejects=sum(len(result.rejects) for result in finished)
         + (len(plan.scan_rejects) if published else 0),
@@ -367,7 +368,7 @@ def publish(out: Path | RemoteOut, policy: ErrorPolicy, split: str, *,
         store=plan.options.store,
         num_samples=sum(result.num_samples for result in results),
         classes=classes,
-        shards=[result.info() for result in results],
+        shards=[result.info() for result in results if result.written],
         class_counts=[sum(result.label_counts.get(str(label), 0) for result in results)
                       for label in range(len(classes))],
         options=asdict(plan.options),

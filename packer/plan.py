@@ -15,6 +15,7 @@ import bisect
 import hashlib
 import itertools
 import json
+import logging
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -33,6 +34,8 @@ from .sources.listing import Listing
 from .sources.metadata import DEFAULT_LABEL_COLUMN
 from .sources.sidecars import extension_problem
 from .validate import DEFAULT_MAX_PIXELS, VALIDATE_MODES
+
+log = logging.getLogger(__name__)
 
 DEFAULT_ORDER = "shuffled"
 ORDERS = ("shuffled", "sorted")
@@ -255,6 +258,9 @@ def write_plan(out: Path, listing: Listing, options: PackOptions) -> Plan:
     arrange(listing, options.order, options.seed)
     work_dir(out).mkdir(parents=True, exist_ok=True)
     bounds = shard_bounds(listing.sizes, options.shard_size, options.shard_bytes)
+    if options.shard_size > 1 and len(listing) > 1 and len(bounds) - 1 == len(listing):
+        log.warning("--shard-bytes %d (bytes) is below the files' sizes: one shard per sample, %d shards; "
+                    "give a size with its unit, e.g. 512MiB", options.shard_bytes, len(listing))
     digest = hashlib.sha256()
     if listing.inputs:  # the locations index them: other inputs, other samples
         digest.update(json.dumps(listing.inputs).encode())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -151,3 +152,30 @@ def test_a_rejected_first_record_does_not_decide_the_label_layout(image_folder: 
     ds = readers.open_dataset(out, decode="bytes", fields=("image", "label"))
     assert list(ds) == [(images[1], 4), (images[2], 1)]
     assert "label -1.0 is not a class index" in (out / "rejects.jsonl").read_text()
+
+
+@pytest.mark.parametrize("fmt", ["wds", "lmdb"])
+def test_tiny_shard_bytes_warn_and_no_empty_shard_is_published(fmt: str, image_folder: tuple[Path, dict[str, bytes]],
+                                                                tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Was: `--shard-bytes 10` taken silently, and a rejected file's shard published with 0 samples."""
+    root, files = image_folder
+    (root / "class_01" / "bad.jpg").write_bytes(b"not an image")
+    out = tmp_path / "out"
+    code, output = run(fmt, root, out, "--shard-bytes", "10", "--order", "sorted", "-q")
+    assert code == 0 and "1 rejected" in output, output
+    warnings = [record.getMessage() for record in caplog.records if record.levelname == "WARNING"]
+    assert len(warnings) == 1 and "one shard per sample" in warnings[0] and "--shard-bytes 10 " in warnings[0]
+    manifest = json.loads((out / "index.json").read_text())
+    names = [shard["name"] for shard in manifest["shards"]]
+    assert len(names) == len(set(names)) == len(files) and all(shard["num_samples"] == 1 for shard in manifest["shards"])
+    assert all(re.fullmatch(r"shard-\d{6}\." + ("tar" if fmt == "wds" else "lmdb"), name) for name in names)
+    assert len(list(out.glob("shard-*." + ("tar" if fmt == "wds" else "lmdb")))) == len(files)  # no empty file either
+    assert run("verify", out, "-q") == (0, f"{out}: OK, {len(files)} samples\n")
+    assert run("info", out)[0] == 0
+    ds = readers.open_dataset(out, decode="bytes", fields=("image", "path"))
+    assert {path: image for image, path in ds} == files
+    if fmt == "wds":
+        assert {path: image for image, path in ds.stream()} == files
+    (out / "index.json").unlink()
+    code, output = run("merge", out)
+    assert code == 0 and f"merged {len(files)} shards" in output, output
