@@ -85,14 +85,15 @@ def one_line_errors(call: Callable[[], T]) -> T:
 
 
 def run(src: str | os.PathLike[str], out: str | os.PathLike[str], options: PackOptions, run_options: RunOptions,
-        progress: Callable[[int], None] | None = None) -> Summary:
-    """Pack with options already split (the CLI's path after parsing)."""
+        progress: Callable[[int], None] | None = None, planned: Callable[[int], None] | None = None) -> Summary:
+    """Pack with options already split (the CLI's path after parsing); `planned(total)` once the
+    plan says how many samples this run packs, before the first `progress`."""
     def call() -> Summary:
         policy = ErrorPolicy(on_error=run_options.on_error, max_errors=run_options.max_errors)
         partition = resolve_partition(run_options.task_index, run_options.task_count)
         return run_pipeline(src, out, options, overwrite=run_options.overwrite, workers=run_options.workers,
                             partition=partition, engine=run_options.engine, scheduler=run_options.scheduler,
-                            progress=progress, policy=policy, split=run_options.split,
+                            progress=progress, planned=planned, policy=policy, split=run_options.split,
                             staging=run_options.staging, storage_options=run_options.storage_options)
 
     return one_line_errors(call)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
+import select
 import signal
 import sys
 from dataclasses import fields
@@ -85,14 +87,24 @@ def human_bytes(size: float) -> str:
     raise AssertionError("unreachable")
 
 
+def counted(count: int, noun: str, plural: str | None = None) -> str:
+    """`1 shard`, `3 shards`; `1 class`, `0 classes`."""
+    return f"{count} {noun if count == 1 else plural or noun + 's'}"
+
+
 def print_summary(summary: Summary) -> None:
+    if summary.up_to_date:
+        click.echo(f"{summary.out}: up to date, {counted(summary.num_samples, 'sample')} in "
+                   f"{counted(summary.num_shards, 'shard')} packed from the same SRC with the same options; "
+                   "nothing to do (--overwrite packs it again)")
+        return
     resumed = f", {summary.resumed_shards} resumed" if summary.resumed_shards else ""
-    shards = (f"{summary.num_shards} shards" if summary.published
-              else f"{summary.num_shards} of {summary.planned_shards} shards (this task's)")
+    shards = (counted(summary.num_shards, "shard") if summary.published
+              else f"{summary.num_shards} of {counted(summary.planned_shards, 'shard')} (this task's)")
     ratio = (f", {summary.bytes / summary.source_bytes:.2f}x the {human_bytes(summary.source_bytes)} of source files"
              if summary.source_bytes else "")
     click.echo(
-        f"packed {summary.num_samples} samples ({human_bytes(summary.bytes)}{ratio}) into {shards}{resumed} "
+        f"packed {counted(summary.num_samples, 'sample')} ({human_bytes(summary.bytes)}{ratio}) into {shards}{resumed} "
         f"in {summary.elapsed:.1f}s ({summary.files_per_second:.0f} files/s); {summary.rejects} rejected "
         f"(see {joined(summary.out, REJECTS_NAME)}), {summary.ignored} non-image entries ignored"
         + ("" if summary.published else f"; run `pack merge {summary.out}` when every task is done")
@@ -106,6 +118,7 @@ def packing_options(command: Callable[..., Any]) -> Callable[..., Any]:
                      help="original: the file's bytes unchanged; raw: decoded uint8 HWC pixels; "
                           "bmp: lossless BMP; jpeg: re-encoded JPEG (after --resize/--center-crop)."),
         click.option("--mode", type=click.Choice(PIXEL_MODES, case_sensitive=False), default=None,
+                     metavar="[" + "|".join(PIXEL_MODES) + "]",  # click would show the choices lower-cased
                      help="Pixel mode of decoding stores.  [default: RGB]"),
         click.option("--resize", type=click.IntRange(min=1), default=None, metavar="N",
                      help="Decoding stores: scale the shorter side to N, keeping the aspect ratio."),
@@ -230,17 +243,76 @@ def make_pack_command(fmt: str) -> click.Command:
             options, run_options = split_options(fmt, params)
         except PackError as exc:  # contradictory flags are a usage error (exit 2), like a bad value
             raise click.UsageError(str(exc)) from None
-        with progress_bar(f"pack {fmt}", quiet) as bar:
-            summary = run(src, out, options, run_options, progress=bar.update)
+        with PlannedBar(f"pack {fmt}", quiet) as bar:
+            summary = run(src, out, options, run_options, progress=bar.update, planned=bar.start)
         print_summary(summary)
 
     return command
 
 
-def progress_bar(desc: str, quiet: bool) -> tqdm:
+def progress_bar(desc: str, quiet: bool, total: int | None = None) -> tqdm:
     """On stderr; in a batch job's log (not a terminal) it still shows, but rarely."""
     interval = 0.2 if sys.stderr.isatty() else 30.0
-    return tqdm(desc=desc, unit="img", file=sys.stderr, disable=quiet, mininterval=interval, dynamic_ncols=True)
+    return tqdm(desc=desc, total=total, unit="img", file=sys.stderr, disable=quiet, mininterval=interval,
+                dynamic_ncols=True)
+
+
+class PlannedBar:
+    """A progress bar drawn only once the plan gives its total (so a percentage and an ETA), never
+    before an error that comes first (a missing SRC)."""
+
+    def __init__(self, desc: str, quiet: bool) -> None:
+        self.desc, self.quiet = desc, quiet
+        self.bar: tqdm | None = None
+
+    def start(self, total: int) -> None:
+        self.bar = progress_bar(self.desc, self.quiet, total)
+
+    def update(self, count: int) -> None:
+        if self.bar is not None:
+            self.bar.update(count)
+
+    def __enter__(self) -> PlannedBar:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's preemption), raised like Ctrl-C so the run stops the same way."""
+
+
+def raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated
+
+
+class Interrupted(click.ClickException):
+    """Ctrl-C or SIGTERM: the shell's convention for death by a signal is exit 128 + its number."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.exit_code = 128 + signum
+
+
+def stdout_closed() -> bool:
+    """Whether standard output is a pipe whose reader has gone (`| head`), as opposed to a broken
+    pipe elsewhere (a socket to a bucket), which stays an error."""
+    try:
+        descriptor = sys.stdout.fileno()
+    except (AttributeError, ValueError, io.UnsupportedOperation):  # CliRunner's capture: no descriptor
+        return False
+    poller = select.poll()
+    poller.register(descriptor, select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poller.poll(0))
+
+
+def silence_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush does not fail on a closed pipe too."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 class PackGroup(click.Group):
@@ -251,9 +323,13 @@ class PackGroup(click.Group):
             return super().invoke(ctx)
         except (PackError, ScanError, DatasetError) as exc:
             raise click.ClickException(str(exc)) from None
-        except KeyboardInterrupt:
-            raise click.ClickException("interrupted; nothing was published; rerun the same command to resume") from None
+        except KeyboardInterrupt as exc:
+            raise Interrupted("interrupted; nothing was published; rerun the same command to resume",
+                              signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT) from None
         except OSError as exc:
+            if isinstance(exc, BrokenPipeError) and stdout_closed():  # `pack info OUT | head -2`: the reader has all it wanted
+                silence_stdout()
+                ctx.exit(0)
             where = exc.filename or "pack"
             raise click.ClickException(f"{where}: {exc.strerror or exc}") from None
 
@@ -266,7 +342,7 @@ def main(ctx: click.Context, verbose: bool) -> None:
     """Pack folders of images into LMDB, HDF5 or WebDataset shards for fast PyTorch training."""
     # A scheduler's preemption (SIGTERM) stops like Ctrl-C: temp files removed, resumable. For this
     # command only: an in-process caller (a test session, a notebook) gets its own handler back.
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
     ctx.call_on_close(lambda: signal.signal(signal.SIGTERM, previous))
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     # Dask reads this when first imported (by --engine dask): keep its INFO chatter out of the output.
@@ -282,7 +358,7 @@ def main(ctx: click.Context, verbose: bool) -> None:
 def plan_command(src: Path | str, out: Path | str, fmt: str, **params: Any) -> None:
     """Scan SRC once and write the shard plan into OUT, for the tasks of a batch job to share."""
     plan = ensure_plan(src, out, pack_options_from(fmt, params))
-    click.echo(f"planned {plan.num_listed} files into {plan.num_shards} shards in {out}")
+    click.echo(f"planned {counted(plan.num_listed, 'file')} into {counted(plan.num_shards, 'shard')} in {out}")
 
 
 @main.command("merge")
@@ -292,7 +368,8 @@ def plan_command(src: Path | str, out: Path | str, fmt: str, **params: Any) -> N
 def merge_command(out: Path | str, on_error: str, max_errors: int | None, split: str) -> None:
     """Publish index.json once every planned shard in OUT is finished; name what is missing if not."""
     manifest = merge(out, ErrorPolicy(on_error=on_error, max_errors=max_errors), split=split)
-    click.echo(f"merged {len(manifest.shards)} shards, {manifest.num_samples} samples: {joined(out, MANIFEST_NAME)}")
+    click.echo(f"merged {counted(len(manifest.shards), 'shard')}, {counted(manifest.num_samples, 'sample')}: "
+               f"{joined(out, MANIFEST_NAME)}")
 
 
 @main.command("verify")
@@ -322,8 +399,9 @@ def verify_command(out: Path | str, full: bool, quiet: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 def info_command(out: Path | str, as_json: bool) -> None:
     """Describe a packed dataset: format, store, counts, classes, shard and image sizes, options."""
-    from .info import (
-        describe,  # reads through `readers`, which imports torch: only when asked
+    from .info import (  # reads through `readers`, which imports torch: only when asked
+        describe,
+        non_default_options,
     )
 
     info = describe(out)
@@ -332,7 +410,7 @@ def info_command(out: Path | str, as_json: bool) -> None:
         return
     sizes = info["image_sizes"]
     click.echo(f"{info['path']}: {info['format']} shards, store {info['store']}, {printable(info['tool_version'])}")
-    click.echo(f"samples      {info['num_samples']} in {len(info['classes'])} classes")
+    click.echo(f"samples      {info['num_samples']} in {counted(len(info['classes']), 'class', 'classes')}")
     click.echo(f"shards       {info['shards']}, {human_bytes(info['bytes'])} in all; per shard "
                + " / ".join(human_bytes(info['shard_bytes'][k]) for k in ('min', 'median', 'max')) + " (min/median/max)")
     click.echo(f"per sample   {human_bytes(info['bytes_per_sample'])}")
@@ -351,7 +429,9 @@ def info_command(out: Path | str, as_json: bool) -> None:
                    "packs it shuffled" if mixing["class_sorted"] else "mixed")
         click.echo(f"mixing       shards hold {mixing['shard_classes']:.0f} classes (median), a shuffled pack's "
                    f"{mixing['shuffled_classes']:.0f}: {verdict}")
-    click.echo("options      " + printable(", ".join(f"{key}={value}" for key, value in info["options"].items())))
+    changed = non_default_options(info["options"])
+    click.echo("options      " + (printable(", ".join(f"{key}={value}" for key, value in changed.items()))
+                                  if changed else "all defaults"))
     click.echo("classes")
     for entry in info["classes"]:
         click.echo(f"  {entry['index']:5d}  {entry['samples']:9d}  {printable(entry['name'])}")

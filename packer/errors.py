@@ -7,3 +7,7 @@ class PackError(Exception):
 
 class RejectedFile(Exception):
     """One input file cannot be packed; it goes to rejects.jsonl with this reason."""
+
+
+class FinishedOutput(PackError):
+    """OUT already holds a published dataset: up to date if packed from the same SRC and options."""

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import statistics
 import tempfile
+from dataclasses import asdict
 from typing import Any
 
 from PIL import Image
@@ -13,6 +15,7 @@ from PIL import Image
 from readers.datasets import open_dataset
 from readers.remote import is_url
 
+from .plan import PackOptions
 from .verify import read_manifest
 
 SIZE_SAMPLE = 1000
@@ -88,3 +91,12 @@ def stored_size(meta: dict[str, Any], payload: bytes | memoryview) -> tuple[int,
             return image.size
     except (OSError, ValueError, Image.DecompressionBombError):
         return None
+
+
+def non_default_options(options: dict[str, Any]) -> dict[str, Any]:
+    """The recorded options a plain `pack FORMAT SRC OUT` would not have given, `format` aside (the
+    first line says it): the TFRecord keys of a folder pack, or every None, say nothing."""
+    defaults = json.loads(json.dumps(asdict(PackOptions(format=options.get("format", "lmdb"),
+                                                        store=options.get("store", "original")))))
+    return {key: value for key, value in options.items()
+            if key != "format" and (key not in defaults or value != defaults[key])}

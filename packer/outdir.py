@@ -19,7 +19,7 @@ from pathlib import Path
 
 from readers.manifest import DESCRIPTOR_NAMES, MANIFEST_NAME, REJECTS_NAME, SHARD_PREFIX
 
-from .errors import PackError
+from .errors import FinishedOutput, PackError
 
 WORK_DIR = ".pack"
 PLAN_NAME = "plan.json"
@@ -102,6 +102,6 @@ def prepare_output(out: Path, *, overwrite: bool) -> None:
             shutil.rmtree(target) if target.is_dir() else target.unlink()
         return
     if (out / MANIFEST_NAME).exists():
-        raise PackError(f"{out}: already holds a packed dataset; pass --overwrite to replace it")
+        raise FinishedOutput(f"{out}: already holds a packed dataset; pass --overwrite to replace it")
     if foreign:
         raise PackError(f"{out}: not empty and not a pack output (found {foreign[0]!r}); choose another OUT")

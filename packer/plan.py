@@ -15,6 +15,7 @@ import bisect
 import hashlib
 import itertools
 import json
+import logging
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -33,6 +34,8 @@ from .sources.listing import Listing
 from .sources.metadata import DEFAULT_LABEL_COLUMN
 from .sources.sidecars import extension_problem
 from .validate import DEFAULT_MAX_PIXELS, VALIDATE_MODES
+
+log = logging.getLogger(__name__)
 
 DEFAULT_ORDER = "shuffled"
 ORDERS = ("shuffled", "sorted")
@@ -155,6 +158,13 @@ class PackOptions:
         return (self.center_crop, self.center_crop, len(self.mode))
 
 
+def option_differences(before: PackOptions, now: PackOptions) -> list[str]:
+    """`--shard-size: 2 before, 4 now` for each option that differs, named as its flag."""
+    old, new = asdict(before), asdict(now)
+    return [f"{'format' if name == 'format' else '--' + name.replace('_', '-')}: {old[name]} before, {new[name]} now"
+            for name in old if old[name] != new[name]]
+
+
 @dataclass(slots=True)
 class Entry:
     """One file to pack; `path` (relative to SRC) is its key: unique, and the sorted order's sort key.
@@ -248,6 +258,9 @@ def write_plan(out: Path, listing: Listing, options: PackOptions) -> Plan:
     arrange(listing, options.order, options.seed)
     work_dir(out).mkdir(parents=True, exist_ok=True)
     bounds = shard_bounds(listing.sizes, options.shard_size, options.shard_bytes)
+    if options.shard_size > 1 and len(listing) > 1 and len(bounds) - 1 == len(listing):
+        log.warning("--shard-bytes %d (bytes) is below the files' sizes: one shard per sample, %d shards; "
+                    "give a size with its unit, e.g. 512MiB", options.shard_bytes, len(listing))
     digest = hashlib.sha256()
     if listing.inputs:  # the locations index them: other inputs, other samples
         digest.update(json.dumps(listing.inputs).encode())

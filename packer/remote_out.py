@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator, TypeVar
 from readers.manifest import MANIFEST_NAME
 from readers.remote import UrlFilesystem, url_folder_name
 
-from .errors import PackError
+from .errors import FinishedOutput, PackError
 from .fsutil import atomic_write_text, sha256_file
 from .outdir import DONE_DIR, LISTING_NAME, PLAN_NAME, TMP_DIR, WORK_DIR, final_name, listing_path, pack_outputs, \
     plan_path, temp_name
@@ -332,7 +332,7 @@ class RemoteOut(UrlFilesystem):
             self.remove(sorted(ours))
             return
         if MANIFEST_NAME in names:
-            raise PackError(f"{self.url}: already holds a packed dataset; pass --overwrite to replace it")
+            raise FinishedOutput(f"{self.url}: already holds a packed dataset; pass --overwrite to replace it")
         foreign = sorted(set(names) - ours)
         if foreign:
             raise PackError(f"{self.url}: not empty and not a pack output (found {foreign[0]!r}); choose another OUT")

@@ -55,6 +55,7 @@ class ShardResult:
     source_bytes: int
     sidecars: list[dict[str, Any]] = field(default_factory=list)
     extensions: list[str] = field(default_factory=list)  # the samples' (`Sample.extension`), sorted
+    written: bool = True  # False: every sample was rejected, so no shard file (index.json lists no empty shard)
 
     def info(self) -> ShardInfo:
         return ShardInfo(
@@ -68,6 +69,8 @@ class ShardResult:
 
     def files(self) -> list[tuple[str, int, str]]:
         """(name, bytes, sha256) of the shard and of every sidecar: what must still be on disk."""
+        if not self.written:
+            return []
         return [(self.name, self.bytes, self.sha256)] + [
             (sidecar["name"], sidecar["bytes"], sidecar["sha256"]) for sidecar in self.sidecars
         ]
@@ -198,16 +201,22 @@ def run_shard(out: Path | RemoteOut, plan: Plan, shard: int, *, threads: int = R
                     source_bytes += entry.size
                 if progress:
                     progress(1)
-        # A writer that hashed its file on the way is synced by `publish`; the others are hashed while they sync.
-        digest = writer.sha256 if writer.sha256 else sync_and_hash([tmp, *tmp_sidecars.values()], tmp)
-        for extension, tmp_sidecar in tmp_sidecars.items():
-            sidecar = local / shard_name(shard, extension)
-            publish(tmp_sidecar, sidecar)
-            sidecars.append({"name": sidecar.name, "bytes": sidecar.stat().st_size, "sha256": sha256_file(sidecar)})
-        publish(tmp, final)
-        result = ShardResult(name=name, num_samples=count, bytes=final.stat().st_size, sha256=digest,
-                             fingerprint=plan.fingerprint, rejects=rejects, label_counts=label_counts,
-                             source_bytes=source_bytes, sidecars=sidecars, extensions=sorted(extensions))
+        if not count:  # every sample rejected: only the marker, no empty shard for readers to find
+            remove_files(tmp, *tmp_sidecars.values())
+            result = ShardResult(name=name, num_samples=0, bytes=0, sha256="", fingerprint=plan.fingerprint,
+                                 rejects=rejects, label_counts={}, source_bytes=0, written=False)
+        else:
+            # A writer that hashed its file on the way is synced by `publish`; the others are hashed while they sync.
+            digest = writer.sha256 if writer.sha256 else sync_and_hash([tmp, *tmp_sidecars.values()], tmp)
+            for extension, tmp_sidecar in tmp_sidecars.items():
+                sidecar = local / shard_name(shard, extension)
+                publish(tmp_sidecar, sidecar)
+                sidecars.append({"name": sidecar.name, "bytes": sidecar.stat().st_size,
+                                 "sha256": sha256_file(sidecar)})
+            publish(tmp, final)
+            result = ShardResult(name=name, num_samples=count, bytes=final.stat().st_size, sha256=digest,
+                                 fingerprint=plan.fingerprint, rejects=rejects, label_counts=label_counts,
+                                 source_bytes=source_bytes, sidecars=sidecars, extensions=sorted(extensions))
         if isinstance(out, RemoteOut):
             if upload:
                 upload_shard(out, result)

@@ -10,7 +10,7 @@ import lmdb
 from .base import PackedDataset, Record
 from .fields import parse_value
 from .layouts.lmdb import field_key, is_record_key, parse_record
-from .manifest import DatasetError, sample_key
+from .manifest import DatasetError
 
 # A page fault in a mapping with readahead reads ~128 KiB around it. Records that big (JPEG
 # photos) then cost one or two reads instead of a fault per 4 KiB page: about 3x faster cold
@@ -70,7 +70,7 @@ class LMDBDataset(PackedDataset):
     def _read(self, shard: int, local: int) -> Record:
         env = self.handle(shard)
         with env.begin() as txn:
-            key = sample_key(shard, local, self.manifest.version)
+            key = self.manifest.sample_key(shard, local)
             value = txn.get(key.encode("ascii"))
             stored = [txn.get(field_key(key, spec.name)) for spec in self.wanted]
         if value is None:

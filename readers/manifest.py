@@ -17,6 +17,7 @@ import json
 import os
 import re
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
@@ -34,6 +35,7 @@ MANIFEST_NAME = "index.json"
 REJECTS_NAME = "rejects.jsonl"
 SHARD_PREFIX = "shard-"
 SHARD_PATTERN = SHARD_PREFIX + "{:06d}{}"
+SHARD_NUMBER = re.compile(re.escape(SHARD_PREFIX) + r"(\d+)\..+")
 STORES = ("original", "raw", "bmp", "jpeg")
 """What a sample's payload is (FORMAT.md "Stores"): the source file's bytes, or decoded pixels."""
 TIMM_INFO_NAME = "_info.json"
@@ -110,6 +112,17 @@ class Manifest:
     fields: list[FieldSpec] = field(default_factory=list)
     # Files written for other loaders (timm, wids, Hugging Face) beside index.json; FORMAT.md.
     descriptors: list[FileInfo] = field(default_factory=list)
+
+    @cached_property
+    def shard_numbers(self) -> list[int]:
+        """The number in each shard's name (`shard-000007.tar`: 7), which its sample keys carry: it
+        skips the number of a shard whose every sample was rejected (never published)."""
+        return [int(match.group(1)) if (match := SHARD_NUMBER.fullmatch(shard.name)) else position
+                for position, shard in enumerate(self.shards)]
+
+    def sample_key(self, shard: int, row: int) -> str:
+        """The key of row `row` of `shards[shard]`."""
+        return sample_key(self.shard_numbers[shard], row, self.version)
 
     def class_mixing(self) -> tuple[float, float] | None:
         """How many classes the median shard holds, and how many a shard of that size drawn at

@@ -38,7 +38,7 @@ from .layouts.wds import (
     parse_index_header,
     split_name,
 )
-from .manifest import DatasetError, FileInfo, sample_key
+from .manifest import DatasetError, FileInfo
 from .streaming import DEFAULT_PREFETCH_SHARDS, ShardStream
 
 
@@ -172,7 +172,7 @@ class WdsDataset(PackedDataset):
 
     def _read(self, shard: int, local: int) -> Record:
         try:
-            return self._pread_sample(self.handle(shard), local, sample_key(shard, local, self.manifest.version))
+            return self._pread_sample(self.handle(shard), local, self.manifest.sample_key(shard, local))
         except TarError as exc:
             raise DatasetError(f"{self.shard_path(shard)}: sample {local}: {exc}") from None
 

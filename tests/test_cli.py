@@ -29,14 +29,23 @@ def test_pack_prints_summary_and_reads_back(fmt: str, image_folder: tuple[Path, 
     assert {path: data for data, path in ds} == files
 
 
-def test_existing_dataset_needs_overwrite(image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
-    root, _ = image_folder
+def test_existing_dataset_is_up_to_date_or_needs_overwrite(image_folder: tuple[Path, dict[str, bytes]],
+                                                           tmp_path: Path) -> None:
+    root, files = image_folder
     out = tmp_path / "out"
     assert run("lmdb", root, out, "-q")[0] == 0
     before = (out / "index.json").read_bytes()
-    code, output = run("lmdb", root, out, "-q")
+    code, output = run("lmdb", root, out, "-q")  # a requeued batch job: the same command again
+    assert code == 0, output
+    assert output.strip() == (f"{out}: up to date, {len(files)} samples in 1 shard packed from the same SRC with "
+                              "the same options; nothing to do (--overwrite packs it again)")
+    code, output = run("lmdb", root, out, "-q", "--shard-size", "2")
     assert code == 1
-    assert output.strip() == f"Error: {out}: already holds a packed dataset; pass --overwrite to replace it"
+    assert output.strip() == (f"Error: {out}: already holds a packed dataset of other options (--shard-size: 10000 "
+                              "before, 2 now); pass --overwrite to replace it")
+    other = shutil.copytree(root, tmp_path / "other")
+    code, output = run("lmdb", other, out, "-q")
+    assert code == 1 and f"already holds a packed dataset of another SRC ({root} before, {other} now)" in output
     assert (out / "index.json").read_bytes() == before
     code, output = run("lmdb", root, out, "-q", "--overwrite", "--shard-size", "2")
     assert code == 0, output

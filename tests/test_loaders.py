@@ -179,8 +179,8 @@ def test_hf_hdf5_card_reads_the_fields_group(tmp_path: Path) -> None:
 
 
 def test_hf_loads_integer_labels_without_class_names(tmp_path: Path) -> None:
-    """Metadata with integer labels and no --classes leaves the class list empty: the card types
-    `cls` as int64 (a ClassLabel with no names would refuse every label)."""
+    """Metadata with integer labels and no --classes: classes "0".."K-1" (K = the largest label + 1),
+    which the card's ClassLabel names, so every label loads."""
     root = tmp_path / "src"
     root.mkdir()
     rng = random.Random(4)
@@ -191,6 +191,6 @@ def test_hf_loads_integer_labels_without_class_names(tmp_path: Path) -> None:
     (tmp_path / "metadata.jsonl").write_text("\n".join(lines) + "\n")
     out = tmp_path / "out"
     pack(root, out, PackOptions(format="wds", metadata=str(tmp_path / "metadata.jsonl")))
-    assert readers.load_manifest(out).classes == []
+    assert readers.load_manifest(out).classes == [str(index) for index in range(10)]
     loaded = datasets.load_dataset(str(out), split="train", cache_dir=str(tmp_path / "cache"))
     assert [row["cls"] for row in loaded] == stored(out, "label") and sorted(stored(out, "label")) == [0, 3, 6, 9]

@@ -184,7 +184,7 @@ def test_csv_and_tsv_metadata_types_and_integer_labels(image_folder: tuple[Path,
                            "--label-column", "cls", "-q")
         assert code == 0 and "0 rejected" in output, output
         ds = readers.open_dataset(out, fields=("label", "count", "ratio", "flag", "note", "code"))
-        assert ds.classes == []  # integer labels stay as they are
+        assert ds.classes == [str(index) for index in range(8)]  # integer labels as they are; 0..7: 8 classes
         assert [spec.type for spec in ds.manifest.fields] == ["int", "float", "bool", "str", "str"]
         assert list(ds) == [(7, 3, 0.5, True, "a, quoted\nnote", "007"), (2, -1, 1.0, False, None, "x7")]
 

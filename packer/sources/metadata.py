@@ -50,6 +50,9 @@ class Metadata:
     text_cells: bool = False  # CSV/TSV: every value is text until its column's type is inferred
     rejects: list[tuple[str, str]] = field(default_factory=list)
     malformed: set[str] = field(default_factory=set)  # images whose row was rejected: no second reject
+    # `name label` lines of 3+ words: the line read as `first-word label words` (first word, label),
+    # by the path its last-word reading gave; `apply_metadata` takes it when that first word is listed
+    first_word_readings: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     def reject(self, line: int, problem: str) -> None:
         self.rejects.append((self.path, f"line {line}: {problem}"))
@@ -141,7 +144,9 @@ def _jsonl_rows(text: str, kind: str, metadata: Metadata, label_column: str) -> 
 
 
 def _name_rows(text: str, kind: str, metadata: Metadata, label_column: str) -> Rows:
-    """`name label` lines (ImageNet's val.txt): the name may hold spaces, the label is the last word."""
+    """`name label` lines (ImageNet's val.txt). With more words, either the name or the label holds
+    spaces (`my photo.jpg 3`, `x.JPEG sea turtle`): the label is the last word, unless the first word
+    names a listed image (`first_word_readings`)."""
     metadata.columns = [label_column]
     for line, content in enumerate(text.splitlines(), 1):
         if not content.strip():
@@ -151,7 +156,20 @@ def _name_rows(text: str, kind: str, metadata: Metadata, label_column: str) -> R
             metadata.reject(line, "expected 'name label'")
             continue
         name, label = parts
+        first, rest = content.split(None, 1)
+        if first != name.strip():
+            metadata.first_word_readings[posixpath.normpath(name.strip())] = (posixpath.normpath(first), rest.strip())
         yield line, name.strip(), {label_column: int(label) if _INTEGER.fullmatch(label) else label}
+
+
+def _prefer_first_word_readings(metadata: Metadata, listed: set[str]) -> None:
+    """Re-read a `name label` line as `first-word label words` where its last-word name is not a
+    listed image and its first word is: `x.JPEG sea turtle` is x.JPEG of class 'sea turtle'."""
+    for path, (first, label) in metadata.first_word_readings.items():
+        row = metadata.rows.get(path)
+        if row is not None and path not in listed and first in listed and first not in metadata.rows:
+            del metadata.rows[path]
+            metadata.rows[first] = Row(line=row.line, label=label, values=row.values)
 
 
 def _path_column(metadata: Metadata, header: list[str]) -> str:
@@ -262,6 +280,8 @@ def apply_metadata(listing: Listing, metadata: Metadata, label_column: str, clas
     `classes` cannot index. Without `classes`, the classes are the sorted names the file uses.
     """
     name = os.path.basename(metadata.path)
+    if metadata.first_word_readings:
+        _prefer_first_word_readings(metadata, set(listing.paths))
     listing.rejects += metadata.rejects  # first: the line to fix, when --on-error fail names one
     rows: list[Row] = []
     keep: list[int] = []

@@ -253,10 +253,12 @@ def scan_file(listing: Listing, number: int, path: str, name: str) -> int | None
                     if end is None or keys[position] < end:
                         yield position
 
-            found = next((record for position in itertools.islice(images(), WIDTH_PROBES)
-                          if (record := _unpack_at(handle, offsets[position], lengths[position])) is not None
-                          and record.image), None)
-            width = found.flag if found is not None else None  # from the first image record that can be read
+            probes = [record for position in itertools.islice(images(), WIDTH_PROBES)
+                      if (record := _unpack_at(handle, offsets[position], lengths[position])) is not None]
+            # From the first record that will be packed: a rejected one must not decide the layout of the rest.
+            found = next((record for record in probes if packing_problem(record) is None),
+                         next((record for record in probes if record.image), None))
+            width = found.flag if found is not None else None
     except OSError as exc:
         raise ScanError(f"{path}: cannot read ({exc.strerror or exc})") from None
     assert listing.locations is not None
@@ -301,6 +303,16 @@ def _unpack_at(handle: BinaryIO, offset: int, length: int) -> ImageRecord | None
         return None
 
 
+def packing_problem(record: ImageRecord) -> str | None:
+    """Why this record cannot be a sample whatever the file's label-array length; None if it can."""
+    if not record.image:
+        return "no image bytes after its header"
+    label = record.class_label
+    if not math.isfinite(label) or label < 0 or label != int(label):
+        return f"label {label} is not a class index (a whole number >= 0)"
+    return None
+
+
 class RecordIOReader:
     """Reads one record's byte range and unpacks its label, label array and image."""
 
@@ -332,14 +344,12 @@ class RecordIOReader:
         return self.sample(record, offset)
 
     def sample(self, record: ImageRecord, offset: int) -> Record:
-        if not record.image:
-            raise RejectedFile(f"record at byte {offset}: no image bytes after its header")
-        if record.flag != self.width:
-            raise RejectedFile(f"record at byte {offset}: {record.flag} labels, where the first image record "
-                               f"has {self.width}")
+        problem = packing_problem(record)
+        if problem is None and record.flag != self.width:
+            problem = f"{record.flag} labels, where the first packable image record has {self.width}"
+        if problem is not None:
+            raise RejectedFile(f"record at byte {offset}: {problem}")
         label = record.class_label
-        if not math.isfinite(label) or label < 0 or label != int(label):
-            raise RejectedFile(f"record at byte {offset}: label {label} is not a class index (a whole number >= 0)")
         fields = {}
         if self.spec is not None:
             fields[LABEL_ARRAY_FIELD] = encode_value(self.spec, list(record.labels))
