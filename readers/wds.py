@@ -28,6 +28,8 @@ from .layouts.wds import (
     LABEL_EXTENSION,
     PIXELS_EXTENSION,
     TarError,
+    canonical_header,
+    check_member_name,
     field_extension,
     field_extensions,
     index_row,
@@ -322,26 +324,38 @@ def read_tar_samples(handle: BinaryIO, meta_extension: str, fields: Sequence[Fie
     key: str | None = None
     parts: dict[str, bytes] = {}
     left = os.fstat(handle.fileno()).st_size - handle.tell()  # a member's size is checked against it before a read
+    read = handle.read
+    skip = 0  # the last member's padding, read with the next header
     while True:
-        block = handle.read(BLOCK)
-        left -= BLOCK
-        if len(block) < BLOCK:
+        block = read(skip + BLOCK)
+        left -= skip + BLOCK
+        if len(block) < skip + BLOCK:
             raise TarError("tar shard is truncated (no end-of-archive block)")
-        member = parse_header(block)
-        member_key, extension = split_name(member.name) if member else (None, "")
+        if skip:
+            block = block[skip:]
+        canonical = canonical_header(block)  # pack's own headers: fast; any other: parsed in full
+        if canonical is not None:
+            name = check_member_name(os.fsdecode(canonical[0]))
+            size = canonical[1]
+        else:
+            member = parse_header(block)
+            if member is None:
+                if key is not None:
+                    yield assemble(key, parts, known, meta_extension, wanted)
+                return
+            name, size = member.name, member.size
+        member_key, extension = split_name(name)
         if key is not None and member_key != key:
             yield assemble(key, parts, known, meta_extension, wanted)
             parts = {}
-        if member is None:
-            return
         key = member_key
-        if member.size > left:
-            raise TarError(f"tar shard is truncated in {member.name!r} ({member.size} bytes, {max(left, 0)} left)")
-        data = handle.read(member.size)
-        handle.read(padding(member.size))
-        left -= member.size + padding(member.size)
-        if len(data) < member.size:  # the file shrank while read
-            raise TarError(f"tar shard is truncated in {member.name!r}")
+        if size > left:
+            raise TarError(f"tar shard is truncated in {name!r} ({size} bytes, {max(left, 0)} left)")
+        data = read(size)
+        skip = padding(size)
+        left -= size
+        if len(data) < size:  # the file shrank while read
+            raise TarError(f"tar shard is truncated in {name!r}")
         parts[extension] = data
 
 

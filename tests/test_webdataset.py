@@ -17,7 +17,7 @@ import readers
 from packer.errors import PackError
 from packer.pipeline import pack
 from packer.plan import PackOptions
-from readers.layouts.wds import Member, encode_header, encode_member, parse_header
+from readers.layouts.wds import Member, canonical_header, encode_header, encode_member, parse_header
 
 
 @pytest.fixture
@@ -39,6 +39,30 @@ def test_header_equals_tarfiles(name: str, size: int) -> None:
     info.size, info.mtime, info.mode, info.uname, info.gname = size, 0, 0o644, "", ""
     assert encode_header(name.encode(), size) == info.tobuf(tarfile.USTAR_FORMAT)
     assert parse_header(encode_header(name.encode(), size)) == Member(name, size)
+
+
+@pytest.mark.parametrize("name, size", [("0000000000.jpg", 0), ("000001_0000000042.pack.json", 1234567),
+                                        ("k.cls", 8**11 - 1)])
+def test_canonical_header_reads_what_encode_header_writes_and_nothing_else(name: str, size: int) -> None:
+    header = encode_header(name.encode(), size)
+    assert canonical_header(header) == (name.encode(), size)
+
+    def changed(start: int, value: bytes) -> bytes:
+        """The header with `value` at `start`, its checksum made right again."""
+        block = header[:start] + value + header[start + len(value):]
+        return block[:148] + b"%06o\0 " % (sum(block[:148]) + sum(block[156:]) + 8 * ord(" ")) + block[156:]
+
+    others = [
+        header[:148] + b"%06o\0 " % (int(header[148:154], 8) + 1) + header[156:],  # checksum off by one
+        changed(156, b"5"),  # a directory
+        changed(345, b"dir"),  # a ustar prefix
+        changed(136, b"%011o\0" % 1),  # an mtime
+        changed(len(name) + 1, b"x"),  # a byte after the name's NUL
+        changed(124, b"+" + b"%010o\0" % min(size, 8**10 - 1)),  # int() reads it; no tar writer writes it
+        bytes(512),  # the end of the archive
+    ]
+    for other in others:
+        assert canonical_header(other) is None  # parse_header decides
 
 
 def test_header_limits() -> None:

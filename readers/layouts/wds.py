@@ -106,6 +106,24 @@ def encode_member(name: bytes, data: bytes) -> bytes:
     return encode_header(name, len(data)) + data + ZERO_BLOCK[: padding(len(data))]
 
 
+def canonical_header(block: bytes) -> tuple[bytes, int] | None:
+    """(name, size) of a header exactly as `encode_header` writes it, checksum included, else None
+    (then `parse_header` says what it is). The fixed fields are compared whole and the checksum
+    summed over the name and size alone: a fifth of `parse_header`'s time, which a streaming read
+    pays three times per sample."""
+    if block[100:124] != _MODE_UID_GID or block[136:148] != _MTIME or block[156:] != _TAIL:
+        return None
+    name = block[:100].rstrip(b"\0")
+    size_field = block[124:136]
+    if b"\0" in name or block[148:156] != b"%06o\0 " % (_FIXED_SUM + sum(name) + sum(size_field)):
+        return None
+    try:
+        size = int(size_field[:11], 8)
+    except ValueError:
+        return None
+    return (name, size) if size_field == _octal(size, 12) else None  # int() also takes " +_"
+
+
 def parse_header(block: bytes | memoryview, *, checksum: bool = True) -> Member | None:
     """One 512-byte ustar header -> its member, or None for the all-zero end-of-archive block.
 
