@@ -22,7 +22,15 @@ from .base import PackedDataset
 from .cache import format_size
 from .cpus import THREAD_VARIABLES, default_num_workers
 from .order import DEFAULT_SHUFFLE_WINDOW, LoaderMode, RankSplit, epoch_order, split_for_rank
-from .streaming import DEFAULT_MIX_SHARDS, DEFAULT_PREFETCH_SHARDS, DEFAULT_SHUFFLE_BUFFER, ShardStream, distributed
+from .streaming import (
+    DEFAULT_MIX_SHARDS,
+    DEFAULT_PREFETCH_SHARDS,
+    DEFAULT_SHUFFLE_BUFFER,
+    Scalars,
+    ShardStream,
+    distributed,
+    stack_scalars,
+)
 
 log = logging.getLogger(__name__)
 
@@ -101,18 +109,28 @@ class SampleCollate:
     """Batches a dataset's samples field by field: images, labels, indexes and numeric fields that
     every sample has in one shape are stacked (torch's default_collate); text, paths, JSON values
     and fields a sample may lack stay lists (default_collate would fail on None, merge dicts and
-    transpose lists)."""
+    transpose lists).
 
-    def __init__(self, dataset: PackedDataset) -> None:
+    With `scalars_as_lists` (streaming workers), columns of plain numbers (labels, indexes, number
+    fields) come out as `Scalars`, which the loader stacks in the main process (`stack_scalars`).
+    """
+
+    def __init__(self, dataset: PackedDataset, *, scalars_as_lists: bool = False) -> None:
         self.stack = [name in ("image", "label", "index") or (spec is not None and spec.stackable)
                       for name, spec in ((name, dataset.field_spec(name)) for name in dataset.fields)]
         self.image = dataset.fields.index("image") if "image" in dataset.fields else None
+        self.scalars_as_lists = scalars_as_lists
 
     def __call__(self, batch: list[tuple[Any, ...]]) -> list[Any]:
         columns = list(zip(*batch))
         if self.image is not None:
             check_one_size(columns[self.image])
-        return [default_collate(list(column)) if stack else list(column) for stack, column in zip(self.stack, columns)]
+        return [self._column(list(column)) if stack else list(column) for stack, column in zip(self.stack, columns)]
+
+    def _column(self, column: list[Any]) -> Any:
+        if self.scalars_as_lists and all(type(value) in (int, float, bool) for value in column):
+            return Scalars(column)
+        return default_collate(column)
 
 
 def check_one_size(images: Sequence[Any]) -> None:
@@ -247,7 +265,14 @@ class StreamingLoader(PackedLoader):
         return DataLoader(self.sampler, batch_size=None, generator=self._generator, **args)
 
     def _with_mask(self, batch: Any, number: int) -> Any:
-        return batch
+        return stack_scalars(batch, self._pin)
+
+    @property
+    def _pin(self) -> bool:
+        """Whether DataLoader pins its batches' tensors (then the ones stacked here are pinned too)."""
+        accelerator = getattr(torch, "accelerator", None)
+        return self.dataloader.pin_memory and (accelerator.is_available() if accelerator is not None
+                                               else torch.cuda.is_available())
 
 
 def warn_class_sorted(dataset: PackedDataset) -> None:
@@ -340,14 +365,14 @@ def make_loader(
                          'with decode="tensor" (and a transform= that makes one size), or give a transform= that '
                          'returns tensors, or a collate_fn')
     shard_sizes = np.array([shard.num_samples for shard in dataset.manifest.shards], dtype=np.int64)
-    collate = collate_fn or SampleCollate(dataset)
+    collate = collate_fn or SampleCollate(dataset, scalars_as_lists=streaming and workers > 0)
     sampler: ShardWindowBatchSampler | ShardStream
     if streaming:
         sampler = ShardStream(
             dataset, batch_size=batch_size, collate_fn=collate, seed=seed, shuffle=shuffle,
             shuffle_buffer=shuffle_buffer, rank=rank, world_size=world_size,
             drop_last=drop_last and mode == "train", mode=mode, num_workers=workers, prefetch_shards=prefetch_shards,
-            mix_shards=mix_shards,
+            mix_shards=mix_shards, scalars_as_lists=workers > 0,
         )
         check_cache_room(dataset, sampler.mix_shards, max(1, workers))
         if shuffle and mode == "train":

@@ -42,6 +42,23 @@ DEFAULT_MIX_SHARDS = 4
 batch of a sorted pack by shards mixed); a shared cache must hold this many per worker."""
 
 
+class Scalars(list):  # type: ignore[type-arg]
+    """A batch column of Python numbers (labels, indexes, an eval mask) as a DataLoader worker hands
+    it over: a tensor sent from a worker costs a shared-memory file and a socket handshake per batch,
+    more CPU than the 2 MB of a batch's image bytes through the pipe; `stack_scalars` makes the
+    tensor in the main process, as default_collate would have."""
+
+
+def stack_scalars(batch: Any, pin: bool = False) -> Any:
+    """`batch` with each Scalars in it (within lists and tuples) a tensor, pinned if asked."""
+    if isinstance(batch, Scalars):
+        tensor = default_collate(list(batch))
+        return tensor.pin_memory() if pin else tensor
+    if type(batch) in (list, tuple) and any(isinstance(item, (Scalars, list, tuple)) for item in batch):
+        return type(batch)(stack_scalars(item, pin) if isinstance(item, (list, tuple)) else item for item in batch)
+    return batch
+
+
 def distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:
     """Both given, or torch.distributed's when initialised, else (0, 1)."""
     if (rank is None) != (world_size is None):
@@ -265,6 +282,7 @@ class ShardStream(IterableDataset, RankSplit):
         num_workers: int = 0,
         prefetch_shards: int = DEFAULT_PREFETCH_SHARDS,
         mix_shards: int = DEFAULT_MIX_SHARDS,
+        scalars_as_lists: bool = False,
     ) -> None:
         rank, world_size = distributed(rank, world_size)
         RankSplit.__init__(self, [shard.num_samples for shard in dataset.manifest.shards], batch_size, rank=rank,
@@ -279,6 +297,7 @@ class ShardStream(IterableDataset, RankSplit):
         self.shuffle_buffer = shuffle_buffer
         self.num_workers = num_workers
         self.prefetch_shards = prefetch_shards
+        self.scalars_as_lists = scalars_as_lists  # eval masks leave a worker as `Scalars`
         self._offsets = np.concatenate(([0], np.cumsum(self.shard_sizes)))
         self._position = torch.zeros(2, dtype=torch.int64).share_memory_()  # epoch, batches to skip
 
@@ -364,6 +383,8 @@ class ShardStream(IterableDataset, RankSplit):
         assert self.collate_fn is not None
         collated = self.collate_fn(batch)
         if self.mode == "eval":  # padding sits at the end of the share
+            if self.scalars_as_lists and get_worker_info() is not None:
+                return collated, Scalars(position + start < real for position in positions)
             return collated, torch.tensor(positions) + start < real
         return collated
 

@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 import pytest
+import torch
 from clirun import run
 from imagefolders import make_caption_folder, make_image_folder
 from loopback import LoopbackHTTP
@@ -126,6 +127,18 @@ def test_streaming_reads_every_sample_once_in_the_announced_order(fmt: str, work
                 assert (data, label) == tuple(ds[index][1:])
         seen.append(indexes)
     assert seen[0] != seen[1]
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_workers_hand_over_tensors_as_one_process_makes_them(mode: str, packed_as: Callable) -> None:
+    """Numbers leave the workers as lists (`Scalars`) and become the tensors default_collate makes."""
+    ds = open_indexed(packed_as("wds")[0])
+    for workers in (0, 2):
+        for batch in streaming(ds, num_workers=workers, mode=mode):
+            columns, mask = batch if mode == "eval" else (batch, torch.ones(len(batch[0]), dtype=torch.bool))
+            assert [type(column) for column in columns] == [torch.Tensor, list, torch.Tensor]
+            assert columns[0].dtype == columns[2].dtype == torch.int64 and mask.dtype == torch.bool
+            assert len(mask) == len(columns[0]) and all(type(image) is bytes for image in columns[1])
 
 
 def test_streaming_ranks_get_equal_batches(packed_as: Callable) -> None:
