@@ -7,6 +7,7 @@ manifest names, so new formats are covered when they register.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -22,6 +23,7 @@ import torch
 import torch.multiprocessing as mp
 
 import readers
+from readers.loader import RESULT_PIPE_BYTES
 from readers.order import epoch_order, shard_order, split_for_rank
 
 def open_indexed(out: Path) -> readers.PackedDataset:
@@ -335,3 +337,14 @@ def test_cuda_prefetcher_without_cuda_passes_batches_through(packed: tuple[Path,
         if number == 2:
             assert prefetcher.state_dict()["batches"] == 2
     assert got == expected
+
+
+@pytest.mark.skipif(not hasattr(fcntl, "F_GETPIPE_SZ"), reason="pipe sizes are Linux's")
+@pytest.mark.parametrize("streaming", [False, True])
+def test_batches_leave_the_workers_through_a_widened_pipe(packed: tuple[Path, dict[str, bytes]],
+                                                          streaming: bool) -> None:
+    loader = readers.make_loader(readers.open_dataset(packed[0], decode="bytes"), 4, num_workers=1,
+                                 streaming=streaming)
+    assert sum(len(batch[0]) for batch in loader) == len(loader.indices())
+    pipe = loader.dataloader._iterator._worker_result_queue._reader  # torch's, as widen_result_pipe finds it
+    assert fcntl.fcntl(pipe.fileno(), fcntl.F_GETPIPE_SZ) >= RESULT_PIPE_BYTES
