@@ -248,6 +248,10 @@ class ShardCache:
             raise
         return Lease(path, use)
 
+    def has(self, file: CachedFile) -> bool:
+        """Whether `file` is in the cache now (another reader may evict it unless a lease holds it)."""
+        return self._present(self.object_path(file), file)
+
     @staticmethod
     def _present(path: Path, file: CachedFile) -> bool:
         try:

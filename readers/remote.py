@@ -203,11 +203,13 @@ class RemoteStore(UrlFilesystem):
 
 
 class ShardFiles(Protocol):
-    """Where the readers find a dataset's files: `path` of each, valid while a `lease` on it is held."""
+    """Where the readers find a dataset's files: `path` of each, valid while a `lease` on it is held;
+    `present`: whether a lease would find it without fetching it (now)."""
 
     root: str | Path
 
     def path(self, file: CachedFile) -> Path: ...
+    def present(self, file: CachedFile) -> bool: ...
     def lease(self, file: CachedFile, *, make_room: Callable[[], bool] | None = None,
               ahead: Ahead | None = None) -> Lease: ...
 
@@ -236,6 +238,9 @@ class LocalFiles:
             sizes[shard.name] = stat.st_size
         return sizes
 
+    def present(self, file: CachedFile) -> bool:
+        return True  # read in place: nothing to fetch
+
     def lease(self, file: CachedFile, *, make_room: Callable[[], bool] | None = None,
               ahead: Ahead | None = None) -> Lease:
         return Lease(self.path(file))
@@ -251,6 +256,9 @@ class CachedFiles:
 
     def path(self, file: CachedFile) -> Path:
         return self.cache.object_path(file)
+
+    def present(self, file: CachedFile) -> bool:
+        return self.cache.has(file)
 
     def lease(self, file: CachedFile, *, make_room: Callable[[], bool] | None = None,
               ahead: Ahead | None = None) -> Lease:

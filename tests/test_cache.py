@@ -287,3 +287,35 @@ def test_shards_fetched_ahead_never_cost_the_shard_being_read(http_server: Loopb
     for thread in threads:
         thread.join(60)
     assert errors == [] and not any(thread.is_alive() for thread in threads)
+
+
+def test_a_shard_already_in_the_cache_is_taken_without_waiting_for_its_thread(http_server: LoopbackHTTP,
+                                                                              tmp_path: Path) -> None:
+    """Shards 1 and 2 are fetched ahead by threads that cannot finish (their leases ahead block):
+    taking shard 1, which the cache holds, does not wait for them; shard 2 downloads at its turn."""
+    folder = http_server.directory / "present"
+    folder.mkdir()
+    shards = []
+    for number in range(3):
+        data = bytes([number]) * 4096
+        (folder / f"s{number}.tar").write_bytes(data)
+        shards.append(ShardInfo(f"s{number}.tar", 1, len(data), hashlib.sha256(data).hexdigest()))
+    files = CachedFiles(RemoteStore(f"{http_server.url}/present"), ShardCache(tmp_path))
+    files.lease(shards[1]).release()
+    stuck = threading.Event()
+
+    class StuckAhead(CachedFiles):
+        def lease(self, file, *, make_room=None, ahead=None):  # type: ignore[no-untyped-def]
+            if ahead is not None:
+                stuck.wait(30)
+            return super().lease(file, make_room=make_room, ahead=ahead)
+
+    prefetcher = ShardPrefetcher(StuckAhead(files.store, files.cache), shards, 2)
+    try:
+        started = time.monotonic()
+        for number in (0, 1):
+            prefetcher.take(number).release()
+        assert time.monotonic() - started < 10 and files.present(shards[1]) and not files.present(shards[2])
+    finally:
+        stuck.set()
+        prefetcher.close()
