@@ -148,8 +148,8 @@ def check_one_size(images: Sequence[Any]) -> None:
 RESULT_PIPE_BYTES = 1 << 18
 """The size of the pipe that carries batches from the DataLoader workers to the main process
 (Linux's default is 64 KB): a batch of 64 images of 33 KB then crosses in 8 writes and wake-ups,
-not 32. Warm streaming epoch, docs/benchmarks.md "Against the peers": system CPU per sample 12-13
--> 6-8 us in the main process and in each worker."""
+not 32. Warm streaming epoch (docs/benchmarks.md, "Streaming against the peers"): system CPU per
+sample 12-13 -> 6-8 us in the main process and in each worker."""
 
 
 def widen_result_pipe(iterator: Any) -> None:

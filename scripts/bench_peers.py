@@ -301,6 +301,10 @@ def report(figures: dict[str, list[Epoch]], ours: str) -> None:
         print(f"{name:<22}{epochs[0].rate:>9.0f}{epochs[0].first:>11.3f}{warm:>9.0f}"
               f"{median(name, lambda epoch: epoch.first):>11.3f}{median(name, lambda epoch: epoch.per_cpu):>12.0f}"
               f"{median(ours, lambda epoch: epoch.rate) / warm:>15.2f}")
+    paired = {name: statistics.median(mine.rate / theirs.rate for mine, theirs in zip(figures[ours][1:], epochs[1:]))
+              for name, epochs in figures.items() if name != ours}
+    print(f"{ours} / each, per round (epochs run next to each other), median: "
+          + ", ".join(f"{name} {ratio:.2f}" for name, ratio in paired.items()))
     print("warm: medians over the warm rounds; per round, samples/s: " + json.dumps(
         {name: [round(epoch.rate) for epoch in epochs[1:]] for name, epochs in figures.items()}))
 
