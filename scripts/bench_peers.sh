@@ -8,7 +8,9 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${PEERS_VENV:-$ROOT/.venv-peers}"
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
-if ! "$VENV/bin/python" -c "import litdata, streaming, readers" 2>/dev/null; then
+# `import streaming` needs the torchvision stand-in bench_peers.py makes: only look for the packages here.
+if ! "$VENV/bin/python" -c "import importlib.util as u, sys
+sys.exit(not all(u.find_spec(m) for m in ('litdata', 'streaming', 'obstore', 'readers', 's3fs', 'moto')))"; then
     "${PIP[@]}" "torch==2.13.0"
     "${PIP[@]}" --no-deps "litdata==0.2.76" "mosaicml-streaming==0.13.0"
     # What the two import (MDS: numpy < 2.2, xxhash < 4; transformers for its DataLoader's batch types);
