@@ -510,12 +510,12 @@ def slurm_script_command(fmt: str, src: Path, out: Path, tasks: int, cpus_per_ta
               show_default=True, help="Batch size to try; repeat the option for several.")
 @click.option("--max-workers", type=click.IntRange(min=0), default=None,
               help="Highest num_workers to try; default: the CPUs this process may use.")
-@click.option("--decode", type=click.Choice(DECODE_MODES), default="pil", show_default=True,
-              help="What each sample is decoded to, as in open_dataset.")
+@click.option("--decode", type=click.Choice(DECODE_MODES), default="tensor", show_default=True,
+              help="What each sample is decoded to, as in open_dataset (the README trains with tensor).")
 @click.option("--seconds", type=click.FloatRange(min=0.01), default=3.0, show_default=True,
               help="Time spent on each setting.")
 def bench(out: Path, batch_sizes: tuple[int, ...], max_workers: int | None, decode: str, seconds: float) -> None:
-    from readers.bench import bench_loader  # torch loads only for this command
+    from readers.bench import MIN_GAIN, bench_loader  # torch loads only for this command
 
     rows: list[BenchResult] = []
 
@@ -529,6 +529,10 @@ def bench(out: Path, batch_sizes: tuple[int, ...], max_workers: int | None, deco
                           seconds=seconds, on_result=row)
     for batch_size, result in report.recommended.items():
         click.echo(f"batch {batch_size}: num_workers={result.num_workers} ({result.samples_per_second:.0f} samples/s)")
+        if report.untried[batch_size]:
+            last = [r for r in report.results if r.batch_size == batch_size][-1]
+            click.echo(f"  {last.num_workers} workers gained under {MIN_GAIN:.0%} over {result.num_workers}, so "
+                       f"{', '.join(map(str, report.untried[batch_size]))} were not tried")
     best = report.best
     click.echo(f"recommended: batch {best.batch_size}, num_workers={best.num_workers} "
                f"({best.samples_per_second:.0f} samples/s, decode={decode!r})")

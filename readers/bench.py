@@ -42,6 +42,8 @@ class BenchReport:
     results: list[BenchResult]
     recommended: dict[int, BenchResult]
     """Per batch size, the setting the climb stopped at."""
+    untried: dict[int, list[int]]
+    """Per batch size, the worker counts the climb stopped before (the last one measured gained too little)."""
 
     @property
     def best(self) -> BenchResult:
@@ -108,7 +110,7 @@ def bench_loader(
     *,
     batch_sizes: Sequence[int] = (32, 128),
     max_workers: int | None = None,
-    decode: str = "pil",
+    decode: str = "tensor",
     seconds: float = 3.0,
     max_samples: int = 20_000,
     on_result: Callable[[BenchResult], None] | None = None,
@@ -118,6 +120,7 @@ def bench_loader(
     counts = worker_ladder(cpus_per_rank() if max_workers is None else max_workers)
     results: list[BenchResult] = []
     recommended: dict[int, BenchResult] = {}
+    untried: dict[int, list[int]] = {}
 
     def measure(batch_size: int, count: int) -> BenchResult:
         result = measure_loader(dataset, batch_size, count, seconds=seconds, max_samples=max_samples)
@@ -130,4 +133,5 @@ def bench_loader(
         measured, best = climb(lambda count: measure(batch_size, count), counts)
         results += measured
         recommended[batch_size] = best
-    return BenchReport(dataset=str(path), decode=decode, results=results, recommended=recommended)
+        untried[batch_size] = counts[len(measured):]
+    return BenchReport(dataset=str(path), decode=decode, results=results, recommended=recommended, untried=untried)

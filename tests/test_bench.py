@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from clirun import run
@@ -45,6 +46,19 @@ def test_bench_command(packed: tuple[Path, dict[str, bytes]], tmp_path: Path) ->
     assert lines[0].split() == ["batch", "workers", "samples/s"]
     assert lines[1].split()[:2] == ["4", "0"]
     assert lines[-1].startswith("recommended: batch 4, num_workers=")
+    assert "decode='tensor'" in lines[-1]  # as the README trains
     code, output = run("bench", tmp_path / "nowhere")
     assert code == 1 and output.startswith("Error: ") and "nowhere" in output
     assert len(output.strip().splitlines()) == 1
+
+
+def test_bench_says_which_worker_counts_it_did_not_try(packed: tuple[Path, dict[str, bytes]]) -> None:
+    """--max-workers 4 climbs 0, 1, 2, 4; where a step gains too little, the rest are named."""
+    code, output = run("bench", packed[0], "--batch-size", "4", "--max-workers", "4", "--seconds", "0.05",
+                       "--decode", "bytes")
+    assert code == 0, output
+    tried = [int(line.split()[1]) for line in output.splitlines()[1:] if line.split()[:1] == ["4"]]
+    assert tried == [0, 1, 2, 4][:len(tried)] and ("were not tried" in output) == (len(tried) < 4)
+    if len(tried) < 4:  # the climb stopped: which step gained too little, and what it left out
+        assert re.search(rf"  {tried[-1]} workers gained under 5% over \d, so "
+                         f"{', '.join(map(str, [0, 1, 2, 4][len(tried):]))} were not tried", output), output
