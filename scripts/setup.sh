@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv if needed and install the project into it. Sourced by demo.sh and test.sh.
-# The CPU build of torch goes in first when no torch is present: an unpinned torch pulls CUDA.
+# torch goes in first, pinned, when no torch is present: an unpinned torch pulls a newer CUDA build. On
+# this project's machines the pin is a CPU build on local disk; elsewhere see README (CPU index).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv"
