@@ -245,19 +245,24 @@ def test_limit_counts_only_the_sidecars_the_reader_reads(serve: Callable[[str], 
         readers.open_dataset(url, cache_dir=tmp_path, cache_limit=MIN_CACHE_SHARDS * read - 1)
 
 
+def served_shards(http_server: LoopbackHTTP, name: str, count: int) -> tuple[str, list[ShardInfo]]:
+    """`count` files of 4 KiB served under /NAME, and their ShardInfo: the URL and the shards."""
+    folder = http_server.directory / name
+    folder.mkdir()
+    shards = []
+    for number in range(count):
+        data = bytes([number]) * 4096
+        (folder / f"s{number}.tar").write_bytes(data)
+        shards.append(ShardInfo(f"s{number}.tar", 1, len(data), hashlib.sha256(data).hexdigest()))
+    return f"{http_server.url}/{name}", shards
+
+
 def test_shards_fetched_ahead_never_cost_the_shard_being_read(http_server: LoopbackHTTP, tmp_path: Path) -> None:
     """A cache of 3 shards, readers fetching 2 ahead: one reader downloads every shard once (its
     shards fetched ahead do not evict each other); two readers slower than the cache's wait for
     room both finish (a shard fetched ahead never waits for room, so it cannot time out, nor hold
     the room or the download lock a shard being read needs)."""
-    folder = http_server.directory / "prefetch-room"
-    folder.mkdir()
-    shards = []
-    for number in range(8):
-        data = bytes([number]) * 4096
-        (folder / f"s{number}.tar").write_bytes(data)
-        shards.append(ShardInfo(f"s{number}.tar", 1, len(data), hashlib.sha256(data).hexdigest()))
-    url = f"{http_server.url}/prefetch-room"
+    url, shards = served_shards(http_server, "prefetch-room", 8)
 
     def read(cache: ShardCache, mine: list[ShardInfo], seconds: float) -> None:
         prefetcher = ShardPrefetcher(CachedFiles(RemoteStore(url), cache), mine, 2)
@@ -293,14 +298,8 @@ def test_a_shard_already_in_the_cache_is_taken_without_waiting_for_its_thread(ht
                                                                               tmp_path: Path) -> None:
     """Shards 1 and 2 are fetched ahead by threads that cannot finish (their leases ahead block):
     taking shard 1, which the cache holds, does not wait for them; shard 2 downloads at its turn."""
-    folder = http_server.directory / "present"
-    folder.mkdir()
-    shards = []
-    for number in range(3):
-        data = bytes([number]) * 4096
-        (folder / f"s{number}.tar").write_bytes(data)
-        shards.append(ShardInfo(f"s{number}.tar", 1, len(data), hashlib.sha256(data).hexdigest()))
-    files = CachedFiles(RemoteStore(f"{http_server.url}/present"), ShardCache(tmp_path))
+    url, shards = served_shards(http_server, "present", 3)
+    files = CachedFiles(RemoteStore(url), ShardCache(tmp_path))
     files.lease(shards[1]).release()
     stuck = threading.Event()
 
