@@ -107,8 +107,17 @@ def print_summary(summary: Summary) -> None:
         f"packed {counted(summary.num_samples, 'sample')} ({human_bytes(summary.bytes)}{ratio}) into {shards}{resumed} "
         f"in {summary.elapsed:.1f}s ({summary.files_per_second:.0f} files/s); {summary.rejects} rejected "
         f"(see {joined(summary.out, REJECTS_NAME)}), {summary.ignored} non-image entries ignored"
+        + ignored_examples(summary.ignored, summary.ignored_names)
         + ("" if summary.published else f"; run `pack merge {summary.out}` when every task is done")
     )
+
+
+def ignored_examples(count: int, names: list[str], shown: int = 3) -> str:
+    """` (.DS_Store, notes.txt, ... -v names them all)`: the first ignored entries, by name."""
+    if not names:
+        return ""
+    more = ", ... -v names them all" if count > shown else ""
+    return " (" + ", ".join(printable(name) for name in names[:shown]) + more + ")"
 
 
 def packing_options(command: Callable[..., Any]) -> Callable[..., Any]:

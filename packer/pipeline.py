@@ -55,6 +55,7 @@ class Summary:
     planned_shards: int
     rejects: int
     ignored: int
+    ignored_names: list[str]  # the first of them
     resumed_shards: int
     elapsed: float
     published: bool
@@ -153,6 +154,7 @@ def pack_into(src: str | os.PathLike[str], out_path: Path | RemoteOut, options: 
         rejects=sum(len(result.rejects) for result in finished)
         + (len(plan.scan_rejects) if published else 0),
         ignored=plan.ignored,
+        ignored_names=plan.ignored_names,
         resumed_shards=len(mine) - len(pending),
         elapsed=time.monotonic() - started,
         published=published,
@@ -175,7 +177,8 @@ def up_to_date_summary(src: Path | str, out: Path | RemoteOut, options: PackOpti
     return Summary(
         out=str(out), num_samples=manifest.num_samples, bytes=sum(shard.bytes for shard in manifest.shards),
         source_bytes=manifest.source_bytes or 0, num_shards=len(manifest.shards), planned_shards=plan.num_shards,
-        rejects=len(rejects.splitlines()), ignored=plan.ignored, resumed_shards=len(manifest.shards),
+        rejects=len(rejects.splitlines()), ignored=plan.ignored, ignored_names=plan.ignored_names,
+        resumed_shards=len(manifest.shards),
         elapsed=time.monotonic() - started, published=True, up_to_date=True,
     )
 

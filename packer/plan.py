@@ -187,6 +187,7 @@ class Plan:
     line_offsets: list[int]
     listing_sha256: str
     ignored: int = 0
+    ignored_names: list[str] = field(default_factory=list)  # the first of them (`Listing.ignored_names`)
     scan_rejects: list[dict[str, str]] = field(default_factory=list)
     fields: list[FieldSpec] = field(default_factory=list)
     input_kind: str = "folder"  # packer.sources.inputs.INPUT_KINDS; "folder": files under `source`
@@ -288,12 +289,15 @@ def write_plan(out: Path, listing: Listing, options: PackOptions) -> Plan:
         line_offsets=offsets if len(listing) else [0],
         listing_sha256=digest.hexdigest(),
         ignored=listing.ignored_hidden + listing.ignored_other,
+        ignored_names=listing.ignored_names,
         scan_rejects=[{"path": path, "reason": reason} for path, reason in listing.rejects],
         fields=listing.fields,
         input_kind=listing.kind,
         inputs=listing.inputs,
     )
     atomic_write_text(plan_path(out), json.dumps(asdict(plan)) + "\n")
+    for name in plan.ignored_names:
+        log.info("ignored: %s", name)
     return plan
 
 

@@ -179,3 +179,22 @@ def test_tiny_shard_bytes_warn_and_no_empty_shard_is_published(fmt: str, image_f
     (out / "index.json").unlink()
     code, output = run("merge", out)
     assert code == 0 and f"merged {len(files)} shards" in output, output
+
+
+def test_the_summary_names_what_it_ignored_and_v_names_all(image_folder: tuple[Path, dict[str, bytes]],
+                                                         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    root, _ = image_folder
+    (root / ".DS_Store").write_bytes(b"x")
+    (root / "notes.txt").write_text("about\n")
+    (root / "class_00" / "readme.md").write_text("hi\n")
+    (root / "class_01" / ".hidden.jpg").write_bytes(b"x")
+    code, output = run("lmdb", root, tmp_path / "out", "--order", "sorted")
+    assert code == 0, output
+    summary = output.strip().splitlines()[-1]
+    with caplog.at_level("INFO", logger="packer.plan"):
+        code, output = run("hdf5", root, tmp_path / "out2", "--order", "sorted")
+    assert code == 0
+    logged = [record.getMessage()[len("ignored: "):] for record in caplog.records
+              if record.getMessage().startswith("ignored: ")]
+    assert {".DS_Store", "notes.txt", "class_00/readme.md", "class_01/.hidden.jpg"} <= set(logged)
+    assert summary.endswith(f", {len(logged)} non-image entries ignored ({', '.join(logged[:3])}, ... -v names them all)")

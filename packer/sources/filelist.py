@@ -62,11 +62,12 @@ def list_files(src: str | os.PathLike[str], list_path: str, *, null: bool = Fals
     names = [path for path in lines if path is not None]
     images = [path for path in names if path[path.rfind("."):].lower() in IMAGE_EXTENSIONS and
               "/" not in path[path.rfind("."):]]
-    listing.ignored_other += sum(1 for path in names if path[path.rfind("."):] not in companions) - len(images)
+    chosen = set(images)
+    listing.ignore((path for path in names if path not in chosen and path[path.rfind("."):] not in companions),
+                   hidden=False)
     if class_dirs:  # as in the walk: files beside the class folders are not samples
-        nested = [path for path in images if "/" in path]
-        listing.ignored_other += len(images) - len(nested)
-        images = nested
+        listing.ignore((path for path in images if "/" not in path), hidden=False)
+        images = [path for path in images if "/" in path]
     unique = sorted(set(images))
     if len(unique) < len(images):
         log.warning("%s: %d paths listed more than once, packed once", where, len(images) - len(unique))
@@ -89,7 +90,7 @@ def unusual_path(path: str, number: int, where: str, listing: Listing) -> str | 
         return None
     parts = [part for part in path.split("/") if part not in ("", ".")]
     if any(part.startswith(".") for part in parts):
-        listing.ignored_hidden += 1
+        listing.ignore([path], hidden=True)
         return None
     return "/".join(parts) or None
 

@@ -121,6 +121,10 @@ class PathList(Sequence[str]):
         return f"PathList({list(self)!r})"
 
 
+IGNORED_NAMES_KEPT = 1000
+"""Ignored entries named in the plan (the summary shows the first few, `-v` logs them)."""
+
+
 @dataclass
 class Listing:
     """Files to pack, in packing order. `paths` are relative POSIX paths in os.fsdecode form.
@@ -141,12 +145,22 @@ class Listing:
     sizes: array = field(default_factory=lambda: array("q"))
     ignored_hidden: int = 0
     ignored_other: int = 0
+    ignored_names: list[str] = field(default_factory=list)  # the first IGNORED_NAMES_KEPT, relative to root
     rejects: list[tuple[str, str]] = field(default_factory=list)
     fields: list[FieldSpec] = field(default_factory=list)
     values: list[dict[str, Any]] | None = None
     kind: str = "folder"
     inputs: list[str] = field(default_factory=list)
     locations: array | None = None
+
+    def ignore(self, names: Iterable[str], *, hidden: bool) -> None:
+        """Count entries left out (hidden ones, or not images), keeping the first names to show."""
+        names = list(names)
+        if hidden:
+            self.ignored_hidden += len(names)
+        else:
+            self.ignored_other += len(names)
+        self.ignored_names += names[: max(0, IGNORED_NAMES_KEPT - len(self.ignored_names))]
 
     def __len__(self) -> int:
         return len(self.paths)

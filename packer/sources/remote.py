@@ -56,14 +56,15 @@ def walk_url(url: str, *, folders_are_classes: bool = True, companions: frozense
             hidden.add("/".join(parts[: hidden_at + 1]))
     folders = sorted({parts[0] for _, parts, _ in visible if len(parts) > 1})
     classes = folders if folders_are_classes else []
-    listing = Listing(root=url, classes=classes, ignored_hidden=len(hidden))
+    listing = Listing(root=url, classes=classes)
+    listing.ignore(sorted(hidden), hidden=True)
     label_of = {name: label for label, name in enumerate(classes)}
     for rel, parts, size in visible:
         if classes and len(parts) == 1:
-            listing.ignored_other += 1  # a file beside the class folders
+            listing.ignore([rel], hidden=False)  # a file beside the class folders
         elif not is_image_name(parts[-1]):
             if os.path.splitext(parts[-1])[1] not in companions:
-                listing.ignored_other += 1
+                listing.ignore([rel], hidden=False)
         else:
             listing.paths.append(rel)
             listing.labels.append(label_of[parts[0]] if classes else UNLABELLED)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from readers.cpus import available_cpus
 
-from .listing import IMAGE_EXTENSIONS, UNLABELLED, Listing, ScanError
+from .listing import IGNORED_NAMES_KEPT, IMAGE_EXTENSIONS, UNLABELLED, Listing, ScanError
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +50,9 @@ def walk(src: str | os.PathLike[str], *, folders_are_classes: bool = True,
         order = sorted(enumerate(class_dirs), key=lambda item: item[1].name + "/")
         _walk_classes([(entry.path, entry.name, label) for label, entry in order], listing, {_dir_id(root)},
                       companions)
-        top = list(os.scandir(root))
-        listing.ignored_other += sum(1 for e in top if not e.name.startswith(".") and not _is_dir(e))
-        listing.ignored_hidden += sum(1 for e in top if e.name.startswith("."))
+        top = sorted(os.scandir(root), key=lambda entry: entry.name)
+        listing.ignore((e.name for e in top if not e.name.startswith(".") and not _is_dir(e)), hidden=False)
+        listing.ignore((e.name for e in top if e.name.startswith(".")), hidden=True)
     else:  # a flat folder, or folders that are not classes
         _walk(os.fspath(root), "", UNLABELLED, listing, set(), companions)
     log.info(
@@ -100,6 +100,7 @@ def _walk_classes(classes: list[ClassTask], listing: Listing, seen_dirs: set[tup
             listing.sizes.extend(part.sizes)
             listing.ignored_hidden += part.ignored_hidden
             listing.ignored_other += part.ignored_other
+            listing.ignored_names += part.ignored_names[: max(0, IGNORED_NAMES_KEPT - len(listing.ignored_names))]
             listing.rejects += part.rejects
             position += 1
     for task in classes[position:]:
@@ -180,7 +181,8 @@ def _list_dir(dir_path: str, dir_rel: str, listing: Listing, seen_dirs: set[tupl
             listing.rejects.append((dir_rel, f"cannot list directory: {exc.strerror}"))
             return []
         visible = [entry for entry in children if not entry.name.startswith(".")]
-        listing.ignored_hidden += len(children) - len(visible)
+        prefix = f"{dir_rel}/" if dir_rel else ""
+        listing.ignore(sorted(prefix + entry.name for entry in children if entry.name.startswith(".")), hidden=True)
         try:  # d_type: no system call, except for symlinks
             kinds = [entry.is_dir() for entry in visible]
         except OSError:
@@ -189,9 +191,8 @@ def _list_dir(dir_path: str, dir_rel: str, listing: Listing, seen_dirs: set[tupl
         others = sorted(entry.name for entry, is_dir in zip(visible, kinds) if not is_dir)
         names = [name for name in others if name[name.rfind("."):].lower() in IMAGE_EXTENSIONS]
         if len(names) < len(others):
-            listing.ignored_other += sum(1 for name in others if name[name.rfind("."):].lower() not in IMAGE_EXTENSIONS
-                                         and os.path.splitext(name)[1] not in companions)
-        prefix = f"{dir_rel}/" if dir_rel else ""
+            listing.ignore((prefix + name for name in others if name[name.rfind("."):].lower() not in IMAGE_EXTENSIONS
+                            and os.path.splitext(name)[1] not in companions), hidden=False)
         files = _stat_files(fd, names, prefix, listing)
     finally:
         os.close(fd)
