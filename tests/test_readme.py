@@ -41,3 +41,13 @@ def test_readme_snippet_runs(index: int, tmp_path: Path, monkeypatch: pytest.Mon
             assert len(namespace[name]) == len(files)  # type: ignore[arg-type]
     if "sample" in namespace:
         assert namespace["sample"]["__key__"] == "000000_0000000000"  # type: ignore[index]
+
+
+def test_the_readme_tells_pip_users_how_to_get_the_cpu_torch_the_scripts_pin() -> None:
+    """A plain `pip install torch` takes a CUDA build of several GB: the README says how to get the
+    CPU build, within the range pyproject asks for, which includes the version setup.sh pins."""
+    text = README.read_text(encoding="utf-8")
+    assert "pip install torch --index-url https://download.pytorch.org/whl/cpu" in " ".join(text.split())
+    pyproject = (README.parent / "pyproject.toml").read_text(encoding="utf-8")
+    assert '"torch>=2.1,<3"' in pyproject and "`torch>=2.1`" in text
+    assert '"torch==2.13.0"' in (README.parent / "scripts" / "setup.sh").read_text(encoding="utf-8")
