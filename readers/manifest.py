@@ -255,24 +255,34 @@ class _ManifestCheck:
     def fail(self, where: str, problem: str) -> DatasetError:
         return DatasetError(f"{self.source}: {where}: {problem}")
 
+    def typed(self, value: Any, where: str, kind: type) -> Any:
+        """`value` if it is of `kind` (an int never a bool)."""
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+            raise self.fail(where, f"{_json_type(value)} where {_json_type(kind())} is expected")
+        return value
+
     def get(self, data: dict[str, Any], key: str, where: str, kind: type, default: Any = ...) -> Any:
-        """data[key], of `kind` (an int never a bool); `default` where it may be absent or null."""
+        """data[key], of `kind`; `default` where it may be absent or null."""
         value = data.get(key, default)
         if value is ...:
             raise self.fail(where, "missing")
         if value is None and default is None:
             return None
-        if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
-            raise self.fail(where, f"{_json_type(value)} where {_json_type(kind())} is expected")
+        return self.typed(value, where, kind)
+
+    def number(self, value: Any, where: str, most: int = MAX_SAMPLES) -> int:
+        """`value` if it is an integer from 0 to `most`."""
+        self.typed(value, where, int)
+        if value < 0:
+            raise self.fail(where, f"{value} is negative")
+        if value > most:
+            raise self.fail(where, f"{value} is more than pack reads ({most})")
         return value
 
     def count(self, data: dict[str, Any], key: str, where: str, default: Any = ..., most: int = MAX_SAMPLES) -> Any:
+        """data[key] as a `number`; `default` where it may be absent or null."""
         value = self.get(data, key, where, int, default)
-        if value is not None and value < 0:
-            raise self.fail(where, f"{value} is negative")
-        if value is not None and value > most:
-            raise self.fail(where, f"{value} is more than pack reads ({most})")
-        return value
+        return value if value is None else self.number(value, where, most)
 
     def items(self, data: dict[str, Any], key: str, where: str, parse: Callable[[Any, str], T],
               default: Any = ...) -> list[T]:
@@ -280,9 +290,7 @@ class _ManifestCheck:
         return [parse(value, f"{where}[{i}]") for i, value in enumerate(values or ())]
 
     def object(self, value: Any, where: str) -> dict[str, Any]:
-        if not isinstance(value, dict):
-            raise self.fail(where, f"{_json_type(value)} where an object is expected")
-        return value
+        return self.typed(value, where, dict)
 
     def manifest(self, data: Any) -> Manifest:
         data = self.object(data, "index.json")
@@ -303,7 +311,7 @@ class _ManifestCheck:
             classes=self.items(data, "classes", "classes", self.text),
             shards=self.items(data, "shards", "shards", lambda value, where: self.shard(value, where, fmt)),
             class_counts=self.items(data, "class_counts", "class_counts",
-                                    lambda value, where: self.count({"n": value}, "n", where), []),
+                                    self.number, []),
             options=self.get(data, "options", "options", dict, {}),  # informative: any JSON object
             tool_version=self.get(data, "tool_version", "tool_version", str, ""),
             version=version,
@@ -315,9 +323,7 @@ class _ManifestCheck:
         return manifest
 
     def text(self, value: Any, where: str) -> str:
-        if not isinstance(value, str):
-            raise self.fail(where, f"{_json_type(value)} where a string is expected")
-        return value
+        return self.typed(value, where, str)
 
     def file(self, value: Any, where: str) -> FileInfo:
         data = self.object(value, where)
@@ -375,7 +381,7 @@ class _ManifestCheck:
             if kind != "array" or len(shape) > _MAX_SHAPE_DIMS:
                 raise self.fail(f"{where}.shape", f"{shape!r} does not fit type {kind!r}"
                                 if kind != "array" else f"more than {_MAX_SHAPE_DIMS} dimensions")
-            shape = tuple(self.count({"n": side}, "n", f"{where}.shape[{i}]") for i, side in enumerate(shape))
+            shape = tuple(self.number(side, f"{where}.shape[{i}]") for i, side in enumerate(shape))
         optional = self.get(data, "optional", f"{where}.optional", bool, False)
         return FieldSpec(name=name, type=kind, optional=optional, dtype=dtype, shape=shape)
 
