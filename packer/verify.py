@@ -11,7 +11,7 @@ from typing import Any, Callable
 from readers.base import PackedDataset
 from readers.datasets import open_dataset
 from readers.manifest import DatasetError, FileInfo, Manifest, load_manifest
-from readers.remote import RemoteStore, is_url
+from readers.remote import RemoteStore, is_url, listed_files
 
 from .fsutil import sha256_file
 
@@ -58,8 +58,7 @@ class RemoteFiles(LocalFiles):
             listed = self.fs.ls(self.base, detail=True, refresh=True)
         except (FileNotFoundError, NotImplementedError):  # a web server that lists nothing there
             listed = []
-        self.sizes: dict[str, int | None] = {entry["name"].rstrip("/").rsplit("/", 1)[-1]: entry.get("size")
-                                             for entry in listed if entry.get("type") != "directory"}
+        self.sizes: dict[str, int | None] = listed_files(listed)
 
     def where(self, name: str) -> str:
         return f"{self.url}/{name}"

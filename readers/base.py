@@ -159,6 +159,12 @@ class PackedDataset(Dataset):
         """The shard's sidecar files this reader opens (a format may keep some for other tools)."""
         return self.manifest.shards[shard].sidecars
 
+    def largest_lease(self) -> int:
+        """The most cache room one shard takes while a handle holds it: the shard with the sidecars
+        its reader reads (never a wds shard's DALI index); what a cache limit is measured in."""
+        return max((info.bytes + sum(sidecar.bytes for sidecar in self.read_sidecars(shard))
+                    for shard, info in enumerate(self.manifest.shards)), default=0)
+
     def _lease(self, shard: int) -> list[Lease]:
         """Leases on the shard's file and the sidecars it reads; when the cache is full, this
         process's own oldest open shards are closed first."""

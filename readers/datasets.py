@@ -59,9 +59,7 @@ def open_dataset(
         on_error=on_error,
         decode_size=decode_size,
     )
-    if isinstance(files, CachedFiles):  # before anything is downloaded: the limit must hold a few shards as
-        # one handle leases them, with the sidecars its reader reads (never a wds shard's DALI index)
-        files.cache.check_limit(max((shard.bytes + sum(sidecar.bytes for sidecar in dataset.read_sidecars(number))
-                                     for number, shard in enumerate(manifest.shards)), default=0))
+    if isinstance(files, CachedFiles):  # before anything is downloaded: the limit must hold a few shards
+        files.cache.check_limit(dataset.largest_lease())
     return dataset
 

@@ -252,18 +252,12 @@ def open_shard(path: str, num_samples: int, fields: Sequence[FieldSpec] = (), *,
             mode=None if mode is None else str(mode),
             fields={spec.name: FieldReader(file, spec) for spec in fields},
         )
-    except KeyError as exc:
+    except BaseException as exc:  # never leave the file open; libhdf5 raises many types on a damaged file
         HDF5Shard.close_both(file, fd)
-        raise DatasetError(f"{path}: damaged HDF5 shard (missing {exc})") from None
-    except DatasetError:
-        HDF5Shard.close_both(file, fd)
-        raise
-    except Exception as exc:  # noqa: BLE001 - libhdf5 raises many types on a damaged file: never leave it open
-        HDF5Shard.close_both(file, fd)
-        raise DatasetError(f"{path}: damaged HDF5 shard ({type(exc).__name__}: {exc})") from None
-    except BaseException:
-        HDF5Shard.close_both(file, fd)
-        raise
+        if isinstance(exc, DatasetError) or not isinstance(exc, Exception):
+            raise
+        what = f"missing {exc}" if isinstance(exc, KeyError) else f"{type(exc).__name__}: {exc}"
+        raise DatasetError(f"{path}: damaged HDF5 shard ({what})") from None
     if not paths and shard.direct is not None:
         shard.file = shard.images = None
         file.close()

@@ -321,8 +321,7 @@ def check_cache_room(dataset: PackedDataset, mix_shards: int, workers: int) -> N
     if cache is None or cache.limit is None:
         return
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
-    largest = max((shard.bytes + sum(sidecar.bytes for sidecar in dataset.read_sidecars(number))
-                   for number, shard in enumerate(dataset.manifest.shards)), default=0)
+    largest = dataset.largest_lease()
     needed = local_ranks * workers * (mix_shards - 1) + 1
     if cache.limit < needed * largest:
         ranks = f"{local_ranks} ranks x " if local_ranks > 1 else ""

@@ -125,6 +125,12 @@ class UrlFilesystem:
         return self._fs, self._base
 
 
+def listed_files(listed: list[dict[str, Any]]) -> dict[str, Any]:
+    """File name -> size (None where the store gives none) of an fsspec `ls(detail=True)` listing."""
+    return {entry["name"].rstrip("/").rsplit("/", 1)[-1]: entry.get("size") for entry in listed
+            if entry.get("type") != "directory"}
+
+
 class RemoteStore(UrlFilesystem):
     """The files of one dataset URL: index.json, and whole files downloaded with retries."""
 
@@ -154,8 +160,7 @@ class RemoteStore(UrlFilesystem):
             listed = self._retry(self.url, lambda: fs.ls(base, detail=True))
         except MissingFile:
             return {}
-        return {entry["name"].rstrip("/").rsplit("/", 1)[-1]: entry["size"] for entry in listed
-                if entry.get("type") == "file" and isinstance(entry.get("size"), int)}
+        return {name: size for name, size in listed_files(listed).items() if isinstance(size, int)}
 
     def fetch(self, name: str, dest: Path, size: int) -> None:
         """The whole file `name` into `dest` (overwritten), retried on transient errors; a

@@ -154,9 +154,11 @@ class WorkerPlan:
     """A worker's part of an epoch: `span`, its global sample indices in stream order (whole runs
     of shards); `read`, the span positions in the order they are read (`mixed_read_order`);
     `order`, the reading positions in the order the shuffle buffer hands them out; where the span
-    starts in the rank's share, and how many samples of the share are real (not padding)."""
+    starts in the rank's share, and how many samples of the share are real (not padding); `runs`,
+    the span cut into runs of one shard (`shard_runs`)."""
 
     span: np.ndarray
+    runs: list[Run]
     read: np.ndarray
     order: np.ndarray
     start: int
@@ -334,15 +336,16 @@ class ShardStream(IterableDataset, RankSplit):
         share, real = self.share(epoch)
         start, stop = worker_spans(len(share), self.batch_size, workers)[worker]
         span = share[start:stop]
+        runs = shard_runs(span, self._offsets)
         read = np.arange(stop - start, dtype=np.int64)
         order = read
         if self.shuffle:
             seeds = np.random.SeedSequence([self.seed, epoch, self.rank, worker])
             order = buffer_order(stop - start, self.shuffle_buffer, np.random.default_rng(seeds))
             if self.mix_shards > 1:  # its own stream of draws: the buffer's stay those of unmixed reads
-                lengths = [run.stop - run.start for run in shard_runs(span, self._offsets)]
+                lengths = [run.stop - run.start for run in runs]
                 read = mixed_read_order(lengths, self.mix_shards, np.random.default_rng(seeds.spawn(1)[0]))
-        return WorkerPlan(span, read, order, start, real)
+        return WorkerPlan(span, runs, read, order, start, real)
 
     def indices(self) -> tuple[np.ndarray, int]:
         """This rank's sample indices for the current epoch in the order the loader yields them,
@@ -402,7 +405,7 @@ class ShardStream(IterableDataset, RankSplit):
         done = np.zeros(len(plan.read), dtype=bool)
         done[plan.order[:skip]] = True
         first = int(wanted.min())
-        runs = shard_runs(plan.span, self._offsets)
+        runs = plan.runs
         run_of = np.repeat(np.arange(len(runs)), [run.stop - run.start for run in runs])  # span position -> run
         reads = plan.read[first:]
         opened, first_read = np.unique(run_of[reads], return_index=True)
