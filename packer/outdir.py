@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import os
 import re
+import fcntl
 import shutil
 import socket
+import time
 from pathlib import Path
+from typing import IO
 
 from readers.manifest import DESCRIPTOR_NAMES, MANIFEST_NAME, REJECTS_NAME, SHARD_PREFIX
 
@@ -29,6 +32,9 @@ TMP_DIR = "tmp"
 DONE_DIR = "done"
 LOGS_DIR = "logs"
 TEMP_MARK = ".tmp-"
+PLAN_LOCK_SECONDS = 6 * 3600.0
+"""The longest a task waits for another to finish planning: past it, an error instead of a hang."""
+LOCK_POLL_SECONDS = 0.5
 
 
 def work_dir(out: Path) -> Path:
@@ -105,3 +111,19 @@ def prepare_output(out: Path, *, overwrite: bool) -> None:
         raise FinishedOutput(f"{out}: already holds a packed dataset; pass --overwrite to replace it")
     if foreign:
         raise PackError(f"{out}: not empty and not a pack output (found {foreign[0]!r}); choose another OUT")
+
+
+def wait_for_lock(lock: IO[str], path: Path, timeout: float = PLAN_LOCK_SECONDS) -> None:
+    """Take the plan lock, waiting while another task scans SRC (an hour for ten million files on a
+    cluster filesystem), but not forever: a holder that is alive and stuck becomes an error. A dead
+    holder's flock is released by the kernel, so a killed task never blocks the next one."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise PackError(f"{path}: another pack process has held this lock for over {timeout:g} s "
+                                "(still scanning SRC, or stuck?); rerun once it has finished or been stopped") from None
+            time.sleep(LOCK_POLL_SECONDS)

@@ -7,8 +7,6 @@ shard has its marker. A rerun of the same command resumes: finished shards are k
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -16,32 +14,29 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import IO, Any, Callable
+from typing import Any, Callable
 
 from readers.cpus import available_cpus
 from readers.formats import ALIASES, FORMATS
 from readers.layouts.wds import image_extension
 from readers.manifest import MANIFEST_NAME, REJECTS_NAME, Manifest, parse_manifest
+from readers.remote import is_url
 
 from .version import __version__
 from .descriptors import DEFAULT_SPLIT, descriptor_texts, write_descriptors
 from .engines import get_engine
 from .errors import FinishedOutput, PackError
 from .fsutil import atomic_write_text, release_freed_memory
-from .outdir import WORK_DIR, check_paths, lock_path, plan_path, prepare_output, tmp_dir, work_dir
+from .outdir import WORK_DIR, tmp_dir
+from .output import Output, opened_output, output_for
 from .partition import Partition
-from .plan import PackOptions, Plan, load_plan, option_differences, write_plan
-from .remote_out import RemoteOut, is_remote, opened_output, output_for, staging_dir
+from .plan import PackOptions, Plan, option_differences, write_plan
 from .scan import Listing, scan
 from .shard import Progress, ShardResult, check_rejects, clean_tmp, finished_shards, shard_file_name
 from .sources.inputs import resolve_source
 from .validate import ErrorPolicy
 
 log = logging.getLogger(__name__)
-
-PLAN_LOCK_SECONDS = 6 * 3600.0
-"""The longest a task waits for another to finish planning: past it, an error instead of a hang."""
-LOCK_POLL_SECONDS = 0.5
 
 
 
@@ -105,11 +100,10 @@ def pack(
                          engine=engine, scheduler=scheduler, progress=progress, planned=planned, policy=policy,
                          split=split)
     finally:
-        if isinstance(target, RemoteOut):
-            target.remove_staging()
+        target.close()
 
 
-def pack_into(src: str | os.PathLike[str], out_path: Path | RemoteOut, options: PackOptions, *, overwrite: bool,
+def pack_into(src: str | os.PathLike[str], out_path: Output, options: PackOptions, *, overwrite: bool,
               workers: int | None, partition: Partition, engine: str, scheduler: str | None,
               progress: Progress | None, planned: Callable[[int], None] | None, policy: ErrorPolicy,
               split: str) -> Summary:
@@ -126,7 +120,7 @@ def pack_into(src: str | os.PathLike[str], out_path: Path | RemoteOut, options: 
     if policy.on_error == "fail":
         check_rejects(out_path, plan, plan.scan_rejects, policy)
     mine = partition.shards(plan.num_shards)
-    fresh = isinstance(out_path, RemoteOut) and out_path.fresh  # no marker there yet: spare the store's round trips
+    fresh = out_path.fresh  # no marker there yet: spare the store's round trips
     done: dict[int, ShardResult | None] = dict.fromkeys(mine) if fresh else finished_shards(out_path, plan, mine)
     pending = [shard for shard, result in done.items() if result is None]
     if planned:
@@ -161,18 +155,18 @@ def pack_into(src: str | os.PathLike[str], out_path: Path | RemoteOut, options: 
     )
 
 
-def up_to_date_summary(src: Path | str, out: Path | RemoteOut, options: PackOptions, finished: FinishedOutput,
+def up_to_date_summary(src: Path | str, out: Output, options: PackOptions, finished: FinishedOutput,
                        started: float) -> Summary:
     """The Summary of a dataset OUT already holds, when its plan has this SRC and these options;
     otherwise `finished` (no plan: who knows what made it), or an error naming what differs."""
-    plan = out.mirror_plan() if isinstance(out, RemoteOut) else load_plan(out)
+    plan = out.stored_plan()
     if plan is None:
         raise finished
     differences = plan_differences(plan, src, canonical_options(options))
     if differences:
         raise PackError(f"{out}: already holds a packed dataset of {differences}; pass --overwrite to replace it")
-    manifest = parse_manifest((published_text(out, MANIFEST_NAME) or "").encode(), out / MANIFEST_NAME)
-    rejects = published_text(out, REJECTS_NAME) or ""
+    manifest = parse_manifest((out.read_text(MANIFEST_NAME) or "").encode(), out / MANIFEST_NAME)
+    rejects = out.read_text(REJECTS_NAME) or ""
     log.info("%s: up to date (packed from %s with the same options)", out, plan.source)
     return Summary(
         out=str(out), num_samples=manifest.num_samples, bytes=sum(shard.bytes for shard in manifest.shards),
@@ -183,19 +177,9 @@ def up_to_date_summary(src: Path | str, out: Path | RemoteOut, options: PackOpti
     )
 
 
-def published_text(out: Path | RemoteOut, name: str) -> str | None:
-    """A published file of OUT (a folder or a bucket) as text; None if it is not there."""
-    if isinstance(out, RemoteOut):
-        return out.read_text(name)
-    try:
-        return (out / name).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
-
-
 def source_path(src: str | os.PathLike[str]) -> Path | str:
     """SRC as the scan takes it: a URL stays a string (a Path would fold its `//`)."""
-    return str(src) if is_remote(str(src)) else Path(src)
+    return str(src) if is_url(str(src)) else Path(src)
 
 
 def canonical_options(options: PackOptions) -> PackOptions:
@@ -206,58 +190,21 @@ def canonical_options(options: PackOptions) -> PackOptions:
     return replace(options, format=name)
 
 
-def wait_for_lock(lock: IO[str], path: Path, timeout: float = PLAN_LOCK_SECONDS) -> None:
-    """Take the plan lock, waiting while another task scans SRC (an hour for ten million files on a
-    cluster filesystem), but not forever: a holder that is alive and stuck becomes an error. A dead
-    holder's flock is released by the kernel, so a killed task never blocks the next one."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                raise PackError(f"{path}: another pack process has held this lock for over {timeout:g} s "
-                                "(still scanning SRC, or stuck?); rerun once it has finished or been stopped") from None
-            time.sleep(LOCK_POLL_SECONDS)
-
-
-def ensure_plan(src: str | os.PathLike[str], out: str | os.PathLike[str] | RemoteOut, options: PackOptions, *,
+def ensure_plan(src: str | os.PathLike[str], out: str | os.PathLike[str] | Output, options: PackOptions, *,
                 overwrite: bool = False) -> Plan:
     """The plan in OUT, written once: the first process scans SRC, the others (and reruns) reuse it.
 
-    A file lock serialises concurrent tasks on a shared filesystem, so N tasks do not all walk
-    millions of files; a plan made with other options is an error, never silently replaced.
-    A remote OUT has no lock: see `RemoteOut.publish_plan`.
+    The output serialises concurrent tasks where it can (a local folder's file lock), so N tasks
+    do not all walk millions of files, and a bucket's tasks agree by writing the same plan
+    (`RemoteOut.publish_plan`); a plan made with other options is an error, never silently replaced.
     """
     options = canonical_options(options)
     src = source_path(src)
-    with opened_output(out) as target:
-        if isinstance(target, RemoteOut):
-            return ensure_remote_plan(src, target, options, overwrite=overwrite)
-        return ensure_local_plan(src, target, options, overwrite=overwrite)
-
-
-def ensure_local_plan(src: Path | str, out: Path, options: PackOptions, *, overwrite: bool) -> Plan:
-    check_paths(Path(src), out)
-    made_out = not out.exists()
-    prepare_output(out, overwrite=overwrite)
-    made_work_dir = not work_dir(out).exists()
-    work_dir(out).mkdir(exist_ok=True)
-    try:
-        with open(lock_path(out), "a") as lock:
-            wait_for_lock(lock, lock_path(out))
-            plan = load_plan(out)
-            if plan is not None:
-                return reuse_plan(plan, src, out, options)
-            return write_plan(out, scan_source(src, options), options)
-    except BaseException:
-        if made_work_dir and not plan_path(out).exists():  # nothing planned (a missing SRC): leave nothing behind
-            shutil.rmtree(work_dir(out), ignore_errors=True)
-            if made_out:
-                with contextlib.suppress(OSError):  # not empty: another task's files since
-                    out.rmdir()
-        raise
+    with opened_output(out) as target, target.planning(src, overwrite=overwrite):
+        plan = target.stored_plan()
+        if plan is not None:
+            return reuse_plan(plan, src, target, options)
+        return target.publish_plan(write_plan(target.staging, scan_source(src, options), options))
 
 
 def source_name(src: Path | str) -> str:
@@ -278,7 +225,7 @@ def plan_differences(plan: Plan, src: Path | str, options: PackOptions) -> str |
     return f"other options ({'; '.join(changed)})" if changed else None
 
 
-def reuse_plan(plan: Plan, src: Path | str, out: Path | RemoteOut, options: PackOptions) -> Plan:
+def reuse_plan(plan: Plan, src: Path | str, out: Output, options: PackOptions) -> Plan:
     differences = plan_differences(plan, src, options)
     if differences:
         raise PackError(f"{out}: holds an unfinished run of {differences}; rerun with those, or pass --overwrite "
@@ -295,16 +242,7 @@ def scan_source(src: Path | str, options: PackOptions) -> Listing:
     return listing
 
 
-def ensure_remote_plan(src: Path | str, out: RemoteOut, options: PackOptions, *, overwrite: bool) -> Plan:
-    """The plan in a remote OUT, mirrored in staging; written there by whichever task comes first."""
-    out.prepare(overwrite=overwrite)
-    plan = None if out.fresh else out.mirror_plan()
-    if plan is not None:
-        return reuse_plan(plan, src, out, options)
-    return out.publish_plan(write_plan(out.staging, scan_source(src, options), options))
-
-
-def merge(out: str | os.PathLike[str] | RemoteOut, policy: ErrorPolicy = ErrorPolicy(), *,
+def merge(out: str | os.PathLike[str] | Output, policy: ErrorPolicy = ErrorPolicy(), *,
           split: str = DEFAULT_SPLIT) -> Manifest:
     """Publish rejects.jsonl, the loader descriptors (`packer.descriptors`, `split` named there)
     and, last, index.json, once every planned shard has its marker.
@@ -332,13 +270,13 @@ def implied_classes(results: list[ShardResult]) -> list[str]:
     return [str(index) for index in range(count)]
 
 
-def publish(out: Path | RemoteOut, policy: ErrorPolicy, split: str, *,
+def publish(out: Output, policy: ErrorPolicy, split: str, *,
             known: tuple[Plan, dict[int, ShardResult | None]] | None = None) -> Manifest:
     """`merge`'s work; `known`: the plan and every shard's marker, just read by the caller (a remote
     OUT's reads are round trips to the store)."""
-    folder = staging_dir(out)
+    folder = out.staging
     if known is None:
-        plan = out.mirror_plan() if isinstance(out, RemoteOut) else load_plan(out)
+        plan = out.stored_plan()
         if plan is None:
             raise PackError(f"{out / WORK_DIR}: no plan; nothing was packed here")
         done = finished_shards(out, plan, list(range(plan.num_shards)), check_hash=False)
@@ -362,8 +300,7 @@ def publish(out: Path | RemoteOut, policy: ErrorPolicy, split: str, *,
     try:
         check_rejects(out, plan, rejects, policy)
     except PackError:
-        if isinstance(out, RemoteOut):  # there too, so the bad files can be looked at
-            out.upload(folder / REJECTS_NAME, REJECTS_NAME)
+        out.publish_files([REJECTS_NAME])  # there too, so the bad files can be looked at
         raise
     classes = plan.classes or implied_classes(results)
     manifest = Manifest(
@@ -382,13 +319,8 @@ def publish(out: Path | RemoteOut, policy: ErrorPolicy, split: str, *,
     extensions = sorted({image_extension(extension) for result in results for extension in result.extensions})
     manifest.descriptors = write_descriptors(
         folder, descriptor_texts(manifest, split, extensions, plan.options.sample_shape))
-    if isinstance(out, RemoteOut):
-        out.upload_all([(folder / name, name) for name in (REJECTS_NAME, *(info.name for info in manifest.descriptors))])
-        out.upload_text(MANIFEST_NAME, manifest.to_json())
-        out.clean_uploads()
-        for name in (REJECTS_NAME, *(info.name for info in manifest.descriptors)):
-            (folder / name).unlink(missing_ok=True)
-    else:
-        atomic_write_text(out / MANIFEST_NAME, manifest.to_json())
+    staged = [REJECTS_NAME, *(info.name for info in manifest.descriptors)]
+    out.publish_files(staged)
+    out.publish_manifest(manifest.to_json(), staged)
     shutil.rmtree(tmp_dir(folder), ignore_errors=True)
     return manifest

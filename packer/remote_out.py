@@ -29,13 +29,15 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
 from readers.manifest import MANIFEST_NAME
-from readers.remote import UrlFilesystem, url_folder_name
+from readers.remote import UrlFilesystem, is_url, url_folder_name
 
 from .errors import FinishedOutput, PackError
 from .fsutil import atomic_write_text, sha256_file
 from .outdir import DONE_DIR, LISTING_NAME, PLAN_NAME, TMP_DIR, WORK_DIR, final_name, listing_path, pack_outputs, \
     plan_path, temp_name
+from .output import FileCheck, Output
 from .plan import Plan, load_plan
+from .shard import BackgroundUploads, ShardResult
 
 log = logging.getLogger(__name__)
 
@@ -45,11 +47,6 @@ UPLOAD_THREADS = 4
 MAX_PARTS = 10_000
 ATOMIC_PUT = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "oss"})
 """Object stores where a key is always one whole upload (old or new, never a mix, never a part)."""
-
-
-def is_remote(out: str | os.PathLike[str]) -> bool:
-    """True for a URL OUT is uploaded to; plain paths and file:// stay local (rename-based publish)."""
-    return isinstance(out, str) and "://" in out and not out.startswith("file://")
 
 
 def no_bucket(exc: BaseException) -> bool:
@@ -71,34 +68,6 @@ def store_error(url: str, exc: BaseException) -> PackError:
     else:
         cause = f"{name}: {exc}"
     return PackError(f"{url}: {cause}; finished shards are kept: rerun the same command to resume")
-
-
-def output_for(out: str | os.PathLike[str], *, staging: str | os.PathLike[str] | None = None,
-               storage_options: dict[str, Any] | None = None) -> Path | RemoteOut:
-    """OUT as the pipeline takes it: a local folder, or a remote one staged locally."""
-    if is_remote(out):
-        return RemoteOut(str(out), staging=staging, storage_options=storage_options)
-    return Path(str(out)[len("file://"):] if str(out).startswith("file://") else out)
-
-
-@contextmanager
-def opened_output(out: str | os.PathLike[str] | RemoteOut) -> Iterator[Path | RemoteOut]:
-    """OUT for one call: a RemoteOut passed in is the caller's; one made here from a URL has its
-    temporary staging folder removed afterwards."""
-    if isinstance(out, RemoteOut):
-        yield out
-        return
-    target = output_for(out)
-    try:
-        yield target
-    finally:
-        if isinstance(target, RemoteOut):
-            target.remove_staging()
-
-
-def staging_dir(out: Path | RemoteOut) -> Path:
-    """Where shards are written: OUT itself, or a remote OUT's staging folder."""
-    return out.staging if isinstance(out, RemoteOut) else out
 
 
 def protocols(fs: Any) -> set[str]:
@@ -129,7 +98,7 @@ def md5_etags(path: Path, part_bytes: int | None) -> set[str]:
     return etags
 
 
-class RemoteOut(UrlFilesystem):
+class RemoteOut(UrlFilesystem, Output):
     """A remote OUT and the local staging folder that mirrors it.
 
     Picklable (it travels to worker processes and Dask workers), as its `UrlFilesystem` is.
@@ -145,6 +114,10 @@ class RemoteOut(UrlFilesystem):
         self.staging = root.resolve() / url_folder_name(self.url, 60, 8)
         self.fresh = False
         """True once `prepare` found OUT empty (or emptied it): no plan, marker or upload of an earlier run there."""
+
+    @classmethod
+    def takes(cls, out: str | os.PathLike[str]) -> bool:
+        return is_url(out)
 
     def __str__(self) -> str:
         return self.url
@@ -369,7 +342,66 @@ class RemoteOut(UrlFilesystem):
                             "time (same SRC and options in every task?)")
         return plan
 
-    def remove_staging(self) -> None:
+    def close(self) -> None:
         """The staging folder, when this process made it (a --staging folder is the user's)."""
         if self.owns_staging:
             shutil.rmtree(self.staging.parent, ignore_errors=True)
+
+    # --- Output ------------------------------------------------------------------------------------
+
+    @contextmanager
+    def planning(self, src: Path | str, *, overwrite: bool) -> Iterator[None]:
+        """No lock: tasks agree by writing the same plan (`publish_plan`)."""
+        del src
+        self.prepare(overwrite=overwrite)
+        yield
+
+    def stored_plan(self) -> Plan | None:
+        return None if self.fresh else self.mirror_plan()
+
+    def stage_plan(self, plan: Plan) -> None:
+        if getattr(load_plan(self.staging), "fingerprint", None) != plan.fingerprint:
+            self.mirror_plan()  # a worker on another machine (Dask): its staging has no listing yet
+
+    def marker_texts(self, names: list[str]) -> dict[str, str]:
+        """From one listing of the markers and one batch of GETs."""
+        there = self.marker_names()
+        keys = {f"{WORK_DIR}/{DONE_DIR}/{name}.json": name for name in names if f"{name}.json" in there}
+        return {keys[key]: text for key, text in self.read_texts(list(keys)).items()}
+
+    def file_check(self, *, check_hash: bool) -> FileCheck:
+        """Sizes from one listing of OUT, made on first use; hashes are checked on upload, and by `pack verify`."""
+        del check_hash
+        listed: list[dict[str, int]] = []
+
+        def holds(files: list[tuple[str, int, str]]) -> bool:
+            if files and not listed:
+                listed.append(self.names())
+            return all(listed[0].get(file) == size for file, size, _ in files)
+
+        return holds
+
+    def commit(self, result: ShardResult, *, later: bool = False) -> None:
+        """Upload a staged shard (files side by side, then its marker) and free its staging space;
+        `later`: left staged for `commits()`, which uploads it from threads of the engine's process."""
+        if later:
+            return
+        files = [self.staging / file for file, _, _ in result.files()]
+        try:
+            self.upload_all([(path, path.name) for path in files])
+            self.upload_text(f"{WORK_DIR}/{DONE_DIR}/{result.name}.json", result.to_json())
+        finally:
+            for path in files:
+                path.unlink(missing_ok=True)
+
+    def commits(self) -> BackgroundUploads:
+        return BackgroundUploads(self)
+
+    def publish_files(self, names: list[str]) -> None:
+        self.upload_all([(self.staging / name, name) for name in names])
+
+    def publish_manifest(self, text: str, staged: list[str]) -> None:
+        self.upload_text(MANIFEST_NAME, text)
+        self.clean_uploads()
+        for name in staged:
+            (self.staging / name).unlink(missing_ok=True)

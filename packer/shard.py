@@ -21,11 +21,11 @@ from typing import Any, Callable
 from readers.manifest import FileInfo, ShardInfo, sample_key, shard_name
 
 from .errors import PackError, RejectedFile
-from .fsutil import atomic_write_text, free_bytes, publish, sha256_file, sync_and_hash
+from .fsutil import free_bytes, publish, sha256_file, sync_and_hash
 from .load import READ_THREADS, load_samples
-from .outdir import DONE_DIR, WORK_DIR, final_name, marker_path, temp_name, tmp_dir
-from .plan import Plan, load_plan, read_shard_entries
-from .remote_out import RemoteOut, staging_dir
+from .outdir import final_name, temp_name, tmp_dir
+from .plan import Plan, read_shard_entries
+from .output import Commits, Output
 from .sources.containers import open_records, reads_in_line
 from .validate import ErrorPolicy
 from .writers import Sample, get_writer, sidecar_path
@@ -67,6 +67,10 @@ class ShardResult:
             num_classes=sum(1 for label in self.label_counts if int(label) >= 0),
         )
 
+    def to_json(self) -> str:
+        """The marker file's text."""
+        return json.dumps(asdict(self)) + "\n"
+
     def files(self) -> list[tuple[str, int, str]]:
         """(name, bytes, sha256) of the shard and of every sidecar: what must still be on disk."""
         if not self.written:
@@ -80,47 +84,18 @@ def shard_file_name(plan: Plan, shard: int) -> str:
     return shard_name(shard, get_writer(plan.options.format).extension)
 
 
-def read_marker(out: Path, name: str) -> ShardResult | None:
-    try:
-        return ShardResult(**json.loads(marker_path(out, name).read_text(encoding="utf-8")))
-    except (FileNotFoundError, ValueError, TypeError):
-        return None
-
-
-def finished_shard(out: Path, plan: Plan, shard: int, *, check_hash: bool = True) -> ShardResult | None:
-    """The marker of a shard done for this plan, if its files still match it (size, and hash)."""
-    name = shard_file_name(plan, shard)
-    result = read_marker(out, name)
-    if result is None or result.fingerprint != plan.fingerprint:
-        return None
-    for file_name, size, digest in result.files():
-        path = out / file_name
-        try:
-            if path.stat().st_size != size or (check_hash and sha256_file(path) != digest):
-                log.warning("%s: does not match its marker; packing it again", path)
-                return None
-        except FileNotFoundError:
-            return None
-    return result
-
-
-def finished_shards(out: Path | RemoteOut, plan: Plan, shards: list[int], *,
+def finished_shards(out: Output, plan: Plan, shards: list[int], *,
                     check_hash: bool = True) -> dict[int, ShardResult | None]:
-    """`finished_shard` of each of `shards`; for a remote OUT from one listing of OUT and of the
-    markers, each file checked by size (its hash is checked on upload, and by `pack verify`)."""
-    if not isinstance(out, RemoteOut):
-        return {shard: finished_shard(out, plan, shard, check_hash=check_hash) for shard in shards}
+    """The marker of each of `shards` done for this plan, if OUT still holds its files as the
+    marker lists them (sizes; and hashes, where `check_hash` and the output can)."""
     names = {shard: shard_file_name(plan, shard) for shard in shards}
-    there = out.marker_names()
-    markers = out.read_texts([f"{WORK_DIR}/{DONE_DIR}/{name}.json" for name in names.values()
-                              if f"{name}.json" in there])
-    sizes = out.names() if markers else {}
+    markers = out.marker_texts(list(names.values()))
+    holds = out.file_check(check_hash=check_hash)
     done: dict[int, ShardResult | None] = {}
     for shard, name in names.items():
-        text = markers.get(f"{WORK_DIR}/{DONE_DIR}/{name}.json")
+        text = markers.get(name)
         result = parse_marker(text) if text is not None else None
-        if result is not None and (result.fingerprint != plan.fingerprint
-                                   or any(sizes.get(file) != size for file, size, _ in result.files())):
+        if result is not None and (result.fingerprint != plan.fingerprint or not holds(result.files())):
             result = None
         done[shard] = result
     return done
@@ -133,13 +108,12 @@ def parse_marker(text: str) -> ShardResult | None:
         return None
 
 
-def clean_tmp(out: Path | RemoteOut, plan: Plan, shards: list[int]) -> None:
+def clean_tmp(out: Output, plan: Plan, shards: list[int]) -> None:
     """Remove leftovers of interrupted attempts at these shards (and only these: other tasks run):
-    temp files in OUT (or staging), and a remote OUT's temporary uploads."""
+    temp files in staging, and what the output keeps elsewhere (a bucket's temporary uploads)."""
     names = {shard_file_name(plan, shard) for shard in shards}
-    if isinstance(out, RemoteOut):
-        out.clean_uploads({name for shard in shards for name in shard_files(plan, shard)})
-    folder = tmp_dir(staging_dir(out))
+    out.clean_uploads({name for shard in shards for name in shard_files(plan, shard)})
+    folder = tmp_dir(out.staging)
     if not folder.is_dir():
         return
     for leftover in os.listdir(folder):
@@ -154,20 +128,19 @@ def shard_files(plan: Plan, shard: int) -> list[str]:
     return [name, *sidecars, f"{name}.json"]
 
 
-def run_shard(out: Path | RemoteOut, plan: Plan, shard: int, *, threads: int = READ_THREADS,
+def run_shard(out: Output, plan: Plan, shard: int, *, threads: int = READ_THREADS,
               progress: Progress | None = None, policy: ErrorPolicy = ErrorPolicy(),
               upload: bool = True) -> ShardResult:
-    """Pack one planned shard: temp files, renamed when synced (sidecars first), then the marker.
-    For a remote OUT all that happens in staging; the files are then uploaded, the marker last
-    (`upload=False`: left staged, for the caller's `upload_shard`).
+    """Pack one planned shard in OUT's staging folder: temp files, renamed when synced (sidecars
+    first); then `out.commit` makes it visible, the marker last (`upload=False`: where the output
+    can, left staged for the caller's `out.commits()`, as a bucket's uploads are).
 
     Under `policy` the shard stops early, publishing nothing, at its first reject (fail) or when
     its own rejects alone exceed --max-errors; the total over all shards is checked in `merge`.
     """
     name = shard_file_name(plan, shard)
-    local = staging_dir(out)
-    if isinstance(out, RemoteOut) and getattr(load_plan(local), "fingerprint", None) != plan.fingerprint:
-        out.mirror_plan()  # a worker on another machine (Dask): its staging has no listing yet
+    local = out.staging
+    out.stage_plan(plan)
     entries = read_shard_entries(local, plan, shard)
     writer_cls = get_writer(plan.options.format)
     folder = tmp_dir(local)
@@ -217,13 +190,7 @@ def run_shard(out: Path | RemoteOut, plan: Plan, shard: int, *, threads: int = R
             result = ShardResult(name=name, num_samples=count, bytes=final.stat().st_size, sha256=digest,
                                  fingerprint=plan.fingerprint, rejects=rejects, label_counts=label_counts,
                                  source_bytes=source_bytes, sidecars=sidecars, extensions=sorted(extensions))
-        if isinstance(out, RemoteOut):
-            if upload:
-                upload_shard(out, result)
-        else:
-            marker = marker_path(out, name)
-            marker.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(marker, json.dumps(asdict(result)) + "\n")
+        out.commit(result, later=not upload)
     except (OSError, *writer_cls.write_errors) as exc:
         # Without its marker a published shard would be packed again anyway: take it back too.
         remove_files(tmp, *tmp_sidecars.values(), final, *(local / sidecar["name"] for sidecar in sidecars))
@@ -238,17 +205,7 @@ def run_shard(out: Path | RemoteOut, plan: Plan, shard: int, *, threads: int = R
     return result
 
 
-def upload_shard(out: RemoteOut, result: ShardResult) -> None:
-    """Upload a staged shard (files side by side, then its marker) and free its staging space."""
-    files = [out.staging / file for file, _, _ in result.files()]
-    try:
-        out.upload_all([(path, path.name) for path in files])
-        out.upload_text(f"{WORK_DIR}/{DONE_DIR}/{result.name}.json", json.dumps(asdict(result)) + "\n")
-    finally:
-        remove_files(*files)
-
-
-class BackgroundUploads:
+class BackgroundUploads(Commits):
     """Staged shards uploaded in threads of this process while its workers pack the next ones.
 
     An upload mostly waits on the store (latency, then bandwidth): done in line, each worker
@@ -258,7 +215,7 @@ class BackgroundUploads:
     readable when an upload ends, for a caller waiting on several things at once.
     """
 
-    def __init__(self, out: RemoteOut, limit_bytes: int = UPLOAD_BYTES_IN_FLIGHT,
+    def __init__(self, out: Output, limit_bytes: int = UPLOAD_BYTES_IN_FLIGHT,
                  limit_shards: tuple[int, int] = UPLOADS_IN_FLIGHT) -> None:
         self.out = out
         self.limit_bytes = limit_bytes
@@ -268,7 +225,7 @@ class BackgroundUploads:
         self.wakeup, self._wake = multiprocessing.Pipe(duplex=False)
 
     def submit(self, result: ShardResult) -> None:
-        future = self._pool.submit(upload_shard, self.out, result)
+        future = self._pool.submit(self.out.commit, result)
         future.add_done_callback(self._ended)
         self.running[future] = sum(size for _, size, _ in result.files())
 
@@ -277,6 +234,9 @@ class BackgroundUploads:
             self._wake.send_bytes(b"")
         except OSError:  # closed: nobody waits any more
             pass
+
+    def waits(self) -> list[Any]:
+        return [self.wakeup]
 
     def full(self) -> bool:
         count = len(self.running)
@@ -313,7 +273,7 @@ def disk_full(path: Path) -> bool:
     return free is not None and free < DISK_FULL_MARGIN
 
 
-def check_rejects(out: Path, plan: Plan, rejects: list[dict[str, str]], policy: ErrorPolicy) -> None:
+def check_rejects(out: Output, plan: Plan, rejects: list[dict[str, str]], policy: ErrorPolicy) -> None:
     """Raise PackError when these rejects break the policy; names the file, or the count."""
     if policy.on_error == "fail" and rejects:
         first = rejects[0]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from packer import pipeline
+from packer import outdir, pipeline
 from packer.errors import PackError
 from packer.outdir import lock_path
 from packer.partition import Partition, resolve_partition
@@ -224,12 +224,12 @@ def test_a_task_waits_for_the_plan_lock_but_not_forever(image_folder: tuple[Path
     root, _ = image_folder
     out = tmp_path / "out"
     pipeline.ensure_plan(root, out, PackOptions(format="lmdb", shard_size=3))
-    monkeypatch.setattr(pipeline, "LOCK_POLL_SECONDS", 0.01)
+    monkeypatch.setattr(outdir, "LOCK_POLL_SECONDS", 0.01)
     with open(lock_path(out), "a") as holder:
         fcntl.flock(holder, fcntl.LOCK_EX)
         with open(lock_path(out), "a") as waiter, pytest.raises(
                 PackError, match=r"plan\.lock: another pack process has held this lock for over 0\.2 s"):
-            pipeline.wait_for_lock(waiter, lock_path(out), timeout=0.2)
+            outdir.wait_for_lock(waiter, lock_path(out), timeout=0.2)
         threading.Timer(0.2, fcntl.flock, (holder, fcntl.LOCK_UN)).start()
         plan = pipeline.ensure_plan(root, out, PackOptions(format="lmdb", shard_size=3))
     assert plan.num_shards == 7

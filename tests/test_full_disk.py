@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from packer import outdir, pipeline, shard
+from packer import outdir, output, pipeline
 from packer.errors import PackError
 from packer.plan import PackOptions
 from packer.writers import WRITERS
@@ -50,17 +50,17 @@ def test_disk_full_at_the_marker_takes_the_shard_back(image_folder: tuple[Path, 
     """The race the small tmpfs hits now and then: the shard fits, its marker does not."""
     root, _ = image_folder
     out = tmp_path / "out"
-    real_write = shard.atomic_write_text
+    real_write = output.atomic_write_text
 
     def no_room_for_markers(path: Path, text: str) -> None:
         if path.parent.name == outdir.DONE_DIR:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         real_write(path, text)
 
-    monkeypatch.setattr(shard, "atomic_write_text", no_room_for_markers)
+    monkeypatch.setattr(output, "atomic_write_text", no_room_for_markers)
     with pytest.raises(PackError, match=r": cannot write shard-000000\.tar \(No space left on device\); nothing was published"):
         pipeline.pack(root, out, PackOptions(format="wds", shard_size=5), workers=1)
     assert sorted(path.name for path in out.glob("shard-*")) == []
     assert not (out / "index.json").exists()
-    monkeypatch.setattr(shard, "atomic_write_text", real_write)
+    monkeypatch.setattr(output, "atomic_write_text", real_write)
     assert pipeline.pack(root, out, PackOptions(format="wds", shard_size=5), workers=1).published

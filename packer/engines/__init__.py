@@ -5,18 +5,18 @@ Registered like the writers: name -> "module:function", imported when chosen (Da
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Callable, Protocol
 
 from readers.formats import Registry
 
 from ..errors import PackError
+from ..output import Output
 from ..plan import Plan
 from ..validate import ErrorPolicy
 
 
 class Engine(Protocol):
-    def __call__(self, out: Path, plan: Plan, shards: list[int], *, workers: int, scheduler: str | None,
+    def __call__(self, out: Output, plan: Plan, shards: list[int], *, workers: int, scheduler: str | None,
                  progress: Callable[[int], None] | None, policy: ErrorPolicy) -> None: ...
 
 

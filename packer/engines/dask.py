@@ -7,20 +7,19 @@ installed. Shard tasks are idempotent, so a retry or a duplicate run writes the 
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import PackError
 from ..shard import run_shard
 from ..plan import Plan
-from ..remote_out import RemoteOut
+from ..output import Output
 from ..validate import ErrorPolicy
 
 log = logging.getLogger(__name__)
 RETRIES = 2
 
 
-def _run(out: Path | RemoteOut, plan: Plan, shard: int, policy: ErrorPolicy) -> int:
+def _run(out: Output, plan: Plan, shard: int, policy: ErrorPolicy) -> int:
     result = run_shard(out, plan, shard, policy=policy)
     return result.num_samples + len(result.rejects)
 
@@ -40,7 +39,7 @@ def _client(scheduler: str | None, workers: int) -> tuple[Any, Any]:
         raise PackError(f"{scheduler}: cannot reach the Dask scheduler ({exc})") from None
 
 
-def run_dask(out: Path | RemoteOut, plan: Plan, shards: list[int], *, workers: int, scheduler: str | None,
+def run_dask(out: Output, plan: Plan, shards: list[int], *, workers: int, scheduler: str | None,
              progress: Callable[[int], None] | None = None, policy: ErrorPolicy = ErrorPolicy()) -> None:
     if not shards:
         return
@@ -49,7 +48,7 @@ def run_dask(out: Path | RemoteOut, plan: Plan, shards: list[int], *, workers: i
     client, cluster = _client(scheduler, min(workers, len(shards)))
     try:
         futures = [
-            client.submit(_run, out.resolve() if isinstance(out, Path) else out, plan, shard, policy,
+            client.submit(_run, out.portable(), plan, shard, policy,
                           retries=RETRIES, pure=False,
                           key=f"pack-{plan.fingerprint[:12]}-shard-{shard:06d}")
             for shard in shards

@@ -24,13 +24,12 @@ from dataclasses import dataclass
 from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
-from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from ..errors import PackError
 from ..plan import Plan
-from ..remote_out import RemoteOut
-from ..shard import BackgroundUploads, ShardResult, run_shard, shard_file_name
+from ..output import Commits, Output
+from ..shard import ShardResult, run_shard, shard_file_name
 from ..validate import ErrorPolicy
 
 log = logging.getLogger(__name__)
@@ -139,7 +138,7 @@ def start_workers(count: int, progress: Any) -> list[Worker]:
     return workers
 
 
-def died(out: Path, plan: Plan, worker: Worker) -> PackError:
+def died(out: Output, plan: Plan, worker: Worker) -> PackError:
     """The error for a busy worker that exited (or closed its pipe) without answering."""
     assert worker.shard is not None
     worker.process.join(0)
@@ -152,7 +151,7 @@ def died(out: Path, plan: Plan, worker: Worker) -> PackError:
     )
 
 
-def collect(out: Path, plan: Plan, worker: Worker) -> ShardResult:
+def collect(out: Output, plan: Plan, worker: Worker) -> ShardResult:
     """Take a busy worker's answer: the shard is packed (staged, for a remote OUT), or its error is raised here."""
     try:
         error, trace, result = worker.conn.recv()
@@ -192,36 +191,32 @@ def stop_workers(workers: list[Worker]) -> None:
         worker.conn.close()
 
 
-def run_local(out: Path | RemoteOut, plan: Plan, shards: list[int], *, workers: int, scheduler: str | None = None,
+def run_local(out: Output, plan: Plan, shards: list[int], *, workers: int, scheduler: str | None = None,
               progress: Callable[[int], None] | None = None, policy: ErrorPolicy = ErrorPolicy()) -> None:
     """Pack `shards` in `workers` processes (in this one for a single worker or shard).
 
-    For a remote OUT the workers only stage their shards: this process uploads them in the
-    background (`BackgroundUploads`) while the workers go on packing, and holds back new shards
-    while its budget of uploads in flight is full.
+    Where the output can (a bucket), the workers only stage their shards: this process commits
+    them in the background (`out.commits()`, uploads) while the workers go on packing, and holds
+    back new shards while its budget of commits in flight is full.
     """
     del scheduler
-    uploads = BackgroundUploads(out) if isinstance(out, RemoteOut) else None
+    uploads = out.commits()
     try:
         if workers <= 1 or len(shards) <= 1:
             for shard in shards:
                 result = run_shard(out, plan, shard, progress=progress, policy=policy, upload=False)
-                if uploads:
-                    if uploads.full():
-                        uploads.reap(block=True)
-                    uploads.submit(result)
+                if uploads.full():
+                    uploads.reap(block=True)
+                uploads.submit(result)
         else:
             run_workers(out, plan, shards, workers, progress, policy, uploads)
-        if uploads:
-            uploads.finish()
+        uploads.finish()
     finally:
-        if uploads:
-            uploads.close()
+        uploads.close()
 
 
-def run_workers(out: Path | RemoteOut, plan: Plan, shards: list[int], workers: int,
-                progress: Callable[[int], None] | None, policy: ErrorPolicy,
-                uploads: BackgroundUploads | None) -> None:
+def run_workers(out: Output, plan: Plan, shards: list[int], workers: int,
+                progress: Callable[[int], None] | None, policy: ErrorPolicy, uploads: Commits) -> None:
     count = min(workers, len(shards))
     done_samples = multiprocessing.get_context("spawn").Array("q", count, lock=False)
     pool = start_workers(count, done_samples)
@@ -230,26 +225,23 @@ def run_workers(out: Path | RemoteOut, plan: Plan, shards: list[int], workers: i
     try:
         while True:
             for worker in pool:
-                if worker.shard is None and pending and not (uploads and uploads.full()):
+                if worker.shard is None and pending and not uploads.full():
                     worker.shard = pending.popleft()
                     try:
                         worker.conn.send((out, plan, worker.shard, policy))
                     except OSError:
                         raise died(out, plan, worker) from None
             busy = [worker for worker in pool if worker.shard is not None]
-            if not busy and not (uploads and uploads.running):
+            if not busy and not uploads.running:
                 break
             waited: list[Any] = [worker.conn for worker in busy] + [worker.process.sentinel for worker in busy]
-            ready = wait(waited + ([uploads.wakeup] if uploads else []), timeout=POLL_SECONDS)
+            ready = wait(waited + uploads.waits(), timeout=POLL_SECONDS)
             for worker in busy:
                 if worker.conn in ready or worker.conn.poll():
-                    result = collect(out, plan, worker)
-                    if uploads:
-                        uploads.submit(result)
+                    uploads.submit(collect(out, plan, worker))
                 elif worker.process.sentinel in ready:
                     raise died(out, plan, worker)
-            if uploads:
-                uploads.reap()
+            uploads.reap()
             if progress:
                 current = sum(done_samples)
                 progress(current - reported)
