@@ -250,6 +250,18 @@ def listing_lines(listing: Listing, start: int, end: int) -> Iterable[str]:
             for (path, label, size), values in zip(rows, listing.values[start:end]))
 
 
+def listing_sha256(listing_file: Path, inputs: list[str]) -> str:
+    """What `Plan.listing_sha256` holds for this listing.jsonl: the names of the container inputs
+    first (the locations index them: other inputs, other samples), then the file's bytes."""
+    digest = hashlib.sha256()
+    if inputs:
+        digest.update(json.dumps(inputs).encode())
+    with open(listing_file, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def write_plan(out: Path, listing: Listing, options: PackOptions) -> Plan:
     """Put the listing in packing order, write it to listing.jsonl, cut shards from it, and write
     plan.json under OUT/.pack; return the plan. The order comes from the options alone, so every

@@ -32,11 +32,11 @@ from readers.manifest import MANIFEST_NAME
 from readers.remote import UrlFilesystem, is_url, url_folder_name
 
 from .errors import FinishedOutput, PackError
-from .fsutil import atomic_write_text, sha256_file
+from .fsutil import atomic_write_text
 from .outdir import DONE_DIR, LISTING_NAME, PLAN_NAME, TMP_DIR, WORK_DIR, final_name, listing_path, pack_outputs, \
     plan_path, temp_name
 from .output import FileCheck, Output
-from .plan import Plan, load_plan
+from .plan import Plan, listing_sha256, load_plan
 from .shard import BackgroundUploads, ShardResult
 
 log = logging.getLogger(__name__)
@@ -321,7 +321,7 @@ class RemoteOut(UrlFilesystem, Output):
             self.download(f"{WORK_DIR}/{LISTING_NAME}", local_listing)
             atomic_write_text(local_plan, text)
             plan = load_plan(self.staging)
-            if plan is not None and sha256_file(local_listing) != plan.listing_sha256:
+            if plan is not None and listing_sha256(local_listing, plan.inputs) != plan.listing_sha256:
                 local_plan.unlink()
                 raise PackError(f"{self / WORK_DIR}/{LISTING_NAME}: does not match {PLAN_NAME} (another task is "
                                 "writing a different plan: same SRC and options in every task?)")

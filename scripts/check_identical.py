@@ -44,9 +44,10 @@ FORMATS = ("lmdb", "hdf5", "wds")
 LEFT_OUT = {".pack/plan.lock"}
 TASK_CASES = {("folder-wds", "local"), ("folder-wds", "s3"), ("tars-lmdb", "local"), ("s3src-hdf5", "local"),
               ("s3src-hdf5", "s3")}
-"""Cases packed again as two tasks and `pack merge`. Not a container input into a bucket: on main
-the second task stops there (the plan's listing hash covers the inputs, its check in
-`RemoteOut.mirror_plan` the listing file alone)."""
+"""Cases packed again as two tasks and `pack merge`. Not a container input into a bucket, so that
+the hashes taken before #29 compare: there the second task stopped (the plan's listing hash
+covered the inputs, its check in `RemoteOut.mirror_plan` the listing file alone; fixed since,
+tested in test_remote_pack)."""
 
 
 def write_tars(folder: Path, rng: random.Random, image_bytes: Callable[..., bytes]) -> None:

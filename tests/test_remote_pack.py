@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -19,8 +20,11 @@ from conftest import S3_BUCKET
 import readers
 from clirun import run
 from loopback import LoopbackHTTP
-from imagefolders import make_image_folder
-from packer.pipeline import pack
+from imagefolders import image_bytes, make_image_folder
+from recordfiles import recordio_payload, write_recordio
+from packer.partition import Partition
+from packer.pipeline import merge, pack
+from packer.remote_out import RemoteOut
 from packer.plan import PackOptions
 from packer.writers import WRITERS
 
@@ -124,6 +128,21 @@ def test_tasks_then_merge_on_the_bucket_equal_one_run(image_folder: tuple[Path, 
     code, output = run("info", url, "--json")
     info = json.loads(output)
     assert code == 0 and info["num_samples"] == count and info["image_sizes"]["sampled"] == count
+
+
+def test_tasks_of_a_container_input_on_the_bucket_equal_one_run(s3_options: dict, tmp_path: Path) -> None:
+    """A second task mirrors a plan whose listing hash covers the container inputs' names too."""
+    rng = random.Random(0)
+    src = tmp_path / "train.rec"
+    write_recordio(src, [recordio_payload(image_bytes(rng), float(k % 3)) for k in range(7)])
+    pack(src, tmp_path / "local", PackOptions(format="wds", shard_size=3), workers=1)
+    url = f"s3://{S3_BUCKET}/rec-tasks"
+    for task in range(2):
+        summary = pack(src, url, PackOptions(format="wds", shard_size=3), workers=1, partition=Partition(task, 2),
+                       staging=tmp_path / f"staging-{task}", storage_options=s3_options)
+        assert not summary.published
+    merge(RemoteOut(url, staging=tmp_path / "merge", storage_options=s3_options))
+    assert bucket_files(s3_options, "rec-tasks") == local_files(tmp_path / "local")
 
 
 def test_a_different_plan_in_the_bucket_is_refused(image_folder: tuple[Path, dict[str, bytes]], s3_conf: dict) -> None:
