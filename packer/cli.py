@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from readers.cache import parse_size
 from readers.manifest import DECODE_MODES, MANIFEST_NAME, ON_ERROR_MODES, REJECTS_NAME, DatasetError
+from readers.remote import location
 
 from .version import __version__
 from .descriptors import DEFAULT_SPLIT
@@ -60,7 +61,7 @@ class PathOrURL(click.ParamType):
     name = "path"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Path | str:
-        return value if isinstance(value, str) and "://" in value else Path(value)
+        return location(value)
 
 
 def joined(root: Path | str, name: str) -> str:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from readers.fields import FieldSpec, encode_value
+from readers.remote import is_url
 
 from .encode import Encoded, encode
 from .errors import RejectedFile
@@ -246,7 +247,7 @@ def load_samples(root: Path | str, entries: Iterable[Entry], options: PackOption
                              sidecars=options.sidecars, sidecars_optional=options.sidecars_optional,
                              records=records)
 
-    remote = records is None and isinstance(root, str) and "://" in root  # a folder of images at a URL
+    remote = records is None and is_url(root)  # a folder of images at a URL
     if options.store in INLINE_STORES and records is not None and records_in_line:
         for entry in entries:
             yield entry, load(entry)

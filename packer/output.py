@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator, Protocol
 
 from readers.formats import Registry
 from readers.manifest import MANIFEST_NAME
+from readers.remote import local_root
 
 from .fsutil import atomic_write_text, sha256_file
 from .outdir import check_paths, lock_path, marker_path, plan_path, prepare_output, wait_for_lock, work_dir
@@ -153,8 +154,7 @@ class LocalOut(Output):
     def __init__(self, root: str | os.PathLike[str], *, staging: str | os.PathLike[str] | None = None,
                  storage_options: dict[str, Any] | None = None) -> None:
         del staging, storage_options  # a bucket's: a local OUT is its own staging
-        text = os.fspath(root)
-        self.staging = Path(text[len("file://"):] if text.startswith("file://") else text)
+        self.staging = local_root(root)
 
     @classmethod
     def takes(cls, out: str | os.PathLike[str]) -> bool:

@@ -20,7 +20,7 @@ from readers.cpus import available_cpus
 from readers.formats import ALIASES, FORMATS
 from readers.layouts.wds import image_extension
 from readers.manifest import MANIFEST_NAME, REJECTS_NAME, Manifest, parse_manifest
-from readers.remote import is_url
+from readers.remote import location
 
 from .version import __version__
 from .descriptors import DEFAULT_SPLIT, descriptor_texts, write_descriptors
@@ -33,7 +33,7 @@ from .partition import Partition
 from .plan import PackOptions, Plan, option_differences, write_plan
 from .scan import Listing, scan
 from .shard import Progress, ShardResult, check_rejects, clean_tmp, finished_shards, shard_file_name
-from .sources.inputs import resolve_source
+from .sources.inputs import Source, resolve_source
 from .validate import ErrorPolicy
 
 log = logging.getLogger(__name__)
@@ -108,7 +108,7 @@ def pack_into(src: str | os.PathLike[str], out_path: Output, options: PackOption
               progress: Progress | None, planned: Callable[[int], None] | None, policy: ErrorPolicy,
               split: str) -> Summary:
     started = time.monotonic()
-    src_path = source_path(src)
+    src_path = location(src)
     if engine != "local" and not partition.is_whole:
         raise PackError(f"--engine {engine} runs every shard itself; drop --task-index/--task-count")
     if overwrite and not partition.is_whole:
@@ -162,7 +162,8 @@ def up_to_date_summary(src: Path | str, out: Output, options: PackOptions, finis
     plan = out.stored_plan()
     if plan is None:
         raise finished
-    differences = plan_differences(plan, src, canonical_options(options))
+    options = canonical_options(options)
+    differences = plan_differences(plan, resolve_source(src, options.input_format), options)
     if differences:
         raise PackError(f"{out}: already holds a packed dataset of {differences}; pass --overwrite to replace it")
     manifest = parse_manifest((out.read_text(MANIFEST_NAME) or "").encode(), out / MANIFEST_NAME)
@@ -175,11 +176,6 @@ def up_to_date_summary(src: Path | str, out: Output, options: PackOptions, finis
         resumed_shards=len(manifest.shards),
         elapsed=time.monotonic() - started, published=True, up_to_date=True,
     )
-
-
-def source_path(src: str | os.PathLike[str]) -> Path | str:
-    """SRC as the scan takes it: a URL stays a string (a Path would fold its `//`)."""
-    return str(src) if is_url(str(src)) else Path(src)
 
 
 def canonical_options(options: PackOptions) -> PackOptions:
@@ -199,25 +195,19 @@ def ensure_plan(src: str | os.PathLike[str], out: str | os.PathLike[str] | Outpu
     (`RemoteOut.publish_plan`); a plan made with other options is an error, never silently replaced.
     """
     options = canonical_options(options)
-    src = source_path(src)
+    src = location(src)
     with opened_output(out) as target, target.planning(src, overwrite=overwrite):
         plan = target.stored_plan()
+        source = resolve_source(src, options.input_format)  # once: the scan and the plan's check take it
         if plan is not None:
-            return reuse_plan(plan, src, target, options)
-        return target.publish_plan(write_plan(target.staging, scan_source(src, options), options))
+            return reuse_plan(plan, source, target, options)
+        return target.publish_plan(write_plan(target.staging, scan_source(src, source, options), options))
 
 
-def source_name(src: Path | str) -> str:
-    """How a plan names SRC: a URL as given (less a trailing slash), a local path absolute."""
-    text = os.fspath(src)
-    return text.rstrip("/") if "://" in text else os.path.abspath(text)
-
-
-def plan_differences(plan: Plan, src: Path | str, options: PackOptions) -> str | None:
+def plan_differences(plan: Plan, source: Source, options: PackOptions) -> str | None:
     """What makes `plan` another pack than SRC with `options`: `options --shard-size: 2 before,
     4 now`, or the other SRC; None when it is the same."""
-    source = resolve_source(src, options.input_format)
-    now = (source_name(source.root), source.kind, list(source.inputs))
+    now = (source.name, source.kind, list(source.inputs))
     if (plan.source, plan.input_kind, plan.inputs) != now:
         return f"another SRC ({plan.source} before, {now[0]} now)" if plan.source != now[0] else \
             f"other inputs of {plan.source} ({len(plan.inputs)} {plan.input_kind} before, {len(now[2])} {now[1]} now)"
@@ -225,8 +215,8 @@ def plan_differences(plan: Plan, src: Path | str, options: PackOptions) -> str |
     return f"other options ({'; '.join(changed)})" if changed else None
 
 
-def reuse_plan(plan: Plan, src: Path | str, out: Output, options: PackOptions) -> Plan:
-    differences = plan_differences(plan, src, options)
+def reuse_plan(plan: Plan, source: Source, out: Output, options: PackOptions) -> Plan:
+    differences = plan_differences(plan, source, options)
     if differences:
         raise PackError(f"{out}: holds an unfinished run of {differences}; rerun with those, or pass --overwrite "
                         "to start over")
@@ -234,8 +224,8 @@ def reuse_plan(plan: Plan, src: Path | str, out: Output, options: PackOptions) -
     return plan
 
 
-def scan_source(src: Path | str, options: PackOptions) -> Listing:
-    listing = scan(src, options)
+def scan_source(src: Path | str, source: Source, options: PackOptions) -> Listing:
+    listing = scan(source, options)
     if not len(listing):
         first = f" (rejected: {listing.rejects[0][0]}: {listing.rejects[0][1]})" if listing.rejects else ""
         raise PackError(f"{src}: no image files found{first}")

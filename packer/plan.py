@@ -24,6 +24,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 from readers.fields import FieldSpec
 from readers.manifest import FORMAT_VERSION
+from readers.remote import is_url
 
 from .encode import DEFAULT_QUALITY, ENCODE_OPTIONS, PIXEL_MODES, STORES
 from .errors import PackError
@@ -293,7 +294,7 @@ def write_plan(out: Path, listing: Listing, options: PackOptions) -> Plan:
         os.fsync(handle.fileno())
     os.replace(tmp, listing_file)
     plan = Plan(
-        source=listing.root if "://" in listing.root else os.path.abspath(listing.root),  # a URL SRC stays one
+        source=listing.root if is_url(listing.root) else os.path.abspath(listing.root),  # a URL SRC stays one
         options=options,
         classes=listing.classes,
         num_listed=len(listing),

@@ -15,7 +15,7 @@ from .plan import PackOptions
 from .sources.classes import ClassMap, read_classes, relabel_folders
 from .sources.containers import scan_container
 from .sources.filelist import list_files
-from .sources.inputs import resolve_source
+from .sources.inputs import Source, resolve_source
 from .sources.listing import UNLABELLED, Listing, ScanError
 from .sources.metadata import apply_metadata, read_metadata
 from .sources.remote import walk_url
@@ -26,21 +26,23 @@ from .sources.walk import walk
 __all__ = ["UNLABELLED", "Listing", "ScanError", "scan"]
 
 
-def scan(src: str | os.PathLike[str], options: PackOptions | None = None) -> Listing:
-    """List what `options` says to pack from `src`, sorted by relative path (no options: the walk)."""
+def scan(src: str | os.PathLike[str] | Source, options: PackOptions | None = None) -> Listing:
+    """List what `options` says to pack from `src` (resolved already, or a path or URL), sorted by
+    relative path (no options: the walk)."""
     if options is None:
-        return walk(src)
-    source = resolve_source(src, options.input_format)
+        return walk(src.location if isinstance(src, Source) else src)
+    source = src if isinstance(src, Source) else resolve_source(src, options.input_format)
     if source.kind != "tfrecord":
         check_tfrecord_options(options)
     if source.kind != "folder":
         return scan_container(source, options)
     companions = frozenset("." + extension for extension in options.sidecars)
     folders_are_classes = options.metadata is None and not options.no_classes
-    if "://" in str(src):
+    src = source.location
+    if source.is_url:
         if options.files_from is not None or options.sidecars:
             raise ScanError(f"{src}: --files-from and --sidecars need a local SRC")
-        listing = walk_url(str(src), folders_are_classes=folders_are_classes, companions=companions)
+        listing = walk_url(source.root, folders_are_classes=folders_are_classes, companions=companions)
     elif options.files_from is not None:
         listing = list_files(src, options.files_from, null=options.null, folders_are_classes=folders_are_classes,
                              companions=companions)

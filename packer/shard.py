@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from readers.manifest import FileInfo, ShardInfo, sample_key, shard_name
+from readers.remote import location
 
 from .errors import PackError, RejectedFile
 from .fsutil import free_bytes, publish, sha256_file, sync_and_hash
@@ -153,7 +154,7 @@ def run_shard(out: Output, plan: Plan, shard: int, *, threads: int = READ_THREAD
     extensions: set[str] = set()
     count = source_bytes = 0
     final = local / name
-    source = plan.source if "://" in plan.source else Path(plan.source)  # a URL SRC stays a string
+    source = location(plan.source)
     try:
         with writer_cls(tmp, expected_bytes=entries.total_size, classes=plan.classes,
                         sample_shape=plan.options.sample_shape, fields=plan.fields) as writer, \

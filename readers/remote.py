@@ -38,8 +38,14 @@ EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "http": "http", "h
 
 
 def is_url(path: str | os.PathLike[str]) -> bool:
-    """True for a URL the readers fetch through the cache; plain paths and file:// are local."""
+    """True for a URL the readers fetch through the cache; plain paths and file:// are local.
+    The one answer to "is this a URL" for readers and the packer (SRC, OUT, a plan's source)."""
     return isinstance(path, str) and "://" in path and not path.startswith("file://")
+
+
+def location(path: str | os.PathLike[str]) -> Path | str:
+    """A URL as the string it is (a Path would fold its `//`); anything else as a local Path."""
+    return path if is_url(path) else local_root(path)  # type: ignore[return-value]
 
 
 def local_root(path: str | os.PathLike[str]) -> Path:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Iterator, Protocol
 
 from readers.manifest import MANIFEST_NAME, DatasetError, MissingFile
-from readers.remote import RemoteStore, is_url
+from readers.remote import RemoteStore, is_url, location
 
 from ..errors import RejectedFile
 from .listing import ScanError, is_image_name
@@ -67,11 +67,26 @@ CLI_INPUT_FORMATS = ("folder", *(name for name, kind in INPUT_KINDS.items() if n
 
 @dataclass(frozen=True)
 class Source:
-    """What SRC is: its kind, the folder sample paths are relative to, and the container inputs."""
+    """What SRC is, resolved once (`resolve_source`): its kind, the folder sample paths are
+    relative to (as given, or absolute for container inputs), and the container inputs."""
 
     kind: str
     root: str
     inputs: tuple[str, ...] = ()
+
+    @property
+    def is_url(self) -> bool:
+        return is_url(self.root)
+
+    @property
+    def location(self) -> Path | str:
+        """The root as walks and loaders take it: a URL stays a string."""
+        return location(self.root)
+
+    @property
+    def name(self) -> str:
+        """How a plan names SRC: a URL as given (less a trailing slash), a local path absolute."""
+        return self.root.rstrip("/") if self.is_url else os.path.abspath(self.root)
 
 
 @dataclass
