@@ -20,27 +20,21 @@ from .base import Fields, PackedDataset, Record, read_as_span
 from .fields import FieldSpec, parse_value
 from .layouts.wds import (
     ABSENT,
-    BLOCK,
     INDEX_COLUMNS,
     INDEX_EXTENSION,
     INDEX_HEADER,
     V1_INDEX_EXTENSION,
     LABEL_EXTENSION,
     PIXELS_EXTENSION,
-    TarError,
-    canonical_header,
-    check_member_name,
     field_extension,
     field_extensions,
     index_row,
     meta_extension,
     npy_data,
-    padding,
-    parse_header,
     parse_index_header,
-    split_name,
 )
 from .manifest import DatasetError, FileInfo
+from .tar import BLOCK, TarError, canonical_header, check_member_name, padding, parse_header, split_name
 from .streaming import DEFAULT_PREFETCH_SHARDS, ShardStream
 
 

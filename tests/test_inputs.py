@@ -23,7 +23,7 @@ from packer.pipeline import pack
 from packer.plan import PackOptions
 from packer.sources.inputs import expand_braces, resolve_source
 from packer.sources.listing import ScanError
-from packer.sources.tars import read_members
+from readers.tar import read_members
 
 
 def shard_bytes(out: Path) -> dict[str, bytes]:

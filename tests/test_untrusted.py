@@ -30,7 +30,8 @@ from clirun import run
 from loopback import LoopbackHTTP, LoopbackS3
 
 import readers
-from readers.layouts.wds import BLOCK, INDEX_HEADER
+from readers.layouts.wds import INDEX_HEADER
+from readers.tar import BLOCK
 from readers.manifest import MANIFEST_NAME
 
 Mutate = Callable[[dict[str, Any]], None]

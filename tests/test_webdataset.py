@@ -17,7 +17,7 @@ import readers
 from packer.errors import PackError
 from packer.pipeline import pack
 from packer.plan import PackOptions
-from readers.layouts.wds import Member, canonical_header, encode_header, encode_member, parse_header
+from readers.tar import Member, canonical_header, encode_header, encode_member, parse_header
 
 
 @pytest.fixture

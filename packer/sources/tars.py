@@ -18,14 +18,14 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import tarfile
 from array import array
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable
 
 from readers.fields import FieldSpec, check_field_name
+from readers.tar import TarDamage, read_members, split_name
 
 from ..errors import RejectedFile
 from ..plan import PackOptions, Plan
@@ -42,7 +42,6 @@ BINARY_EXTENSIONS = frozenset({
     "flac", "mp3", "wav", "ogg", "opus", "m4a", "sox", "mp4", "avi", "webm", "mov", "mkv",  # its audio and video
 })
 SCAN_THREADS = 8
-BLOCK = tarfile.BLOCKSIZE
 
 
 @dataclass(slots=True)
@@ -55,13 +54,13 @@ class Group:
     members: list[tuple[str, str, int]] = field(default_factory=list)  # (extension, name, size)
 
 
-def split_name(name: str) -> tuple[str, str] | None:
-    """`dir/x.seg.png` -> (`dir/x`, `seg.png`); None for a name without an extension."""
-    base = name.rfind("/") + 1
-    dot = name.find(".", base)
-    if dot <= base:
+def sample_parts(name: str) -> tuple[str, str] | None:
+    """`dir/x.seg.png` -> (`dir/x`, `seg.png`), WebDataset's split (`readers.tar.split_name`) with
+    the extension lower-cased; None for a name without a dot, or with nothing before it."""
+    key, extension = split_name(name)
+    if key == name or not key or key.endswith("/"):
         return None
-    return name[:dot], name[dot + 1:].lower()
+    return key, extension.lower()
 
 
 @dataclass(frozen=True)
@@ -149,7 +148,7 @@ def scan_tar(number: int, path: str, name: str) -> tuple[Listing, dict[str, int]
             for member in read_members(SpanReader(lambda offset, length: os.pread(fd, length, offset)), 0, size,
                                        archive=True):
                 last = member.name
-                parts = split_name(member.name) if member.is_file else None
+                parts = sample_parts(member.name) if member.is_file else None
                 if parts is None:
                     part.ignored_other += member.is_file
                     continue
@@ -233,7 +232,7 @@ class TarReader:
         fields: dict[str, bytes] = {}
         try:
             for member in read_members(read, offset, offset + length):
-                parts = split_name(member.name) if member.is_file else None
+                parts = sample_parts(member.name) if member.is_file else None
                 if parts is None:
                     continue
                 extension = parts[1]
@@ -257,114 +256,6 @@ class TarReader:
 
     def close(self) -> None:
         self.files.close()
-
-
-class TarDamage(Exception):
-    """The tar cannot be read on from here; the message says where and why."""
-
-
-@dataclass(frozen=True, slots=True)
-class Member:
-    """One tar member: where its headers start (PAX and GNU long-name headers included), where its
-    data starts, its size, and where it ends with its padding."""
-
-    name: str
-    start: int
-    data: int
-    size: int
-    is_file: bool
-
-    @property
-    def end(self) -> int:
-        return self.data + padded(self.size)
-
-
-def read_members(read: Callable[[int, int], bytes | memoryview], start: int, end: int, *,
-                 archive: bool = False) -> Iterator[Member]:
-    """The members of the tar bytes `start`..`end` (`read(offset, length)` gives them), from their
-    headers alone: ustar, PAX ('x', its path and size) and GNU long names ('L'). The tar module
-    takes ~100 us a member, several times the cost of packing the sample; this takes a few.
-    `archive`: the bytes are a whole tar, which ends with its end-of-archive marker (none: it was cut)."""
-    offset = first = start
-    name: str | None = None
-    size_override: int | None = None
-    while offset < end:
-        header = bytes(read(offset, BLOCK))
-        if len(header) < BLOCK:
-            raise TarDamage(f"truncated at byte {offset}, inside a header")
-        if header == ZERO_BLOCK:
-            return  # the end-of-archive marker
-        if header_checksum(header) != octal(header[148:156], offset):
-            raise TarDamage(f"damaged at byte {offset}: a header's checksum does not match")
-        size, kind = octal(header[124:136], offset), header[156:157]
-        data = offset + BLOCK
-        offset = data + padded(size)
-        if kind == b"L":  # a GNU long name for the next header
-            name = bytes(read(data, size)).rstrip(b"\0").decode("utf-8", "surrogateescape")
-            continue
-        if kind == b"x":  # PAX attributes of the next header
-            attributes = pax_attributes(bytes(read(data, size)), data)
-            name = attributes.get("path", name)
-            if "size" in attributes:
-                size_override = int(attributes["size"]) if attributes["size"].isdigit() else -1
-                if size_override < 0:
-                    raise TarDamage(f"damaged at byte {offset}: a PAX size that is not a number")
-            continue
-        if kind == b"g":  # PAX global attributes: nothing a sample needs
-            first = offset
-            continue
-        if size_override is not None:
-            size, offset = size_override, data + padded(size_override)
-        if name is None:
-            name = header[0:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-            if header[257:262] == b"ustar" and header[345] != 0:
-                name = header[345:500].split(b"\0", 1)[0].decode("utf-8", "surrogateescape") + "/" + name
-        yield Member(name, first, data, size, kind in (b"0", b"\0", b"7"))
-        first, name, size_override = offset, None, None
-    if archive and offset == end:
-        raise TarDamage(f"truncated at byte {end}: no end-of-archive marker after the last member")
-
-
-def padded(size: int) -> int:
-    return -(-size // BLOCK) * BLOCK
-
-
-ZERO_BLOCK = bytes(BLOCK)
-
-
-def header_checksum(header: bytes) -> int:
-    """The ustar checksum: the header's bytes summed with the checksum field read as spaces."""
-    return sum(header[:148]) + 8 * 32 + sum(header[156:])
-
-
-def octal(field: bytes, offset: int) -> int:
-    """A numeric header field: octal text, or GNU base-256 for large sizes."""
-    if field[0] & 0x80:
-        return int.from_bytes(field[1:], "big")
-    text = field.split(b"\0", 1)[0].strip()
-    try:
-        return int(text, 8) if text else 0
-    except ValueError:
-        raise TarDamage(f"damaged at byte {offset}: a header field is not a number ({text[:12]!r})") from None
-
-
-def pax_attributes(data: bytes, offset: int) -> dict[str, str]:
-    """`length key=value\\n` records; only path and size matter here."""
-    attributes = {}
-    position = 0
-    while position < len(data) and data[position:position + 1] != b"\0":
-        space = data.find(b" ", position)
-        try:
-            length = int(data[position:space])
-        except ValueError:
-            length = 0
-        if space < 0 or length <= space - position or position + length > len(data):  # also: no progress
-            raise TarDamage(f"damaged at byte {offset}: unreadable PAX attributes")
-        record = data[space + 1:position + length - 1]
-        key, _, value = record.partition(b"=")
-        attributes[key.decode("utf-8", "replace")] = value.decode("utf-8", "surrogateescape")
-        position += length
-    return attributes
 
 
 def parse_label(name: str, content: bytes) -> int:

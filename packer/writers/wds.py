@@ -17,24 +17,20 @@ from typing import BinaryIO, Sequence
 from readers.fields import FieldSpec
 from readers.layouts.wds import (
     ABSENT,
-    BLOCK,
     DALI_INDEX_EXTENSION,
     INDEX_EXTENSION,
     LABEL_EXTENSION,
     META_EXTENSION,
     PIXELS_EXTENSION,
-    ZERO_BLOCK,
     encode_dali_index,
     encode_dali_sample,
-    encode_header,
     encode_index_header,
-    encode_member,
     encode_npy_header,
     field_extension,
     image_extension,
     index_row,
-    padding,
 )
+from readers.tar import BLOCK, ZERO_BLOCK, encode_header, encode_member, padding
 
 from .base import Sample, ShardWriter, sidecar_path
 
