@@ -102,6 +102,10 @@ class Record:
     path: str | None = None
 
 
+class RecordError(ValueError):
+    """A record of a container input that cannot be read; the message says where and why."""
+
+
 class RecordReader(Protocol):
     def __call__(self, input: int, offset: int, length: int) -> Record | list[Record]: ...
 

@@ -32,7 +32,7 @@ from readers.fields import FieldSpec, encode_value
 
 from ..errors import RejectedFile
 from .classes import read_classes
-from .inputs import InputFiles, Record, Source, index_lines
+from .inputs import InputFiles, Record, RecordError, Source, index_lines
 from .listing import UNLABELLED, Listing, ScanError
 
 if TYPE_CHECKING:
@@ -52,10 +52,6 @@ HEAD_BYTES = 256
 """What a reader thread reads first of a record: the part and image headers and any label array."""
 
 
-class RecordError(ValueError):
-    """A record that cannot be read; the message says where and why."""
-
-
 def padded(length: int) -> int:
     return (length + 3) & ~3
 
@@ -69,15 +65,7 @@ def join_parts(data: bytes | memoryview, base: int = 0) -> tuple[bytes | memoryv
     parts: list[memoryview] = []
     position = 0
     while True:
-        if position + PART_HEADER.size > len(view):
-            raise RecordError(f"ends inside a part header at byte {base + position}")
-        magic, lrec = PART_HEADER.unpack_from(view, position)
-        if magic != MAGIC:
-            raise RecordError(f"bad magic 0x{magic:08x} at byte {base + position} (expected 0x{MAGIC:08x})")
-        length, cflag = lrec & LENGTH_MASK, lrec >> LENGTH_BITS
-        if cflag > LAST or (cflag in (WHOLE, FIRST)) != (not parts):
-            raise RecordError(f"part at byte {base + position} has continuation flag {cflag} "
-                              + ("inside a split record" if parts else "but starts a record"))
+        length, cflag = check_part(view[position:position + PART_HEADER.size], base + position, first=not parts)
         begin = position + PART_HEADER.size
         if begin + length > len(view):
             raise RecordError(f"part at byte {base + position} claims {length} bytes, past the end of the record "
@@ -86,6 +74,21 @@ def join_parts(data: bytes | memoryview, base: int = 0) -> tuple[bytes | memoryv
         position = begin + padded(length)
         if cflag in (WHOLE, LAST):
             return MAGIC_BYTES.join(parts) if len(parts) > 1 else parts[0], min(position, len(view))
+
+
+def check_part(header: bytes | memoryview, at: int, *, first: bool) -> tuple[int, int]:
+    """(length, cflag) of the part header read at byte `at`: a RecordError when it is cut short,
+    has another magic, or a continuation flag out of turn (`first`: it must start a record)."""
+    if len(header) < PART_HEADER.size:
+        raise RecordError(f"ends inside a part header at byte {at}")
+    magic, lrec = PART_HEADER.unpack_from(header)
+    if magic != MAGIC:
+        raise RecordError(f"bad magic 0x{magic:08x} at byte {at} (expected 0x{MAGIC:08x})")
+    length, cflag = lrec & LENGTH_MASK, lrec >> LENGTH_BITS
+    if cflag > LAST or (cflag in (WHOLE, FIRST)) != first:
+        raise RecordError(f"part at byte {at} has continuation flag {cflag} "
+                          + ("but starts a record" if first else "inside a split record"))
+    return length, cflag
 
 
 def whole_record(head: bytes, length: int) -> tuple[int, int] | None:
@@ -110,16 +113,7 @@ def next_record(handle: BinaryIO, offset: int, size: int) -> int:
     first = True
     while True:
         handle.seek(position)
-        header = handle.read(PART_HEADER.size)
-        if len(header) < PART_HEADER.size:
-            raise RecordError(f"ends inside a part header at byte {position}")
-        magic, lrec = PART_HEADER.unpack(header)
-        if magic != MAGIC:
-            raise RecordError(f"bad magic 0x{magic:08x} at byte {position} (expected 0x{MAGIC:08x})")
-        length, cflag = lrec & LENGTH_MASK, lrec >> LENGTH_BITS
-        if cflag > LAST or (cflag in (WHOLE, FIRST)) != first:
-            raise RecordError(f"part at byte {position} has continuation flag {cflag} "
-                              + ("but starts a record" if first else "inside a split record"))
+        length, cflag = check_part(handle.read(PART_HEADER.size), position, first=first)
         end = position + PART_HEADER.size + length
         if end > size:
             raise RecordError(f"part at byte {position} claims {length} bytes, past the end ({size})")

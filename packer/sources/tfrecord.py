@@ -38,7 +38,7 @@ from readers.fields import FieldSpec, check_field_name, encode_value
 from ..errors import RejectedFile
 from ..plan import DEFAULT_IMAGE_KEY, DEFAULT_LABEL_KEY, PackOptions, Plan
 from .classes import read_classes
-from .inputs import InputFiles, Record, Source, index_lines
+from .inputs import InputFiles, Record, RecordError, Source, index_lines
 from .listing import UNLABELLED, Listing, ScanError
 
 log = logging.getLogger(__name__)
@@ -56,10 +56,6 @@ SCHEMA_RECORDS = 64
 """How many records (from the start of the first file) decide the fields' types."""
 
 Feature = tuple[str, list]  # (kind, values): bytes values, floats or ints
-
-
-class RecordError(ValueError):
-    """A record that cannot be read; the message says where and why."""
 
 
 def masked_crc32c(data: bytes | memoryview) -> int:
