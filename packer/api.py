@@ -11,7 +11,7 @@ mean different things.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields, replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
 
@@ -20,32 +20,14 @@ from readers.manifest import DatasetError, Manifest
 
 from .descriptors import DEFAULT_SPLIT
 from .errors import PackError
-from .partition import resolve_partition
-from .outdir import prepare_output, work_dir
-from .pipeline import Summary, merge as merge_shards, pack as run_pipeline
+from .outdir import check_out, prepare_output, work_dir
+from .pipeline import RunOptions, Summary, merge as merge_shards, pack_run
 from .plan import PackOptions
 from .sources.listing import ScanError
 from .sources.samples import save_samples
 from .validate import ErrorPolicy
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """How a run goes, as opposed to what it packs (PackOptions): not recorded in the plan."""
-
-    workers: int | None = None
-    overwrite: bool = False
-    task_index: int | None = None
-    task_count: int | None = None
-    engine: str = "local"
-    scheduler: str | None = None
-    on_error: str = "skip"
-    max_errors: int | None = None
-    split: str = DEFAULT_SPLIT
-    staging: str | os.PathLike[str] | None = None  # a URL OUT: where shards are written before upload
-    storage_options: dict[str, Any] | None = None  # a URL OUT: fsspec's options (endpoint, credentials)
 
 
 PACK_OPTION_NAMES = tuple(field.name for field in fields(PackOptions) if field.name != "format")
@@ -73,30 +55,33 @@ def split_options(format: str, options: dict[str, Any]) -> tuple[PackOptions, Ru
     return pack_options, RunOptions(**{name: options[name] for name in RUN_OPTION_NAMES if name in options})
 
 
+EXPECTED_ERRORS = (PackError, ScanError, DatasetError, OSError)
+"""The failures a user can meet (bad input or options, a missing or unreadable SRC, a damaged
+dataset, an OS error naming its file): one line each, never a traceback."""
+
+
+def one_line(exc: BaseException) -> str:
+    """The one line the CLI prints, and the API's PackError says, for one of EXPECTED_ERRORS."""
+    if isinstance(exc, OSError):
+        return f"{exc.filename or 'pack'}: {exc.strerror or exc}"
+    return str(exc)
+
+
 def one_line_errors(call: Callable[[], T]) -> T:
-    """Run `call`, turning the library's expected failures into PackError with the message the
-    CLI prints: a missing or unreadable SRC, a damaged dataset, an OS error naming its file."""
+    """Run `call`, turning the library's expected failures into PackError with `one_line`'s message."""
     try:
         return call()
-    except (ScanError, DatasetError) as exc:
-        raise PackError(str(exc)) from None
-    except OSError as exc:
-        raise PackError(f"{exc.filename or 'pack'}: {exc.strerror or exc}") from None
+    except PackError:
+        raise
+    except EXPECTED_ERRORS as exc:
+        raise PackError(one_line(exc)) from None
 
 
 def run(src: str | os.PathLike[str], out: str | os.PathLike[str], options: PackOptions, run_options: RunOptions,
         progress: Callable[[int], None] | None = None, planned: Callable[[int], None] | None = None) -> Summary:
     """Pack with options already split (the CLI's path after parsing); `planned(total)` once the
     plan says how many samples this run packs, before the first `progress`."""
-    def call() -> Summary:
-        policy = ErrorPolicy(on_error=run_options.on_error, max_errors=run_options.max_errors)
-        partition = resolve_partition(run_options.task_index, run_options.task_count)
-        return run_pipeline(src, out, options, overwrite=run_options.overwrite, workers=run_options.workers,
-                            partition=partition, engine=run_options.engine, scheduler=run_options.scheduler,
-                            progress=progress, planned=planned, policy=policy, split=run_options.split,
-                            staging=run_options.staging, storage_options=run_options.storage_options)
-
-    return one_line_errors(call)
+    return one_line_errors(lambda: pack_run(src, out, options, run_options, progress=progress, planned=planned))
 
 
 def pack(src: str | os.PathLike[str], out: str | os.PathLike[str], format: str, *,
@@ -139,11 +124,8 @@ def pack_samples(fn: Callable[[Any], Any], inputs: Sequence[Any], out: str | os.
 
     def call() -> Path:
         # OUT is checked (and with overwrite emptied of pack's files) before fn and inputs are saved in it.
-        partition = resolve_partition(run_options.task_index, run_options.task_count)
-        if run_options.overwrite and not partition.is_whole:
-            raise PackError(f"{out_path}: --overwrite cannot be combined with a partitioned run; remove OUT first")
-        if out_path.exists() and not out_path.is_dir():
-            raise PackError(f"{out_path}: exists and is not a directory")
+        run_options.check(out_path, run_options.partition())
+        check_out(out_path)
         prepare_output(out_path, overwrite=run_options.overwrite)
         return Path(save_samples(work_dir(out_path), fn, inputs))
 

@@ -17,7 +17,7 @@ import click
 from tqdm import tqdm
 
 from readers.cache import parse_size
-from readers.manifest import DECODE_MODES, MANIFEST_NAME, ON_ERROR_MODES, REJECTS_NAME, DatasetError
+from readers.manifest import DECODE_MODES, MANIFEST_NAME, ON_ERROR_MODES, REJECTS_NAME
 from readers.remote import location
 
 from .version import __version__
@@ -26,11 +26,10 @@ from .encode import DEFAULT_QUALITY, PIXEL_MODES, STORES
 from .engines import ENGINES
 from .errors import PackError
 from .fsutil import limit_malloc_arenas
-from .api import run, split_options
-from .pipeline import Summary, ensure_plan, merge
+from .api import EXPECTED_ERRORS, one_line, run, split_options
+from .pipeline import RunOptions, Summary, ensure_plan, merge
 from .plan import (DEFAULT_IMAGE_KEY, DEFAULT_LABEL_KEY, DEFAULT_ORDER, DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SIZE,
                    MAX_SEED, ORDERS, PackOptions)
-from .scan import ScanError
 from .sources.inputs import CLI_INPUT_FORMATS
 from .sources.metadata import DEFAULT_LABEL_COLUMN
 from .slurm import slurm_script
@@ -189,13 +188,19 @@ def packing_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return command
 
 
+def split_params(fmt: str, params: dict[str, Any]) -> tuple[PackOptions, RunOptions]:
+    """A command's parameters as the library's options (`packer.api.split_options`, which the
+    Python API takes too); contradictory flags are a usage error (exit 2), like a bad value."""
+    try:
+        return split_options(fmt, params)
+    except PackError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
 def pack_options_from(fmt: str, params: dict[str, Any]) -> PackOptions:
     """Take PackOptions' fields out of a command's parameters."""
     names = [field.name for field in fields(PackOptions) if field.name != "format"]
-    try:
-        return PackOptions(format=fmt, **{name: params.pop(name) for name in names})
-    except PackError as exc:  # contradictory flags are a usage error (exit 2), like a bad value
-        raise click.UsageError(str(exc)) from None
+    return split_params(fmt, {name: params.pop(name) for name in names})[0]
 
 
 def option_args(options: PackOptions) -> list[str]:
@@ -249,10 +254,7 @@ def make_pack_command(fmt: str) -> click.Command:
                        "whichever is more, beyond those being packed); default: a temporary folder.")
     @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
     def command(src: Path | str, out: Path | str, quiet: bool, **params: Any) -> None:
-        try:
-            options, run_options = split_options(fmt, params)
-        except PackError as exc:  # contradictory flags are a usage error (exit 2), like a bad value
-            raise click.UsageError(str(exc)) from None
+        options, run_options = split_params(fmt, params)
         with PlannedBar(f"pack {fmt}", quiet) as bar:
             summary = run(src, out, options, run_options, progress=bar.update, planned=bar.start)
         print_summary(summary)
@@ -331,17 +333,14 @@ class PackGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except (PackError, ScanError, DatasetError) as exc:
-            raise click.ClickException(str(exc)) from None
         except KeyboardInterrupt as exc:
             raise Interrupted("interrupted; nothing was published; rerun the same command to resume",
                               signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT) from None
-        except OSError as exc:
+        except EXPECTED_ERRORS as exc:
             if isinstance(exc, BrokenPipeError) and stdout_closed():  # `pack info OUT | head -2`: the reader has all it wanted
                 silence_stdout()
                 ctx.exit(0)
-            where = exc.filename or "pack"
-            raise click.ClickException(f"{where}: {exc.strerror or exc}") from None
+            raise click.ClickException(one_line(exc)) from None
 
 
 @click.group(cls=PackGroup)

@@ -90,6 +90,10 @@ def check_paths(src: Path, out: Path) -> None:
         src_real, out_real = src.resolve(), out.resolve()
         if out_real == src_real or src_real in out_real.parents:
             raise PackError(f"{out}: OUT must not be inside SRC ({src}); the packer would scan its own output")
+    check_out(out)
+
+
+def check_out(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise PackError(f"{out}: exists and is not a directory")
 

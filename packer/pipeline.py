@@ -29,7 +29,7 @@ from .errors import FinishedOutput, PackError
 from .fsutil import atomic_write_text, release_freed_memory
 from .outdir import WORK_DIR, tmp_dir
 from .output import Output, opened_output, output_for
-from .partition import Partition
+from .partition import Partition, resolve_partition
 from .plan import PackOptions, Plan, option_differences, write_plan
 from .scan import Listing, scan
 from .shard import Progress, ShardResult, check_rejects, clean_tmp, finished_shards, shard_file_name
@@ -61,6 +61,39 @@ class Summary:
         return (self.num_samples + self.rejects) / self.elapsed if self.elapsed > 0 else 0.0
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """How a run goes, as opposed to what it packs (PackOptions): not recorded in the plan. The one
+    run context the CLI and the Python API hand to the pipeline (`pack_run`)."""
+
+    workers: int | None = None
+    overwrite: bool = False
+    task_index: int | None = None
+    task_count: int | None = None
+    engine: str = "local"
+    scheduler: str | None = None
+    on_error: str = "skip"
+    max_errors: int | None = None
+    split: str = DEFAULT_SPLIT
+    staging: str | os.PathLike[str] | None = None  # a URL OUT: where shards are written before upload
+    storage_options: dict[str, Any] | None = None  # a URL OUT: fsspec's options (endpoint, credentials)
+
+    @property
+    def policy(self) -> ErrorPolicy:
+        return ErrorPolicy(on_error=self.on_error, max_errors=self.max_errors)
+
+    def partition(self) -> Partition:
+        """This task's share: the flags, else the environment (`packer.partition.resolve_partition`)."""
+        return resolve_partition(self.task_index, self.task_count)
+
+    def check(self, out: object, partition: Partition) -> None:
+        """Refuse what a partitioned run cannot do, before anything is written."""
+        if self.engine != "local" and not partition.is_whole:
+            raise PackError(f"--engine {self.engine} runs every shard itself; drop --task-index/--task-count")
+        if self.overwrite and not partition.is_whole:
+            raise PackError(f"{out}: --overwrite cannot be combined with a partitioned run; remove OUT first")
+
+
 def pack(
     src: str | os.PathLike[str],
     out: str | os.PathLike[str],
@@ -78,43 +111,49 @@ def pack(
     staging: str | os.PathLike[str] | None = None,
     storage_options: dict[str, Any] | None = None,
 ) -> Summary:
+    """`pack_run` with the partition and error policy given as objects (for library callers that
+    hold them already): the RunOptions they make."""
+    run = RunOptions(workers=workers, overwrite=overwrite, task_index=partition.index, task_count=partition.count,
+                     engine=engine, scheduler=scheduler, on_error=policy.on_error, max_errors=policy.max_errors,
+                     split=split, staging=staging, storage_options=storage_options)
+    return pack_run(src, out, options, run, progress=progress, planned=planned)
+
+
+def pack_run(src: str | os.PathLike[str], out: str | os.PathLike[str], options: PackOptions, run: RunOptions, *,
+             progress: Progress | None = None, planned: Callable[[int], None] | None = None) -> Summary:
     """Pack the images under `src` into shards in `out`.
 
     With a partition of several tasks, only this task's shards are packed and nothing is
     published: `merge` does that once all tasks are done. An interrupted run of the same
-    command resumes: finished shards are kept, the others are packed again. `policy` says
-    whether a rejected file stops the run, and how many rejects are too many; `split` names the
-    split in the loader descriptors written at publish. `planned(n)` is called once the plan exists,
-    with the samples this run will have done (resumed ones included), before any `progress`.
+    command resumes: finished shards are kept, the others are packed again. The run's error
+    policy says whether a rejected file stops the run, and how many rejects are too many; its
+    `split` names the split in the loader descriptors written at publish. `planned(n)` is called
+    once the plan exists, with the samples this run will have done (resumed ones included),
+    before any `progress`.
 
     Rerunning a finished pack (index.json there) with the same SRC and options does nothing and
     returns a Summary that says so (`up_to_date`): a requeued batch job must not fail.
 
     `out` may be a URL (`s3://bucket/x.wds`, any writable fsspec URL): shards are then written in
-    `staging` (default: a temporary folder) and uploaded one by one, `index.json` last;
-    `storage_options` go to fsspec (endpoint, credentials).
+    `run.staging` (default: a temporary folder) and uploaded one by one, `index.json` last;
+    `run.storage_options` go to fsspec (endpoint, credentials).
     """
-    target = output_for(out, staging=staging, storage_options=storage_options)
+    partition = run.partition()
+    target = output_for(out, staging=run.staging, storage_options=run.storage_options)
     try:
-        return pack_into(src, target, options, overwrite=overwrite, workers=workers, partition=partition,
-                         engine=engine, scheduler=scheduler, progress=progress, planned=planned, policy=policy,
-                         split=split)
+        return pack_into(src, target, options, run, partition, progress=progress, planned=planned)
     finally:
         target.close()
 
 
-def pack_into(src: str | os.PathLike[str], out_path: Output, options: PackOptions, *, overwrite: bool,
-              workers: int | None, partition: Partition, engine: str, scheduler: str | None,
-              progress: Progress | None, planned: Callable[[int], None] | None, policy: ErrorPolicy,
-              split: str) -> Summary:
+def pack_into(src: str | os.PathLike[str], out_path: Output, options: PackOptions, run: RunOptions,
+              partition: Partition, *, progress: Progress | None, planned: Callable[[int], None] | None) -> Summary:
     started = time.monotonic()
     src_path = location(src)
-    if engine != "local" and not partition.is_whole:
-        raise PackError(f"--engine {engine} runs every shard itself; drop --task-index/--task-count")
-    if overwrite and not partition.is_whole:
-        raise PackError(f"{out_path}: --overwrite cannot be combined with a partitioned run; remove OUT first")
+    run.check(out_path, partition)
+    policy = run.policy
     try:
-        plan = ensure_plan(src_path, out_path, options, overwrite=overwrite)
+        plan = ensure_plan(src_path, out_path, options, overwrite=run.overwrite)
     except FinishedOutput as finished:
         return up_to_date_summary(src_path, out_path, options, finished, started)
     if policy.on_error == "fail":
@@ -129,13 +168,13 @@ def pack_into(src: str | os.PathLike[str], out_path: Output, options: PackOption
         progress(sum(plan.bounds[k + 1] - plan.bounds[k] for k, result in done.items() if result is not None))
     clean_tmp(out_path, plan, pending)
     release_freed_memory()
-    get_engine(engine)(out_path, plan, pending, workers=workers or available_cpus(), scheduler=scheduler,
-                       progress=progress, policy=policy)
+    get_engine(run.engine)(out_path, plan, pending, workers=run.workers or available_cpus(), scheduler=run.scheduler,
+                           progress=progress, policy=policy)
     final = finished_shards(out_path, plan, mine, check_hash=False)
     results = list(final.values())
     published = partition.is_whole
     if published:
-        publish(out_path, policy, split, known=(plan, final))
+        publish(out_path, policy, run.split, known=(plan, final))
     finished = [result for result in results if result is not None]
     written = [result for result in finished if result.written]
     return Summary(
