@@ -15,7 +15,7 @@ from PIL import Image
 from readers.datasets import open_dataset
 from readers.remote import is_url
 
-from .plan import PackOptions
+from .options import PackOptions
 from .verify import read_manifest
 
 SIZE_SAMPLE = 1000

@@ -20,7 +20,8 @@ from readers.remote import is_url
 
 from .encode import Encoded, encode
 from .errors import RejectedFile
-from .plan import Entry, PackOptions
+from .options import PackOptions
+from .plan import Entry
 from .sources.inputs import Record
 from .sources.remote import fetch_files
 from .sources.sidecars import read_sidecars

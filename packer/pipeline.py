@@ -30,7 +30,8 @@ from .fsutil import atomic_write_text, release_freed_memory
 from .outdir import WORK_DIR, tmp_dir
 from .output import Output, opened_output, output_for
 from .partition import Partition, resolve_partition
-from .plan import PackOptions, Plan, option_differences, write_plan
+from .options import PackOptions, option_differences
+from .plan import Plan, write_plan
 from .scan import Listing, scan
 from .shard import Progress, ShardResult, check_rejects, clean_tmp, finished_shards, shard_file_name
 from .sources.inputs import Source, resolve_source

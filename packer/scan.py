@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import os
 
-from .plan import PackOptions
+from .options import PackOptions
 from .sources.classes import ClassMap, read_classes, relabel_folders
 from .sources.containers import scan_container
 from .sources.filelist import list_files
-from .sources.inputs import Source, resolve_source
+from .sources.inputs import Source, check_kind_options, resolve_source
 from .sources.listing import UNLABELLED, Listing, ScanError
 from .sources.metadata import apply_metadata, read_metadata
 from .sources.remote import walk_url
 from .sources.sidecars import sidecar_specs
-from .sources.tfrecord import check_tfrecord_options
 from .sources.walk import walk
 
 __all__ = ["UNLABELLED", "Listing", "ScanError", "scan"]
@@ -32,8 +31,7 @@ def scan(src: str | os.PathLike[str] | Source, options: PackOptions | None = Non
     if options is None:
         return walk(src.location if isinstance(src, Source) else src)
     source = src if isinstance(src, Source) else resolve_source(src, options.input_format)
-    if source.kind != "tfrecord":
-        check_tfrecord_options(options)
+    check_kind_options(source.kind, options)
     if source.kind != "folder":
         return scan_container(source, options)
     companions = frozenset("." + extension for extension in options.sidecars)

@@ -5,5 +5,5 @@ or read a `filelist`); `metadata` can replace folder labels with a file's labels
 columns as fields; `classes` fixes the name -> index map; `sidecars` adds fields read from the
 files beside each image when it is packed. Every source gives a `Listing`: paths relative to SRC
 (each file's key) in sorted order, with labels, sizes and field values. A new input kind is one
-module here and its call in `packer.scan`.
+module here and one line in `packer.sources.inputs.INPUT_KINDS` (docs/extending.md).
 """

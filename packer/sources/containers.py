@@ -11,8 +11,8 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
 
 from ..errors import RejectedFile
-from ..plan import PackOptions, Plan
-from .inputs import INPUT_KINDS, Record, RecordReader, Source
+from ..options import PackOptions
+from .inputs import INPUT_KINDS, Record, RecordReader, ShardPlan, Source
 from .listing import MAX_LABEL, UNLABELLED, Listing, ScanError
 
 FOLDER_OPTIONS = ("files_from", "metadata", "sidecars", "no_classes")
@@ -104,7 +104,7 @@ def reads_in_line(kind: str) -> bool:
 
 
 @contextmanager
-def open_records(plan: Plan) -> Iterator[Callable[[int, int, int], Record | list[Record]] | None]:
+def open_records(plan: ShardPlan) -> Iterator[Callable[[int, int, int], Record | list[Record]] | None]:
     """The shard's record reader for a container plan (None for a folder), closed at the end. It
     checks labels against a `--classes` list: one outside it is a reject, as for a folder."""
     if plan.input_kind == "folder":

@@ -7,12 +7,14 @@ from those locations exactly as from files, so workers, tasks, merge, resume and
 the same, and nothing is extracted to disk.
 
 A kind is one module under `packer.sources` and one line in `INPUT_KINDS` (the file suffixes
-that make `resolve_source` recognise it); `packer.sources.containers` calls it. The module provides:
+that make `resolve_source` recognise it, and the PackOptions only it reads, refused for any other
+SRC); `packer.sources.containers` calls it. The module imports `packer.options`, never the plan,
+and provides:
 
     scan(source: Source, options: PackOptions) -> Listing
         the samples in packing order, with `locations`, `fields` and `classes`; labels may be
         UNLABELLED there when only reading the sample tells them
-    open_reader(plan: Plan) -> RecordReader
+    open_reader(plan: ShardPlan) -> RecordReader
         called once per shard; `reader(input, offset, length) -> Record` is called from reader
         threads at once (so it must be thread-safe: `InputFiles` reads with pread), and raises
         RejectedFile naming the member or record and the problem for a bad sample
@@ -27,8 +29,9 @@ import stat
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Protocol
+from typing import Any, Iterator, Protocol
 
+from readers.fields import FieldSpec
 from readers.manifest import MANIFEST_NAME, DatasetError, MissingFile
 from readers.remote import RemoteStore, is_url, location
 
@@ -51,12 +54,17 @@ class InputKind:
     python_only: bool = False
     in_line: bool = True
     windowed: bool = True
+    options: tuple[str, ...] = ()
+    """PackOptions fields only this kind reads: given for another SRC, an error (`check_kind_options`)."""
+    title: str = ""
+    """The kind's name in those errors."""
 
 
 INPUT_KINDS: dict[str, InputKind] = {
     "tar": InputKind((".tar",), "packer.sources.tars"),
     "recordio": InputKind((".rec",), "packer.sources.recordio"),
-    "tfrecord": InputKind((".tfrecord", ".tfrecords"), "packer.sources.tfrecord"),
+    "tfrecord": InputKind((".tfrecord", ".tfrecords"), "packer.sources.tfrecord",
+                          options=("image_key", "label_key", "label_offset"), title="TFRecord"),
     "pack": InputKind((), "packer.sources.packed"),  # a directory holding index.json
     "samples": InputKind((), "packer.sources.samples", python_only=True, in_line=False,
                          windowed=False),  # packer.pack_samples' fn + inputs
@@ -100,6 +108,28 @@ class Record:
     fields: dict[str, bytes] = field(default_factory=dict)
     image_name: str = "image"
     path: str | None = None
+
+
+class ShardPlan(Protocol):
+    """What a kind's reader is given of the plan (`packer.plan.Plan`)."""
+
+    source: str
+    input_kind: str
+    inputs: list[str]
+    fields: list[FieldSpec]
+    classes: list[str]
+    options: Any  # packer.options.PackOptions
+
+
+def check_kind_options(kind: str, options: Any) -> None:
+    """Refuse options that another input kind declares (`InputKind.options`), given for SRC of
+    `kind`: elsewhere they would do nothing."""
+    for name, other in INPUT_KINDS.items():
+        if name != kind:
+            for option in other.options:
+                if options.is_given(option):
+                    raise ScanError(f"--{option.replace('_', '-')} applies to {other.title} input "
+                                    f"(--input-format {name}) only")
 
 
 class RecordError(ValueError):

@@ -20,9 +20,9 @@ from readers.manifest import DatasetError, Manifest, load_manifest
 from readers.remote import RemoteStore, is_url
 
 from ..errors import RejectedFile
-from ..plan import PackOptions, Plan
+from ..options import PackOptions
 from .classes import ClassMap, read_classes
-from .inputs import Record, Source
+from .inputs import Record, ShardPlan, Source
 from .listing import UNLABELLED, Listing, ScanError
 
 
@@ -55,7 +55,7 @@ class PackedReader:
     """One `readers` dataset per shard task, shared by the reader threads under a lock (an LMDB
     environment opens once per process; a tar handle has one file position)."""
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: ShardPlan) -> None:
         import readers  # here: torch loads only in tasks that read a packed dataset
 
         self.root = plan.inputs[0]
@@ -108,5 +108,5 @@ def png_bytes(pixels: Any) -> bytes:
     return buffer.getvalue()
 
 
-def open_reader(plan: Plan) -> PackedReader:
+def open_reader(plan: ShardPlan) -> PackedReader:
     return PackedReader(plan)

@@ -32,11 +32,11 @@ from readers.fields import FieldSpec, encode_value
 
 from ..errors import RejectedFile
 from .classes import read_classes
-from .inputs import InputFiles, Record, RecordError, Source, index_lines
+from .inputs import InputFiles, Record, RecordError, ShardPlan, Source, index_lines
 from .listing import UNLABELLED, Listing, ScanError
 
 if TYPE_CHECKING:
-    from ..plan import PackOptions, Plan
+    from ..options import PackOptions
 
 log = logging.getLogger(__name__)
 
@@ -310,7 +310,7 @@ def packing_problem(record: ImageRecord) -> str | None:
 class RecordIOReader:
     """Reads one record's byte range and unpacks its label, label array and image."""
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: ShardPlan) -> None:
         self.files = InputFiles(plan.inputs)
         self.spec = next((spec for spec in plan.fields if spec.name == LABEL_ARRAY_FIELD), None)
         self.width = self.spec.shape[0] if self.spec is not None and self.spec.shape else 0
@@ -353,5 +353,5 @@ class RecordIOReader:
         self.files.close()
 
 
-def open_reader(plan: Plan) -> RecordIOReader:
+def open_reader(plan: ShardPlan) -> RecordIOReader:
     return RecordIOReader(plan)

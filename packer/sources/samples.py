@@ -30,11 +30,11 @@ from readers.fields import FieldSpec, check_field_name, encode_value
 
 from ..errors import PackError, RejectedFile
 from .classes import read_classes
-from .inputs import Record, Source
+from .inputs import Record, ShardPlan, Source
 from .listing import UNLABELLED, Listing, ScanError
 
 if TYPE_CHECKING:
-    from ..plan import PackOptions, Plan
+    from ..options import PackOptions
 
 SAMPLES_PREFIX = "samples-"
 ARRAY_KINDS = {"i": "int64", "u": "int64", "f": "float64", "b": "bool"}
@@ -180,7 +180,7 @@ def image_bytes(image: Any) -> bytes:
 class SamplesReader:
     """Calls fn(input) for a shard's entries, one call at a time, and checks what it returns."""
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: ShardPlan) -> None:
         self.fn, self.inputs = load_pickled(plan.inputs[0])
         self.specs = {spec.name: spec for spec in plan.fields}
         self.lock = threading.Lock()
@@ -247,5 +247,5 @@ class SamplesReader:
         pass
 
 
-def open_reader(plan: Plan) -> SamplesReader:
+def open_reader(plan: ShardPlan) -> SamplesReader:
     return SamplesReader(plan)

@@ -28,9 +28,9 @@ from readers.fields import FieldSpec, check_field_name
 from readers.tar import TarDamage, read_members, split_name
 
 from ..errors import RejectedFile
-from ..plan import PackOptions, Plan
+from ..options import PackOptions
 from .classes import read_classes
-from .inputs import InputFiles, Record, Source
+from .inputs import InputFiles, Record, ShardPlan, Source
 from .listing import IMAGE_EXTENSIONS, UNLABELLED, Listing, ScanError
 from .sidecars import JSON_EXTENSION, checked_text
 
@@ -221,7 +221,7 @@ def add_sample(listing: Listing, number: int, name: str, group: Group, seen: dic
 class TarReader:
     """Reads one sample's byte range and takes its image, label and fields out of the members."""
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: ShardPlan) -> None:
         self.files = InputFiles(plan.inputs)
         self.fields = {spec.name for spec in plan.fields}
 
@@ -269,5 +269,5 @@ def parse_label(name: str, content: bytes) -> int:
     return label
 
 
-def open_reader(plan: Plan) -> TarReader:
+def open_reader(plan: ShardPlan) -> TarReader:
     return TarReader(plan)

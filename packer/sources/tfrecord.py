@@ -36,9 +36,9 @@ import google_crc32c
 from readers.fields import FieldSpec, check_field_name, encode_value
 
 from ..errors import RejectedFile
-from ..plan import DEFAULT_IMAGE_KEY, DEFAULT_LABEL_KEY, PackOptions, Plan
+from ..options import PackOptions
 from .classes import read_classes
-from .inputs import InputFiles, Record, RecordError, Source, index_lines
+from .inputs import InputFiles, Record, RecordError, ShardPlan, Source, index_lines
 from .listing import UNLABELLED, Listing, ScanError
 
 log = logging.getLogger(__name__)
@@ -236,15 +236,6 @@ def field_name(feature: str) -> str:
     return name + "_" if check_field_name(name) and not check_field_name(name + "_") else name
 
 
-def check_tfrecord_options(options: PackOptions) -> None:
-    """--image-key, --label-key and --label-offset name TFRecord features: elsewhere they would do nothing."""
-    given = {"--image-key": options.image_key != DEFAULT_IMAGE_KEY, "--label-key": options.label_key != DEFAULT_LABEL_KEY,
-             "--label-offset": options.label_offset != 0}
-    for flag, is_given in given.items():
-        if is_given:
-            raise ScanError(f"{flag} applies to TFRecord input (--input-format tfrecord) only")
-
-
 def scan(source: Source, options: PackOptions) -> Listing:
     """The records of every file in `source.inputs`, in file order, from their `.tfindex` or one
     pass over the record headers; the first records decide the fields."""
@@ -352,7 +343,7 @@ def _is_text(value: bytes) -> bool:
 class TFRecordReader:
     """Reads one record's byte range, checks both CRCs and takes image, label and fields out of its Example."""
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: ShardPlan) -> None:
         self.files = InputFiles(plan.inputs)
         self.image_key, self.label_key = plan.options.image_key, plan.options.label_key
         self.label_offset = plan.options.label_offset
@@ -423,5 +414,5 @@ class TFRecordReader:
         self.files.close()
 
 
-def open_reader(plan: Plan) -> TFRecordReader:
+def open_reader(plan: ShardPlan) -> TFRecordReader:
     return TFRecordReader(plan)
