@@ -23,7 +23,7 @@ from readers.formats import Registry
 from readers.manifest import MANIFEST_NAME
 from readers.remote import local_root
 
-from .fsutil import atomic_write_text, sha256_file
+from .fsutil import atomic_write_text, publish, sha256_file
 from .outdir import check_paths, lock_path, marker_path, plan_path, prepare_output, wait_for_lock, work_dir
 from .plan import Plan, load_plan
 
@@ -79,6 +79,11 @@ class Output(ABC):
         """Make `plan`'s listing readable in `staging` before a shard is packed (a worker elsewhere)."""
 
     # --- shards -------------------------------------------------------------------------------
+
+    def place(self, tmp: Path, final: Path) -> None:
+        """Move a finished shard file from `staging`'s tmp folder to its name in `staging`, durably:
+        this store's sync rules (on a local disk: fsync, rename, fsync the folder)."""
+        publish(tmp, final)
 
     @abstractmethod
     def marker_texts(self, names: list[str]) -> dict[str, str]:

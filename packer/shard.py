@@ -22,7 +22,7 @@ from readers.manifest import FileInfo, ShardInfo, sample_key, shard_name
 from readers.remote import location
 
 from .errors import PackError, RejectedFile
-from .fsutil import free_bytes, publish, sha256_file, sync_and_hash
+from .fsutil import free_bytes, sha256_file, sync_and_hash
 from .load import READ_THREADS, load_samples
 from .outdir import final_name, temp_name, tmp_dir
 from .plan import Plan, read_shard_entries
@@ -180,14 +180,14 @@ def run_shard(out: Output, plan: Plan, shard: int, *, threads: int = READ_THREAD
             result = ShardResult(name=name, num_samples=0, bytes=0, sha256="", fingerprint=plan.fingerprint,
                                  rejects=rejects, label_counts={}, source_bytes=0, written=False)
         else:
-            # A writer that hashed its file on the way is synced by `publish`; the others are hashed while they sync.
+            # A writer that hashed its file on the way is synced by `out.place`; the others are hashed while they sync.
             digest = writer.sha256 if writer.sha256 else sync_and_hash([tmp, *tmp_sidecars.values()], tmp)
             for extension, tmp_sidecar in tmp_sidecars.items():
                 sidecar = local / shard_name(shard, extension)
-                publish(tmp_sidecar, sidecar)
+                out.place(tmp_sidecar, sidecar)
                 sidecars.append({"name": sidecar.name, "bytes": sidecar.stat().st_size,
                                  "sha256": sha256_file(sidecar)})
-            publish(tmp, final)
+            out.place(tmp, final)
             result = ShardResult(name=name, num_samples=count, bytes=final.stat().st_size, sha256=digest,
                                  fingerprint=plan.fingerprint, rejects=rejects, label_counts=label_counts,
                                  source_bytes=source_bytes, sidecars=sidecars, extensions=sorted(extensions))
