@@ -9,6 +9,7 @@ import hashlib
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 
 def fsync_path(path: Path) -> None:
@@ -56,11 +57,15 @@ def publish(tmp: Path, final: Path) -> None:
 
 
 def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
+    return hash_file(path, hashlib.sha256()).hexdigest()
+
+
+def hash_file(path: Path, digest: Any) -> Any:
+    """`digest` (a hashlib object) updated with the file's bytes, read 1 MiB at a time."""
     with open(path, "rb") as handle:
         while chunk := handle.read(1 << 20):
             digest.update(chunk)
-    return digest.hexdigest()
+    return digest
 
 
 def free_bytes(path: Path) -> int | None:

@@ -27,7 +27,7 @@ from readers.manifest import FORMAT_VERSION
 from readers.remote import is_url
 
 from .errors import PackError
-from .fsutil import atomic_write_text
+from .fsutil import atomic_write_text, hash_file
 from .options import PackOptions
 from .outdir import listing_path, plan_path, temp_name, work_dir
 from .sources.listing import Listing
@@ -125,10 +125,7 @@ def listing_sha256(listing_file: Path, inputs: list[str]) -> str:
     digest = hashlib.sha256()
     if inputs:
         digest.update(json.dumps(inputs).encode())
-    with open(listing_file, "rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+    return hash_file(listing_file, digest).hexdigest()
 
 
 def write_plan(out: Path, listing: Listing, options: PackOptions) -> Plan:
