@@ -16,13 +16,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from readers.fields import FieldSpec, encode_value
-from readers.remote import is_url
 
 from .encode import Encoded, encode
 from .errors import RejectedFile
 from .options import PackOptions
 from .plan import Entry
-from .sources.inputs import Record
+from .sources.inputs import ReadMode, Record, read_mode
 from .sources.remote import fetch_files
 from .sources.sidecars import read_sidecars
 from .validate import check_image
@@ -233,11 +232,11 @@ def load_record(record: Record, entry: Entry, validate: str, max_pixels: int, en
 
 def load_samples(root: Path | str, entries: Iterable[Entry], options: PackOptions, threads: int,
                  fields: Sequence[FieldSpec] = (), records: ReadRecord | None = None,
-                 records_in_line: bool = True) -> Iterator[tuple[Entry, Loaded | list[Loaded] | RejectedFile]]:
-    """Samples in listing order: passthrough in line (local files through `ReadAhead`, container
-    records as they come, where `records_in_line`), the rest (decoding stores, a remote SRC,
-    pack_samples' calls) by a thread pool with a read-ahead bounded in bytes and files (`threads`
-    of them).
+                 mode: ReadMode | None = None) -> Iterator[tuple[Entry, Loaded | list[Loaded] | RejectedFile]]:
+    """Samples in listing order, read as SRC's `mode` says (`packer.sources.inputs.read_mode`;
+    None: a folder at `root`): passthrough in line (container records as they come, local files
+    through `ReadAhead`), the rest (decoding stores, a remote SRC, pack_samples' calls) by a
+    thread pool with a read-ahead bounded in bytes and files (`threads` of them).
 
     Each task loads a run of consecutive files (up to READ_RUN_FILES or READ_RUN_BYTES), so the
     pool's queue and futures cost once per run instead of once per file.
@@ -248,12 +247,13 @@ def load_samples(root: Path | str, entries: Iterable[Entry], options: PackOption
                              sidecars=options.sidecars, sidecars_optional=options.sidecars_optional,
                              records=records)
 
-    remote = records is None and is_url(root)  # a folder of images at a URL
-    if options.store in INLINE_STORES and records is not None and records_in_line:
+    mode = mode or read_mode("folder", str(root))
+    remote = mode == "fetch"  # a folder of images at a URL
+    if options.store in INLINE_STORES and mode == "in-line":
         for entry in entries:
             yield entry, load(entry)
         return
-    if options.store in INLINE_STORES and not remote and records is None:
+    if options.store in INLINE_STORES and mode == "files":
         ahead = ReadAhead(str(root), entries, OPEN_THREADS)
         try:
             for entry in ahead:

@@ -27,7 +27,8 @@ from .load import READ_THREADS, load_samples
 from .outdir import final_name, temp_name, tmp_dir
 from .plan import Plan, read_shard_entries
 from .output import Commits, Output
-from .sources.containers import open_records, reads_in_line
+from .sources.containers import open_records
+from .sources.inputs import read_mode
 from .validate import ErrorPolicy
 from .writers import Sample, get_writer, sidecar_path
 
@@ -160,7 +161,7 @@ def run_shard(out: Output, plan: Plan, shard: int, *, threads: int = READ_THREAD
                         sample_shape=plan.options.sample_shape, fields=plan.fields) as writer, \
                 open_records(plan) as records:
             for entry, loaded in load_samples(source, entries, plan.options, threads, plan.fields, records,
-                                              records_in_line=reads_in_line(plan.input_kind)):
+                                              mode=read_mode(plan.input_kind, plan.source)):
                 if isinstance(loaded, RejectedFile):
                     rejects.append({"path": entry.path, "reason": str(loaded)})
                     check_rejects(out, plan, rejects, policy)

@@ -98,11 +98,6 @@ def _module(kind: str, where: str) -> Any:
     return importlib.import_module(module)
 
 
-def reads_in_line(kind: str) -> bool:
-    """Whether passthrough reads this input kind's records in the shard's own thread (`InputKind.in_line`)."""
-    return kind in INPUT_KINDS and INPUT_KINDS[kind].in_line
-
-
 @contextmanager
 def open_records(plan: ShardPlan) -> Iterator[Callable[[int, int, int], Record | list[Record]] | None]:
     """The shard's record reader for a container plan (None for a folder), closed at the end. It

@@ -29,7 +29,7 @@ import stat
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Protocol
+from typing import Any, Iterator, Literal, Protocol
 
 from readers.fields import FieldSpec
 from readers.manifest import MANIFEST_NAME, DatasetError, MissingFile
@@ -108,6 +108,19 @@ class Record:
     fields: dict[str, bytes] = field(default_factory=dict)
     image_name: str = "image"
     path: str | None = None
+
+
+ReadMode = Literal["in-line", "files", "fetch", "threads"]
+
+
+def read_mode(kind: str, root: str) -> ReadMode:
+    """How a passthrough shard reads this SRC's samples: "in-line", a container kind's records in
+    the shard's own thread (`InputKind.in_line`); "files", local files opened ahead by a few
+    threads; "fetch", files behind a URL, fetched in concurrent batches; "threads", reader threads
+    (pack_samples' calls, which may wait on I/O). Decoding stores always use reader threads."""
+    if kind in INPUT_KINDS:
+        return "in-line" if INPUT_KINDS[kind].in_line else "threads"
+    return "fetch" if is_url(root) else "files"
 
 
 class ShardPlan(Protocol):
