@@ -27,6 +27,7 @@ from torch.utils.data._utils.collate import default_collate
 
 from .base import PackedDataset, Record
 from .cache import ROOM_POLL_S, Ahead, CachedFile, Lease, NoRoom
+from .handover import RingWriter, Scalars
 from .manifest import DatasetError
 from .order import LoaderMode, RankSplit, concat_ranges, split_for_rank, stream_order
 from .remote import ShardFiles
@@ -40,23 +41,6 @@ DEFAULT_PREFETCH_SHARDS = 2
 DEFAULT_MIX_SHARDS = 4
 """Shards each worker reads at once, interleaved (docs/benchmarks.md, "Mixing": the classes per
 batch of a sorted pack by shards mixed); a shared cache must hold this many per worker."""
-
-
-class Scalars(list):  # type: ignore[type-arg]
-    """A batch column of Python numbers (labels, indexes, an eval mask) as a DataLoader worker hands
-    it over: a tensor sent from a worker costs a shared-memory file and a socket handshake with an
-    HMAC challenge per batch (19% of the main process's time in a warm epoch of 33 KB images);
-    `stack_scalars` makes the tensor in the main process, as default_collate would have."""
-
-
-def stack_scalars(batch: Any, pin: bool = False) -> Any:
-    """`batch` with each Scalars in it (within lists and tuples) a tensor, pinned if asked."""
-    if isinstance(batch, Scalars):
-        tensor = default_collate(list(batch))
-        return tensor.pin_memory() if pin else tensor
-    if type(batch) in (list, tuple) and any(isinstance(item, (Scalars, list, tuple)) for item in batch):
-        return type(batch)(stack_scalars(item, pin) if isinstance(item, (list, tuple)) else item for item in batch)
-    return batch
 
 
 def distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -289,6 +273,7 @@ class ShardStream(IterableDataset, RankSplit):
         prefetch_shards: int = DEFAULT_PREFETCH_SHARDS,
         mix_shards: int = DEFAULT_MIX_SHARDS,
         scalars_as_lists: bool = False,
+        ring_slots: int = 0,
     ) -> None:
         rank, world_size = distributed(rank, world_size)
         RankSplit.__init__(self, [shard.num_samples for shard in dataset.manifest.shards], batch_size, rank=rank,
@@ -304,6 +289,7 @@ class ShardStream(IterableDataset, RankSplit):
         self.num_workers = num_workers
         self.prefetch_shards = prefetch_shards
         self.scalars_as_lists = scalars_as_lists  # eval masks leave a worker as `Scalars`
+        self.ring_slots = ring_slots  # batches of bytes a worker keeps in shared memory (readers.handover)
         self._offsets = np.concatenate(([0], np.cumsum(self.shard_sizes)))
         self._position = torch.zeros(2, dtype=torch.int64).share_memory_()  # epoch, batches to skip
 
@@ -375,20 +361,21 @@ class ShardStream(IterableDataset, RankSplit):
         if self.collate_fn is None:
             yield from (sample for _, sample in outputs)
             return
+        ring = RingWriter(self.ring_slots if info is not None else 0)
         batch: list[Any] = []
         positions: list[int] = []
         for position, sample in outputs:
             batch.append(sample)
             positions.append(position)
             if len(batch) == self.batch_size:
-                yield self._collated(batch, positions, start, real)
+                yield self._collated(batch, positions, start, real, ring)
                 batch, positions = [], []
         if batch:
-            yield self._collated(batch, positions, start, real)
+            yield self._collated(batch, positions, start, real, ring)
 
-    def _collated(self, batch: list[Any], positions: list[int], start: int, real: int) -> Any:
+    def _collated(self, batch: list[Any], positions: list[int], start: int, real: int, ring: RingWriter) -> Any:
         assert self.collate_fn is not None
-        collated = self.collate_fn(batch)
+        collated = ring.pack(self.collate_fn(batch))
         if self.mode == "eval":  # padding sits at the end of the share
             if self.scalars_as_lists and get_worker_info() is not None:
                 return collated, Scalars(position + start < real for position in positions)
