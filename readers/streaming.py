@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Generator, Iterator, Sequence
 
 import numpy as np
@@ -167,6 +167,19 @@ def shard_runs(indices: np.ndarray, offsets: np.ndarray) -> list[Run]:
         local = int(indices[begin] - offsets[shard])
         runs.append(Run(shard, local, local + end - begin, begin))
     return runs
+
+
+@dataclass
+class OpenRun:
+    """A run being read: its records, the lease on its shard, how many records are left to read,
+    and its deferred records in the buffer (to settle before it is closed) or their count (`waiting`,
+    where the run stays open until they are handed out)."""
+
+    records: Generator[tuple[int, Record | DeferredRecord | DatasetError], None, None]
+    lease: Lease
+    left: int
+    deferred: list[DeferredRecord] = field(default_factory=list)
+    waiting: int = 0
 
 
 class ShardPrefetcher:
@@ -400,7 +413,9 @@ class ShardStream(IterableDataset, RankSplit):
         shards = self.dataset.manifest.shards
         prefetcher = ShardPrefetcher(self.dataset.files, [shards[runs[run].shard] for run in sequence],
                                      self.prefetch_shards)
-        records = self._records(runs, run_of, reads, first, prefetcher, done)
+        open_runs: dict[int, OpenRun] = {}
+        linger = self._may_linger()
+        records = self._records(runs, run_of, reads, first, prefetcher, done, open_runs, linger)
         pending: dict[int, Record | DeferredRecord | DatasetError] = {}
         try:
             for position in wanted.tolist():
@@ -408,53 +423,74 @@ class ShardStream(IterableDataset, RankSplit):
                     read, record = next(records)
                     pending[read] = record
                 span_position = int(plan.read[position])
-                yield span_position, self._decode(int(plan.span[span_position]), pending.pop(position))
+                record = pending.pop(position)
+                sample = self._decode(int(plan.span[span_position]), record)
+                if linger and isinstance(record, DeferredRecord):
+                    self._handed_out(open_runs, int(run_of[span_position]), runs)
+                yield span_position, sample
         finally:
             records.close()
             prefetcher.close()
 
+    def _may_linger(self) -> bool:
+        """Whether a run's shard may stay open (leased) after its last read, until the deferred
+        records of it in the buffer are handed out: where no cache limit needs the room (a local
+        dataset, a cache without limit). Under a limit the rule of `check_cache_room` (`mix_shards`
+        shards per worker) holds: the run's deferred records are read before it is closed."""
+        cache = getattr(self.dataset.files, "cache", None)
+        return cache is None or cache.limit is None
+
     def _records(self, runs: list[Run], run_of: np.ndarray, reads: np.ndarray, first: int,
-                 prefetcher: ShardPrefetcher, done: np.ndarray
+                 prefetcher: ShardPrefetcher, done: np.ndarray, open_runs: dict[int, OpenRun], linger: bool
                  ) -> Iterator[tuple[int, Record | DeferredRecord | DatasetError]]:
         """(reading position, record) from `first` on, each run opened (its lease taken) at its
         first read and closed at its last, so at most `mix_shards` are open at once; the deferred
-        records of a run still in the buffer are settled (read) before it is closed."""
-        open_runs: dict[int, tuple[Generator[tuple[int, Record | DeferredRecord | DatasetError], None, None],
-                                   Lease, list[int], list[DeferredRecord]]] = {}
+        records of a run still in the buffer are settled (read) before it is closed, or with
+        `linger` the run is closed when the last of them is handed out (`_handed_out`)."""
         opened = 0
-
-        def close(number: int, settle: bool = True) -> None:
-            records, lease, _, deferred = open_runs.pop(number)
-            try:
-                for record in deferred if settle else ():
-                    record.settle()
-            finally:
-                records.close()
-                self.dataset.close_shard(runs[number].shard)
-                lease.release()
-
         try:
             for offset, span_position in enumerate(reads.tolist()):
                 number = int(run_of[span_position])
-                if number not in open_runs:
+                state = open_runs.get(number)
+                if state is None:
                     run = runs[number]
                     lease = prefetcher.take(opened)
                     opened += 1
                     local = run.start + span_position - run.position
-                    open_runs[number] = (self.dataset.stream_records(run.shard, local, run.stop), lease,
-                                         [run.stop - local], [])
-                records, _, left, deferred = open_runs[number]
-                _, record = next(records)
-                if isinstance(record, DeferredRecord) and not done[first + offset]:
-                    deferred.append(record)
-                left[0] -= 1
-                if left[0] == 0:
-                    close(number)
-                if not done[first + offset]:
+                    state = open_runs[number] = OpenRun(self.dataset.stream_records(run.shard, local, run.stop),
+                                                        lease, run.stop - local)
+                _, record = next(state.records)
+                wanted = not done[first + offset]
+                if wanted and isinstance(record, DeferredRecord):
+                    if linger:
+                        state.waiting += 1
+                    else:
+                        state.deferred.append(record)
+                state.left -= 1
+                if state.left == 0 and state.waiting == 0:
+                    self._close_run(open_runs, number, runs, settle=True)
+                if wanted:
                     yield first + offset, record
         finally:
             for number in list(open_runs):
-                close(number, settle=False)  # nothing more is handed out
+                self._close_run(open_runs, number, runs, settle=False)  # nothing more is handed out
+
+    def _handed_out(self, open_runs: dict[int, OpenRun], number: int, runs: list[Run]) -> None:
+        """One deferred record of run `number` was handed out: close the run if it was its last."""
+        state = open_runs[number]
+        state.waiting -= 1
+        if state.waiting == 0 and state.left == 0:
+            self._close_run(open_runs, number, runs, settle=False)
+
+    def _close_run(self, open_runs: dict[int, OpenRun], number: int, runs: list[Run], settle: bool) -> None:
+        state = open_runs.pop(number)
+        try:
+            for record in state.deferred if settle else ():
+                record.settle()
+        finally:
+            state.records.close()
+            self.dataset.close_shard(runs[number].shard)
+            state.lease.release()
 
     def _decode(self, index: int, record: Record | DeferredRecord | DatasetError) -> tuple[Any, ...]:
         if isinstance(record, DeferredRecord):
