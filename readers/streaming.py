@@ -169,11 +169,17 @@ def shard_runs(indices: np.ndarray, offsets: np.ndarray) -> list[Run]:
     return runs
 
 
+LINGERING_RUNS = 64
+"""The most runs a worker keeps open for their records in the shuffle buffer (two descriptors each,
+a cached shard's lease and the file): with shards much smaller than the buffer, the rest are read
+before they are closed."""
+
+
 @dataclass
 class OpenRun:
     """A run being read: its records, the lease on its shard, how many records are left to read,
-    and its deferred records in the buffer (to settle before it is closed) or their count (`waiting`,
-    where the run stays open until they are handed out)."""
+    its deferred records handed to the buffer (settled before it is closed) and, where it may stay
+    open until they are handed out, how many of them are still in the buffer (`waiting`)."""
 
     records: Generator[tuple[int, Record | DeferredRecord | DatasetError], None, None]
     lease: Lease
@@ -446,7 +452,8 @@ class ShardStream(IterableDataset, RankSplit):
         """(reading position, record) from `first` on, each run opened (its lease taken) at its
         first read and closed at its last, so at most `mix_shards` are open at once; the deferred
         records of a run still in the buffer are settled (read) before it is closed, or with
-        `linger` the run is closed when the last of them is handed out (`_handed_out`)."""
+        `linger` the run is closed when the last of them is handed out (`_handed_out`), while no more
+        than LINGERING_RUNS are open."""
         opened = 0
         try:
             for offset, span_position in enumerate(reads.tolist()):
@@ -462,12 +469,10 @@ class ShardStream(IterableDataset, RankSplit):
                 _, record = next(state.records)
                 wanted = not done[first + offset]
                 if wanted and isinstance(record, DeferredRecord):
-                    if linger:
-                        state.waiting += 1
-                    else:
-                        state.deferred.append(record)
+                    state.deferred.append(record)
+                    state.waiting += linger
                 state.left -= 1
-                if state.left == 0 and state.waiting == 0:
+                if state.left == 0 and (state.waiting == 0 or len(open_runs) > LINGERING_RUNS):
                     self._close_run(open_runs, number, runs, settle=True)
                 if wanted:
                     yield first + offset, record
@@ -477,7 +482,9 @@ class ShardStream(IterableDataset, RankSplit):
 
     def _handed_out(self, open_runs: dict[int, OpenRun], number: int, runs: list[Run]) -> None:
         """One deferred record of run `number` was handed out: close the run if it was its last."""
-        state = open_runs[number]
+        state = open_runs.get(number)
+        if state is None:  # closed already, its records settled
+            return
         state.waiting -= 1
         if state.waiting == 0 and state.left == 0:
             self._close_run(open_runs, number, runs, settle=False)

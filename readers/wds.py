@@ -390,7 +390,8 @@ class StreamedSample(DeferredRecord):
                 raise TarError("tar shard is truncated")
             payload = image_data(extension, memoryview(data))
             self._dataset.check(shard, local, meta, payload)
-            return meta, payload, self._dataset._parse_fields(shard, local, self._stored)
+            stored, self._stored = self._stored, {}
+            return meta, payload, self._dataset._parse_fields(shard, local, stored)
         except TarError as exc:
             return DatasetError(f"{tar.path}: sample {local}: {exc}")
         except DatasetError as exc:
