@@ -381,7 +381,8 @@ def make_loader(
       order that also depends on `num_workers`. `shuffle_window` does not apply. Each worker
       reads `mix_shards` shards at once, interleaved, so batches mix shards; a `cache_limit`
       must hold `mix_shards` of the largest shards per worker (of every rank on the node sharing
-      the cache, $LOCAL_WORLD_SIZE), checked here.
+      the cache, $LOCAL_WORLD_SIZE), checked here. Workers hand columns of bytes over through
+      shared memory (`readers.handover`), where /dev/shm has room for it.
     """
     if not isinstance(dataset, PackedDataset):
         raise TypeError(f"make_loader needs a dataset from readers.open_dataset, not {type(dataset).__name__}")
