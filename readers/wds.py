@@ -475,6 +475,10 @@ def sample_parts(key: str, parts: dict[str, Any], known: set[str], meta_extensio
 WALK_READ = 4096
 """What `walk_tar_samples` reads at a time past an image: a sample's small members (label, fields,
 meta, a block or two each) and the next image's header, in one pread."""
+WALK_AHEAD = 8 << 20
+"""How far ahead of the walk the kernel is asked to read the tar (POSIX_FADV_WILLNEED): 4 KB reads
+that skip the images are not sequential to its readahead, and from a cold disk they waited on
+the disk one by one (the images, read later, are then in the page cache too)."""
 
 
 def walk_tar_samples(fd: int, meta_extension: str, fields: Sequence[FieldSpec], wanted: Sequence[FieldSpec]
@@ -485,11 +489,16 @@ def walk_tar_samples(fd: int, meta_extension: str, fields: Sequence[FieldSpec], 
     known = {LABEL_EXTENSION, meta_extension, *field_extensions(fields)}
     end = os.fstat(fd).st_size
     window, window_start = b"", 0
+    advised = 0  # the kernel was asked to read the tar up to here
 
     def read(offset: int, size: int) -> bytes:
-        nonlocal window, window_start
+        nonlocal window, window_start, advised
         at = offset - window_start
         if at < 0 or at + size > len(window):
+            if offset + size > advised - WALK_AHEAD // 2 and advised < end and hasattr(os, "posix_fadvise"):
+                start = max(advised, offset)
+                advised = offset + size + WALK_AHEAD
+                os.posix_fadvise(fd, start, advised - start, os.POSIX_FADV_WILLNEED)
             window, window_start, at = os.pread(fd, max(size, WALK_READ), offset), offset, 0
         return window[at:at + size]
 
