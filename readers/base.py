@@ -23,6 +23,23 @@ Record = tuple[dict[str, Any], memoryview, Fields]
 """A stored sample before decoding: its meta, a view of its payload and its wanted fields' values."""
 
 
+class DeferredRecord:
+    """A record a stream has read in part, its payload still in the open shard: read when the sample
+    is handed out (`load`), or all at once before the shard is closed (`settle`), so a streaming
+    worker reads the payloads of the samples it hands out first, not of everything its shuffle
+    buffer holds."""
+
+    __slots__ = ()
+
+    def load(self) -> Record:
+        """The checked record (a damaged one raises its DatasetError)."""
+        raise NotImplementedError
+
+    def settle(self) -> None:
+        """Read what `load` would, now: the shard is about to be closed."""
+        raise NotImplementedError
+
+
 SPAN_READ_BYTES = 1 << 20
 """The most a batch's rows of a per-sample table (HDF5 columns, a tar's .packidx) read as one span."""
 
@@ -276,6 +293,12 @@ class PackedDataset(Dataset):
                 yield local, self._checked_read(first + local)
             except DatasetError as exc:
                 yield local, exc
+
+    def stream_records(self, shard: int, start: int, stop: int
+                       ) -> Iterator[tuple[int, Record | DeferredRecord | DatasetError]]:
+        """`read_records` for a stream that holds the records in a shuffle buffer: a format may hand
+        DeferredRecords, which the stream settles before it closes the generator."""
+        return self.read_records(shard, start, stop)
 
     def decode_sample(self, index: int, meta: dict[str, Any], payload: memoryview,
                       fields: Fields) -> tuple[Any, ...]:

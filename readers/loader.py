@@ -22,15 +22,14 @@ from torch.utils.data._utils.collate import default_collate
 from .base import PackedDataset
 from .cache import format_size
 from .cpus import THREAD_VARIABLES, default_num_workers
+from .handover import Handover, Scalars
 from .order import DEFAULT_SHUFFLE_WINDOW, LoaderMode, RankSplit, epoch_order, split_for_rank
 from .streaming import (
     DEFAULT_MIX_SHARDS,
     DEFAULT_PREFETCH_SHARDS,
     DEFAULT_SHUFFLE_BUFFER,
-    Scalars,
     ShardStream,
     distributed,
-    stack_scalars,
 )
 
 log = logging.getLogger(__name__)
@@ -113,7 +112,7 @@ class SampleCollate:
     transpose lists).
 
     With `scalars_as_lists` (streaming workers), columns of plain numbers (labels, indexes, number
-    fields) come out as `Scalars`, which the loader stacks in the main process (`stack_scalars`).
+    fields) come out as `Scalars`, which the loader stacks in the main process (`Handover.settle`).
     """
 
     def __init__(self, dataset: PackedDataset, *, scalars_as_lists: bool = False) -> None:
@@ -239,10 +238,15 @@ class PackedLoader:
         self._generator.manual_seed(_worker_seed(self.sampler.seed, self.rank, self.epoch))
         batches = iter(self.dataloader)
         widen_result_pipe(batches)
+        receive = self._receiver()
         for batch in batches:
             number = self._consumed
             self._consumed += 1
-            yield self._with_mask(batch, number)
+            yield receive(batch, number)
+
+    def _receiver(self) -> Callable[[Any, int], Any]:
+        """What makes each batch of one pass from the DataLoader the item yielded (batch, its number)."""
+        return self._with_mask
 
     def _with_mask(self, batch: Any, number: int) -> Any:
         if self.sampler.mode != "eval":
@@ -289,8 +293,11 @@ class StreamingLoader(PackedLoader):
     def _dataloader(self, args: dict[str, Any]) -> DataLoader:
         return DataLoader(self.sampler, batch_size=None, generator=self._generator, **args)
 
-    def _with_mask(self, batch: Any, number: int) -> Any:
-        return stack_scalars(batch, self._pin)
+    def _receiver(self) -> Callable[[Any, int], Any]:
+        """Per pass, a `Handover` that makes tensors of the number columns and bytes of the ring columns
+        the workers handed over; its rings live as long as the pass."""
+        handover, pin = Handover(), self._pin
+        return lambda batch, number: handover.settle(batch, pin)
 
     @property
     def _pin(self) -> bool:
@@ -374,7 +381,8 @@ def make_loader(
       order that also depends on `num_workers`. `shuffle_window` does not apply. Each worker
       reads `mix_shards` shards at once, interleaved, so batches mix shards; a `cache_limit`
       must hold `mix_shards` of the largest shards per worker (of every rank on the node sharing
-      the cache, $LOCAL_WORLD_SIZE), checked here.
+      the cache, $LOCAL_WORLD_SIZE), checked here. Workers hand columns of bytes over through
+      shared memory (`readers.handover`), where /dev/shm has room for it.
     """
     if not isinstance(dataset, PackedDataset):
         raise TypeError(f"make_loader needs a dataset from readers.open_dataset, not {type(dataset).__name__}")
@@ -397,6 +405,7 @@ def make_loader(
             shuffle_buffer=shuffle_buffer, rank=rank, world_size=world_size,
             drop_last=drop_last and mode == "train", mode=mode, num_workers=workers, prefetch_shards=prefetch_shards,
             mix_shards=mix_shards, scalars_as_lists=workers > 0,
+            ring_slots=(2 if prefetch_factor is None else prefetch_factor) + 1 if workers > 0 else 0,
         )
         check_cache_room(dataset, sampler.mix_shards, max(1, workers))
         if shuffle and mode == "train":

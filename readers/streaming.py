@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Generator, Iterator, Sequence
 
 import numpy as np
@@ -25,8 +25,9 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
-from .base import PackedDataset, Record
+from .base import DeferredRecord, PackedDataset, Record
 from .cache import ROOM_POLL_S, Ahead, CachedFile, Lease, NoRoom
+from .handover import RingWriter, Scalars
 from .manifest import DatasetError
 from .order import LoaderMode, RankSplit, concat_ranges, split_for_rank, stream_order
 from .remote import ShardFiles
@@ -40,23 +41,6 @@ DEFAULT_PREFETCH_SHARDS = 2
 DEFAULT_MIX_SHARDS = 4
 """Shards each worker reads at once, interleaved (docs/benchmarks.md, "Mixing": the classes per
 batch of a sorted pack by shards mixed); a shared cache must hold this many per worker."""
-
-
-class Scalars(list):  # type: ignore[type-arg]
-    """A batch column of Python numbers (labels, indexes, an eval mask) as a DataLoader worker hands
-    it over: a tensor sent from a worker costs a shared-memory file and a socket handshake with an
-    HMAC challenge per batch (19% of the main process's time in a warm epoch of 33 KB images);
-    `stack_scalars` makes the tensor in the main process, as default_collate would have."""
-
-
-def stack_scalars(batch: Any, pin: bool = False) -> Any:
-    """`batch` with each Scalars in it (within lists and tuples) a tensor, pinned if asked."""
-    if isinstance(batch, Scalars):
-        tensor = default_collate(list(batch))
-        return tensor.pin_memory() if pin else tensor
-    if type(batch) in (list, tuple) and any(isinstance(item, (Scalars, list, tuple)) for item in batch):
-        return type(batch)(stack_scalars(item, pin) if isinstance(item, (list, tuple)) else item for item in batch)
-    return batch
 
 
 def distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -100,18 +84,18 @@ def buffer_order(count: int, buffer: int, rng: np.random.Generator) -> np.ndarra
         return np.arange(count, dtype=np.int64)
     pool = list(range(min(buffer, count)))
     arriving = len(pool)
-    draws = rng.random(count)
-    order = np.empty(count, dtype=np.int64)
-    for out in range(count):
-        slot = int(draws[out] * len(pool))
-        order[out] = pool[slot]
+    order = []
+    # Python floats and a list: numpy scalars made it 1.5x slower (a span of 5,000: 1.2 ms)
+    for draw in rng.random(count).tolist():
+        slot = int(draw * len(pool))
+        order.append(pool[slot])
         if arriving < count:
             pool[slot] = arriving
             arriving += 1
         else:
             pool[slot] = pool[-1]
             pool.pop()
-    return order
+    return np.array(order, dtype=np.int64)
 
 
 def mixed_read_order(run_lengths: Sequence[int] | np.ndarray, mix: int, rng: np.random.Generator) -> np.ndarray:
@@ -183,6 +167,25 @@ def shard_runs(indices: np.ndarray, offsets: np.ndarray) -> list[Run]:
         local = int(indices[begin] - offsets[shard])
         runs.append(Run(shard, local, local + end - begin, begin))
     return runs
+
+
+LINGERING_RUNS = 64
+"""The most runs a worker keeps open for their records in the shuffle buffer (two descriptors each,
+a cached shard's lease and the file): with shards much smaller than the buffer, the rest are read
+before they are closed."""
+
+
+@dataclass
+class OpenRun:
+    """A run being read: its records, the lease on its shard, how many records are left to read,
+    its deferred records handed to the buffer (settled before it is closed) and, where it may stay
+    open until they are handed out, how many of them are still in the buffer (`waiting`)."""
+
+    records: Generator[tuple[int, Record | DeferredRecord | DatasetError], None, None]
+    lease: Lease
+    left: int
+    deferred: list[DeferredRecord] = field(default_factory=list)
+    waiting: int = 0
 
 
 class ShardPrefetcher:
@@ -289,6 +292,7 @@ class ShardStream(IterableDataset, RankSplit):
         prefetch_shards: int = DEFAULT_PREFETCH_SHARDS,
         mix_shards: int = DEFAULT_MIX_SHARDS,
         scalars_as_lists: bool = False,
+        ring_slots: int = 0,
     ) -> None:
         rank, world_size = distributed(rank, world_size)
         RankSplit.__init__(self, [shard.num_samples for shard in dataset.manifest.shards], batch_size, rank=rank,
@@ -304,6 +308,7 @@ class ShardStream(IterableDataset, RankSplit):
         self.num_workers = num_workers
         self.prefetch_shards = prefetch_shards
         self.scalars_as_lists = scalars_as_lists  # eval masks leave a worker as `Scalars`
+        self.ring_slots = ring_slots  # batches of bytes a worker keeps in shared memory (readers.handover)
         self._offsets = np.concatenate(([0], np.cumsum(self.shard_sizes)))
         self._position = torch.zeros(2, dtype=torch.int64).share_memory_()  # epoch, batches to skip
 
@@ -375,20 +380,21 @@ class ShardStream(IterableDataset, RankSplit):
         if self.collate_fn is None:
             yield from (sample for _, sample in outputs)
             return
+        ring = RingWriter(self.ring_slots if info is not None else 0)
         batch: list[Any] = []
         positions: list[int] = []
         for position, sample in outputs:
             batch.append(sample)
             positions.append(position)
             if len(batch) == self.batch_size:
-                yield self._collated(batch, positions, start, real)
+                yield self._collated(batch, positions, start, real, ring)
                 batch, positions = [], []
         if batch:
-            yield self._collated(batch, positions, start, real)
+            yield self._collated(batch, positions, start, real, ring)
 
-    def _collated(self, batch: list[Any], positions: list[int], start: int, real: int) -> Any:
+    def _collated(self, batch: list[Any], positions: list[int], start: int, real: int, ring: RingWriter) -> Any:
         assert self.collate_fn is not None
-        collated = self.collate_fn(batch)
+        collated = ring.pack(self.collate_fn(batch))
         if self.mode == "eval":  # padding sits at the end of the share
             if self.scalars_as_lists and get_worker_info() is not None:
                 return collated, Scalars(position + start < real for position in positions)
@@ -413,53 +419,92 @@ class ShardStream(IterableDataset, RankSplit):
         shards = self.dataset.manifest.shards
         prefetcher = ShardPrefetcher(self.dataset.files, [shards[runs[run].shard] for run in sequence],
                                      self.prefetch_shards)
-        records = self._records(runs, run_of, reads, first, prefetcher, done)
-        pending: dict[int, Record | DatasetError] = {}
+        open_runs: dict[int, OpenRun] = {}
+        linger = self._may_linger()
+        records = self._records(runs, run_of, reads, first, prefetcher, done, open_runs, linger)
+        pending: dict[int, Record | DeferredRecord | DatasetError] = {}
         try:
             for position in wanted.tolist():
                 while position not in pending:
                     read, record = next(records)
                     pending[read] = record
                 span_position = int(plan.read[position])
-                yield span_position, self._decode(int(plan.span[span_position]), pending.pop(position))
+                record = pending.pop(position)
+                sample = self._decode(int(plan.span[span_position]), record)
+                if linger and isinstance(record, DeferredRecord):
+                    self._handed_out(open_runs, int(run_of[span_position]), runs)
+                yield span_position, sample
         finally:
             records.close()
             prefetcher.close()
 
+    def _may_linger(self) -> bool:
+        """Whether a run's shard may stay open (leased) after its last read, until the deferred
+        records of it in the buffer are handed out: where no cache limit needs the room (a local
+        dataset, a cache without limit). Under a limit the rule of `check_cache_room` (`mix_shards`
+        shards per worker) holds: the run's deferred records are read before it is closed."""
+        cache = getattr(self.dataset.files, "cache", None)
+        return cache is None or cache.limit is None
+
     def _records(self, runs: list[Run], run_of: np.ndarray, reads: np.ndarray, first: int,
-                 prefetcher: ShardPrefetcher, done: np.ndarray) -> Iterator[tuple[int, Record | DatasetError]]:
+                 prefetcher: ShardPrefetcher, done: np.ndarray, open_runs: dict[int, OpenRun], linger: bool
+                 ) -> Iterator[tuple[int, Record | DeferredRecord | DatasetError]]:
         """(reading position, record) from `first` on, each run opened (its lease taken) at its
-        first read and closed at its last, so at most `mix_shards` are open at once."""
-        open_runs: dict[int, tuple[Generator[tuple[int, Record | DatasetError], None, None], Lease, list[int]]] = {}
+        first read and closed at its last, so at most `mix_shards` are open at once; the deferred
+        records of a run still in the buffer are settled (read) before it is closed, or with
+        `linger` the run is closed when the last of them is handed out (`_handed_out`), while no more
+        than LINGERING_RUNS are open."""
         opened = 0
-
-        def close(number: int) -> None:
-            records, lease, _ = open_runs.pop(number)
-            records.close()
-            self.dataset.close_shard(runs[number].shard)
-            lease.release()
-
         try:
             for offset, span_position in enumerate(reads.tolist()):
                 number = int(run_of[span_position])
-                if number not in open_runs:
+                state = open_runs.get(number)
+                if state is None:
                     run = runs[number]
                     lease = prefetcher.take(opened)
                     opened += 1
                     local = run.start + span_position - run.position
-                    open_runs[number] = (self.dataset.read_records(run.shard, local, run.stop), lease, [run.stop - local])
-                records, _, left = open_runs[number]
-                _, record = next(records)
-                left[0] -= 1
-                if left[0] == 0:
-                    close(number)
-                if not done[first + offset]:
+                    state = open_runs[number] = OpenRun(self.dataset.stream_records(run.shard, local, run.stop),
+                                                        lease, run.stop - local)
+                _, record = next(state.records)
+                wanted = not done[first + offset]
+                if wanted and isinstance(record, DeferredRecord):
+                    state.deferred.append(record)
+                    state.waiting += linger
+                state.left -= 1
+                if state.left == 0 and (state.waiting == 0 or len(open_runs) > LINGERING_RUNS):
+                    self._close_run(open_runs, number, runs, settle=True)
+                if wanted:
                     yield first + offset, record
         finally:
             for number in list(open_runs):
-                close(number)
+                self._close_run(open_runs, number, runs, settle=False)  # nothing more is handed out
 
-    def _decode(self, index: int, record: Record | DatasetError) -> tuple[Any, ...]:
+    def _handed_out(self, open_runs: dict[int, OpenRun], number: int, runs: list[Run]) -> None:
+        """One deferred record of run `number` was handed out: close the run if it was its last."""
+        state = open_runs.get(number)
+        if state is None:  # closed already, its records settled
+            return
+        state.waiting -= 1
+        if state.waiting == 0 and state.left == 0:
+            self._close_run(open_runs, number, runs, settle=False)
+
+    def _close_run(self, open_runs: dict[int, OpenRun], number: int, runs: list[Run], settle: bool) -> None:
+        state = open_runs.pop(number)
+        try:
+            for record in state.deferred if settle else ():
+                record.settle()
+        finally:
+            state.records.close()
+            self.dataset.close_shard(runs[number].shard)
+            state.lease.release()
+
+    def _decode(self, index: int, record: Record | DeferredRecord | DatasetError) -> tuple[Any, ...]:
+        if isinstance(record, DeferredRecord):
+            try:
+                record = record.load()
+            except DatasetError as exc:
+                record = exc
         if not isinstance(record, DatasetError):
             try:
                 return self.dataset.decode_sample(index, *record)

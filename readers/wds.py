@@ -12,11 +12,12 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, BinaryIO, Iterator, Sequence
 
 import numpy as np
 
-from .base import Fields, PackedDataset, Record, read_as_span
+from .base import DeferredRecord, Fields, PackedDataset, Record, read_as_span
 from .fields import FieldSpec, parse_value
 from .layouts.wds import (
     ABSENT,
@@ -272,6 +273,35 @@ class WdsDataset(PackedDataset):
         if count != expected:
             raise DatasetError(f"{path}: holds {count} samples, index.json says {expected}")
 
+    def stream_records(self, shard: int, start: int, stop: int) -> Iterator[tuple[int, DeferredRecord]]:
+        """`read_records` with each image read when its sample is handed out (`StreamedSample`): the
+        walk reads headers and small members only, so a streaming worker's first batch reads ~1,100
+        headers and 64 images, where it read ~1,100 samples whole."""
+        info = self.manifest.shards[shard]
+        expected = info.num_samples
+        count = 0
+        with self.files.lease(info) as path:
+            try:
+                tar = StreamedTar(os.open(path, os.O_RDONLY), path)
+            except OSError as exc:
+                raise DatasetError(f"{path}: cannot open tar shard ({exc.strerror or exc})") from None
+            try:
+                for meta, image, stored in walk_tar_samples(tar.fd, self._meta_extension, self.manifest.fields,
+                                                            self.wanted):
+                    if count == expected:
+                        raise TarError(f"holds more samples than index.json says ({expected})")
+                    if count >= start:
+                        yield count, StreamedSample(self, tar, shard, count, meta, image, stored)
+                    count += 1
+                    if count == stop < expected:
+                        return
+            except TarError as exc:
+                raise DatasetError(f"{path}: {exc}") from None
+            finally:
+                tar.close()
+        if count != expected:
+            raise DatasetError(f"{path}: holds {count} samples, index.json says {expected}")
+
     def _parse_fields(self, shard: int, local: int, stored: dict[str, bytes | None]) -> Fields:
         """The wanted fields' values from their members' bytes; a damaged one is a DatasetError."""
         try:
@@ -303,6 +333,63 @@ class WdsDataset(PackedDataset):
         filled up with the first samples; each worker streams a contiguous part of its rank's share.
         """
         return WdsStream(self, rank=rank, world_size=world_size, prefetch_shards=prefetch_shards)
+
+
+class StreamedTar:
+    """A tar open for `WdsDataset.stream_records`; its descriptor is -1 once closed, so a sample read
+    after that fails instead of reading whatever file took the number."""
+
+    def __init__(self, fd: int, path: Path) -> None:
+        self.fd = fd
+        self.path = path
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class StreamedSample(DeferredRecord):
+    """A streamed sample whose meta and fields are read and whose image is not yet: one pread when
+    it is handed out, then the same checks as `read_records` (meta, CRC-32, fields)."""
+
+    __slots__ = ("_dataset", "_tar", "_shard", "_local", "_meta", "_image", "_stored", "_record")
+
+    def __init__(self, dataset: WdsDataset, tar: StreamedTar, shard: int, local: int, meta: dict[str, Any],
+                 image: tuple[str, int, int], stored: dict[str, bytes | None]) -> None:
+        self._dataset, self._tar, self._shard, self._local = dataset, tar, shard, local
+        self._meta, self._image, self._stored = meta, image, stored
+        self._record: Record | DatasetError | None = None
+
+    def load(self) -> Record:
+        record = self._record if self._record is not None else self._read()
+        self._record = None
+        if isinstance(record, DatasetError):
+            raise record
+        return record
+
+    def settle(self) -> None:
+        if self._record is None and self._meta is not None:
+            self._record = self._read()
+
+    def _read(self) -> Record | DatasetError:
+        meta, (extension, offset, size) = self._meta, self._image
+        self._meta = None  # read once: `settle` after `load` has nothing left to do
+        tar, shard, local = self._tar, self._shard, self._local
+        try:
+            if meta is None or tar.fd < 0:
+                raise TarError("read twice, or after its shard was closed")
+            data = os.pread(tar.fd, size, offset)
+            if len(data) != size:  # the file shrank while read
+                raise TarError("tar shard is truncated")
+            payload = image_data(extension, memoryview(data))
+            self._dataset.check(shard, local, meta, payload)
+            stored, self._stored = self._stored, {}
+            return meta, payload, self._dataset._parse_fields(shard, local, stored)
+        except TarError as exc:
+            return DatasetError(f"{tar.path}: sample {local}: {exc}")
+        except DatasetError as exc:
+            return exc
 
 
 def read_tar_samples(handle: BinaryIO, meta_extension: str, fields: Sequence[FieldSpec],
@@ -355,6 +442,14 @@ def read_tar_samples(handle: BinaryIO, meta_extension: str, fields: Sequence[Fie
 
 def assemble(key: str, parts: dict[str, bytes], known: set[str], meta_extension: str,
              wanted: Sequence[FieldSpec]) -> tuple[dict[str, Any], memoryview, dict[str, bytes | None]]:
+    meta, image, values = sample_parts(key, parts, known, meta_extension, wanted)
+    return meta, image_data(image, memoryview(parts[image])), values
+
+
+def sample_parts(key: str, parts: dict[str, Any], known: set[str], meta_extension: str,
+                 wanted: Sequence[FieldSpec]) -> tuple[dict[str, Any], str, dict[str, bytes | None]]:
+    """One sample's parsed meta, the extension of its image and its wanted fields' bytes, from its
+    members by extension (the image's entry is whatever the caller keeps of it)."""
     images = [extension for extension in parts if extension not in known]
     if meta_extension not in parts or len(images) != 1:
         raise TarError(f"sample {key!r} has members {sorted(parts)}; expected one image and .{meta_extension}")
@@ -368,7 +463,78 @@ def assemble(key: str, parts: dict[str, bytes], known: set[str], meta_extension:
         meta = json.loads(parts[meta_extension].decode("utf-8"))
     except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, or nested deeper than Python's stack
         raise TarError(f"sample {key!r}: unreadable .{meta_extension} ({exc})") from None
-    return meta, image_data(images[0], memoryview(parts[images[0]])), values
+    return meta, images[0], values
+
+
+WALK_READ = 4096
+"""What `walk_tar_samples` reads at a time past an image: a sample's small members (label, fields,
+meta, a block or two each) and the next image's header, in one pread."""
+WALK_AHEAD = 8 << 20
+"""How far ahead of the walk the kernel is asked to read the tar (POSIX_FADV_WILLNEED): 4 KB reads
+that skip the images are not sequential to its readahead, and from a cold disk they waited on
+the disk one by one (the images, read later, are then in the page cache too)."""
+
+
+def walk_tar_samples(fd: int, meta_extension: str, fields: Sequence[FieldSpec], wanted: Sequence[FieldSpec]
+                     ) -> Iterator[tuple[dict[str, Any], tuple[str, int, int], dict[str, bytes | None]]]:
+    """`read_tar_samples` of an open tar without reading the images: per sample (meta, (the image's
+    extension, data offset, size), the wanted fields' bytes), after the same checks, each size
+    against what the file holds from there."""
+    known = {LABEL_EXTENSION, meta_extension, *field_extensions(fields)}
+    end = os.fstat(fd).st_size
+    window, window_start = b"", 0
+    advised = 0  # the kernel was asked to read the tar up to here
+
+    def read(offset: int, size: int) -> bytes:
+        nonlocal window, window_start, advised
+        at = offset - window_start
+        if at < 0 or at + size > len(window):
+            if offset + size > advised - WALK_AHEAD // 2 and advised < end and hasattr(os, "posix_fadvise"):
+                start = max(advised, offset)
+                advised = offset + size + WALK_AHEAD
+                os.posix_fadvise(fd, start, advised - start, os.POSIX_FADV_WILLNEED)
+            window, window_start, at = os.pread(fd, max(size, WALK_READ), offset), offset, 0
+        return window[at:at + size]
+
+    key: str | None = None
+    parts: dict[str, Any] = {}  # small members' bytes; the image's (offset, size)
+    offset = 0
+    while True:
+        block = read(offset, BLOCK)
+        if len(block) < BLOCK:
+            raise TarError("tar shard is truncated (no end-of-archive block)")
+        canonical = canonical_header(block)
+        if canonical is not None:
+            name = check_member_name(os.fsdecode(canonical[0]))
+            size = canonical[1]
+        else:
+            member = parse_header(block)
+            if member is None:
+                if key is not None:
+                    yield walked(key, parts, known, meta_extension, wanted)
+                return
+            name, size = member.name, member.size
+        member_key, extension = split_name(name)
+        if key is not None and member_key != key:
+            yield walked(key, parts, known, meta_extension, wanted)
+            parts = {}
+        key = member_key
+        start = offset + BLOCK
+        if size > end - start:
+            raise TarError(f"tar shard is truncated in {name!r} ({size} bytes, {max(end - start, 0)} left)")
+        if extension in known:
+            parts[extension] = read(start, size)
+            if len(parts[extension]) < size:  # the file shrank while read
+                raise TarError(f"tar shard is truncated in {name!r}")
+        else:
+            parts[extension] = (start, size)
+        offset = start + size + padding(size)
+
+
+def walked(key: str, parts: dict[str, Any], known: set[str], meta_extension: str,
+           wanted: Sequence[FieldSpec]) -> tuple[dict[str, Any], tuple[str, int, int], dict[str, bytes | None]]:
+    meta, image, values = sample_parts(key, parts, known, meta_extension, wanted)
+    return meta, (image, *parts[image]), values
 
 
 def image_data(extension: str, member: memoryview) -> memoryview:

@@ -247,7 +247,11 @@ def main() -> None:
     work = Path(args.work)
     source = work / "src"
     bench_read.make_source(source, args.images, image=bench_read.small_jpeg)
+    start_method = multiprocessing.get_start_method()
     folders = {name: written(source, work, name, args.images) for name in ("ours", *peers)}
+    # LitData's optimize() sets spawn for the whole process: its loader's workers would then start
+    # without the obstore `allow_http` patch below (GETs fail with "builder error ... BadScheme").
+    multiprocessing.set_start_method(start_method, force=True)
     sizes = {name: sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
              for name, folder in folders.items()}
 

@@ -190,17 +190,18 @@ def test_breaking_out_of_an_epoch_does_not_hang_the_next(packed_as: Callable) ->
     assert sorted(flat(loader)) == list(range(19))
 
 
-def test_damaged_sample_fails_or_is_skipped(packed_as: Callable, tmp_path: Path) -> None:
-    out, files = packed_as("lmdb")
+@pytest.mark.parametrize("fmt, name", [("lmdb", "shard-000001.lmdb"), ("wds", "shard-000001.tar")])
+def test_damaged_sample_fails_or_is_skipped(fmt: str, name: str, packed_as: Callable, tmp_path: Path) -> None:
+    out, files = packed_as(fmt)
     copy = tmp_path / "out"
     shutil.copytree(out, copy)
-    shard = copy / "shard-000001.lmdb"
+    shard = copy / name
     raw = bytearray(shard.read_bytes())
     victim = readers.open_dataset(out, decode="bytes", fields=("image",))[5][0]
     at = raw.index(victim) + len(victim) // 2
     raw[at] ^= 0xFF
     shard.write_bytes(bytes(raw))
-    with pytest.raises(readers.DatasetError, match="shard-000001.lmdb: sample 1: damaged"):
+    with pytest.raises(readers.DatasetError, match=f"{name}: sample 1: damaged"):
         list(streaming(open_indexed(copy)))
     ds = open_indexed(copy, on_error="skip")
     batches = list(streaming(ds))
@@ -214,15 +215,19 @@ def test_damaged_sample_fails_or_is_skipped(packed_as: Callable, tmp_path: Path)
 @pytest.mark.parametrize("fmt", sorted(WRITERS))
 def test_remote_streaming_equals_local(fmt: str, packed_as: Callable, serve: Callable[[str], str],
                                        tmp_path: Path) -> None:
+    """Also under a cache limit, where a wds run's images still in the shuffle buffer are read
+    before its shard is closed (without one, when they are handed out)."""
     local = streaming(open_indexed(packed_as(fmt)[0]), num_workers=2)
     remote = streaming(open_indexed(serve(fmt), cache_dir=tmp_path), num_workers=2)
-    for loader in (local, remote):
+    room = 7 * open_indexed(packed_as(fmt)[0]).largest_lease()  # 2 workers x 3 + 1 (check_cache_room)
+    limited = streaming(open_indexed(serve(fmt), cache_dir=tmp_path / "limited", cache_limit=room), num_workers=2)
+    for loader in (local, remote, limited):
         loader.set_epoch(3)
 
     def digest(batches: list) -> list:
         return [(b[0].tolist(), [hashlib.sha256(x).hexdigest() for x in b[1]], b[2].tolist()) for b in batches]
 
-    assert digest(list(remote)) == digest(list(local))
+    assert digest(list(remote)) == digest(list(local)) == digest(list(limited))
 
 
 @pytest.mark.parametrize("fmt", sorted(WRITERS))

@@ -206,3 +206,58 @@ def test_streaming_a_damaged_meta_member_names_the_shard(wds_copy: tuple[Path, d
     ds = readers.open_dataset(out, decode="bytes")
     with pytest.raises(readers.DatasetError, match=rf"{shard}: sample '{member.name.split('.')[0]}': unreadable \.pack\.json"):
         list(ds)
+
+
+def streamed(ds: readers.PackedDataset, shard: int) -> list:
+    """The shard through `stream_records` (what streaming workers read), each sample loaded."""
+    return [record.load() for _, record in ds.stream_records(shard, 0, ds.manifest.shards[shard].num_samples)]
+
+
+def member_size_claims_8_gib(data: bytearray) -> None:
+    data[124:136] = b"%011o\0" % (8**11 - 1)  # the first member
+    data[148:156] = b" " * 8
+    data[148:156] = b"%06o\0 " % sum(data[:512])
+
+
+@pytest.mark.parametrize("damage", [
+    lambda data: data.__setitem__(0, data[0] ^ 0x01),  # a header's checksum no longer matches
+    lambda data: data.__delitem__(slice(2000, None)),  # truncated in the second member
+    lambda data: data.__setitem__(slice(data.index(b"000001_0000000003."), None), bytes(1024)),  # 3 samples
+    lambda data: data.__setitem__(data.index(b'{"', data.index(b"pack.json") + 400), ord("x")),  # meta not JSON
+    member_size_claims_8_gib,
+], ids=["checksum", "truncated", "count", "meta", "member-size"])
+def test_the_streaming_walk_refuses_what_a_front_to_back_read_refuses(wds_copy: tuple[Path, dict[str, bytes]],
+                                                                      damage: Callable[[bytearray], None]) -> None:
+    """`stream_records` walks headers and reads images when handed out: the same damage is the same
+    one-line error, naming the shard."""
+    out, _ = wds_copy
+    ds = readers.open_dataset(out, decode="bytes")
+    assert [record[1].tobytes() for record in streamed(ds, 1)] == [bytes(ds[i][0]) for i in range(4, 8)]
+    shard = out / "shard-000001.tar"
+    data = bytearray(shard.read_bytes())
+    damage(data)
+    shard.write_bytes(bytes(data))
+    with pytest.raises(readers.DatasetError) as front_to_back:
+        list(ds.iter_shard(1))
+    with pytest.raises(readers.DatasetError) as walked:
+        streamed(ds, 1)
+    assert str(walked.value) == str(front_to_back.value) and str(shard) in str(walked.value)
+
+
+def test_a_streamed_image_that_does_not_match_its_checksum_is_that_samples_error(
+        wds_copy: tuple[Path, dict[str, bytes]]) -> None:
+    out, _ = wds_copy
+    ds = readers.open_dataset(out, decode="bytes")
+    victim = bytes(ds[5][0])
+    shard = out / "shard-000001.tar"
+    data = bytearray(shard.read_bytes())
+    data[data.index(victim) + len(victim) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    loaded = []
+    for _, record in ds.stream_records(1, 0, 4):  # loaded while the shard is open, as a stream does
+        try:
+            loaded.append(record.load()[1].tobytes())
+        except readers.DatasetError as exc:
+            loaded.append(str(exc))
+    assert loaded == [bytes(ds[4][0]), f"{shard}: sample 1: damaged (checksum mismatch)", bytes(ds[6][0]),
+                      bytes(ds[7][0])]

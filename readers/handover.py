@@ -1,0 +1,176 @@
+"""What a streaming DataLoader worker hands the main process, and how, cheaper than torch's way.
+
+DataLoader pickles every batch a worker yields into its result pipe, where the main process reads
+and unpickles it. Two kinds of batch column cost most on that way, and cross otherwise:
+
+- Columns of plain numbers (labels, indexes, eval masks) leave a worker as lists (`Scalars`) and
+  become tensors in the main process: a tensor sent from a worker costs a shared-memory file and a
+  socket handshake with an HMAC challenge per batch.
+- Columns of bytes (images with decode="bytes") are copied into a ring of shared memory the worker
+  made (`RingWriter`), and the pipe carries where each value lies (`RingColumn`); the main process
+  copies them out into bytes objects (`Handover.settle`). Through the pipe a 33 KB image was copied
+  six times (pickle, pipe write, pipe read, the reader's buffer, unpickle) at 30-37 us of CPU per
+  sample in the two processes; through the ring twice, at 11-12 us (docs/benchmarks.md, "Streaming
+  against the peers").
+
+A ring holds `slots` batches. DataLoader asks a worker for its batch k only once the main process
+has taken the worker's batch k - prefetch_factor from the DataLoader, and the loader copies each
+batch out before it takes the next: with prefetch_factor + 1 slots a batch is copied out before
+its slot is written again. The worker checks it all the same (the ring's header counts the batches
+copied out), and a batch that would overwrite one not yet copied crosses the pipe as before.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data._utils.collate import default_collate
+
+RING_HEADER = 64
+"""Bytes before a ring's slots: an int64, how many of its batches the main process copied out."""
+MIN_SLOT_BYTES = 1 << 16
+SHM_DIR = "/dev/shm"  # where torch's shared memory lives on Linux (a small tmpfs in many containers)
+
+
+class Scalars(list):  # type: ignore[type-arg]
+    """A batch column of Python numbers (labels, indexes, an eval mask) as a DataLoader worker hands
+    it over; `Handover.settle` makes the tensor in the main process, as default_collate would have."""
+
+
+class RingColumn:
+    """A batch column of bytes values waiting in a worker's ring: the ring's id, the batch's number
+    in it, the values' bounds (value i is bytes [bounds[i], bounds[i + 1]) of the ring), and the
+    ring's memory itself the first time the ring is named (torch shares it once)."""
+
+    __slots__ = ("ring", "batch", "bounds", "memory", "replaces")
+
+    def __init__(self, ring: int, batch: int, bounds: list[int], memory: torch.Tensor | None,
+                 replaces: int | None) -> None:
+        self.ring, self.batch, self.bounds, self.memory, self.replaces = ring, batch, bounds, memory, replaces
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return RingColumn, (self.ring, self.batch, self.bounds, self.memory, self.replaces)
+
+
+def shared_bytes(size: int) -> torch.Tensor | None:
+    """A uint8 tensor of `size` bytes of fresh (zeroed) shared memory, or None where the shared
+    memory filesystem has not twice that much free (writing past its end would kill the worker
+    with SIGBUS) or torch cannot make it."""
+    if os.path.isdir(SHM_DIR) and shutil.disk_usage(SHM_DIR).free < 2 * size:
+        return None
+    try:
+        new_shared = getattr(torch.UntypedStorage, "_new_shared", None)  # no copy of a private tensor
+        if new_shared is not None:
+            return torch.empty(0, dtype=torch.uint8).set_(new_shared(size))
+        return torch.zeros(size, dtype=torch.uint8).share_memory_()
+    except RuntimeError:
+        return None
+
+
+class ByteRing:
+    """`slots` slots of `slot_bytes` in one shared tensor, after the header."""
+
+    def __init__(self, memory: torch.Tensor, slots: int, slot_bytes: int) -> None:
+        self.memory = memory
+        array = memory.numpy()
+        self.view = memoryview(array)
+        self.copied = array[:8].view(np.int64)  # written by the main process
+        self.id = int.from_bytes(os.urandom(8), "little") >> 1
+        self.slots = slots
+        self.slot_bytes = slot_bytes
+        self.batches = 0  # written so far
+        self.named = False  # whether a batch that names it with its memory has been handed out
+
+    def free(self) -> bool:
+        """Whether the next batch's slot was copied out (or never used)."""
+        return self.batches < self.slots or int(self.copied[0]) > self.batches - self.slots
+
+
+class RingWriter:
+    """A worker's side for one pass (one `iter()` of the loader): the bytes columns of each batch
+    into its ring, made at the first batch and remade twice as large for a batch that outgrows it."""
+
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+        self.ring: ByteRing | None = None
+        self.off = slots < 1
+
+    def pack(self, batch: Any) -> Any:
+        """`batch` (a list of columns) with its columns of bytes in the ring, if there is room."""
+        if self.off or type(batch) is not list:
+            return batch
+        columns = [k for k, column in enumerate(batch)
+                   if type(column) is list and column and all(type(value) is bytes for value in column)]
+        if not columns:
+            return batch
+        size = sum(len(value) for k in columns for value in batch[k])
+        ring = self.ring
+        replaces = None
+        if ring is None or size > ring.slot_bytes:
+            slot_bytes = max(MIN_SLOT_BYTES, 2 * size)
+            memory = shared_bytes(RING_HEADER + self.slots * slot_bytes)
+            if memory is None:
+                self.off = True
+                return batch
+            replaces = ring.id if ring is not None else None
+            ring = self.ring = ByteRing(memory, self.slots, slot_bytes)
+        if not ring.free():
+            return batch
+        position = RING_HEADER + (ring.batches % ring.slots) * ring.slot_bytes
+        view = ring.view
+        packed = list(batch)
+        for k in columns:
+            bounds = [position]
+            for value in batch[k]:
+                end = position + len(value)
+                view[position:end] = value
+                position = end
+                bounds.append(end)
+            packed[k] = RingColumn(ring.id, ring.batches, bounds, None if ring.named else ring.memory, replaces)
+            ring.named = True
+            replaces = None
+        ring.batches += 1
+        return packed
+
+
+class Handover:
+    """The main process's side for one pass: turns what a worker handed over back into the batch
+    DataLoader would have given (`settle`), and tells each ring which batches it may overwrite."""
+
+    def __init__(self) -> None:
+        self._rings: dict[int, tuple[memoryview, np.ndarray]] = {}
+
+    def settle(self, batch: Any, pin: bool = False) -> Any:
+        """`batch` with each Scalars a tensor (pinned if asked) and each RingColumn a list of bytes,
+        within lists and tuples; the rings read from may then reuse the batch's slot."""
+        copied: dict[int, int] = {}
+        settled = self._settle(batch, pin, copied)
+        for ring, number in copied.items():
+            self._rings[ring][1][0] = number + 1
+        return settled
+
+    def _settle(self, batch: Any, pin: bool, copied: dict[int, int]) -> Any:
+        if isinstance(batch, Scalars):
+            tensor = default_collate(list(batch))
+            return tensor.pin_memory() if pin else tensor
+        if isinstance(batch, RingColumn):
+            return self._copy_out(batch, copied)
+        if type(batch) in (list, tuple) and any(isinstance(item, (Scalars, RingColumn, list, tuple)) for item in batch):
+            return type(batch)(self._settle(item, pin, copied) if isinstance(item, (list, tuple, RingColumn)) else item
+                               for item in batch)
+        return batch
+
+    def _copy_out(self, column: RingColumn, copied: dict[int, int]) -> list[bytes]:
+        if column.memory is not None:
+            if column.replaces is not None:
+                self._rings.pop(column.replaces, None)
+            array = column.memory.numpy()
+            self._rings[column.ring] = (memoryview(array), array[:8].view(np.int64))
+        view = self._rings[column.ring][0]
+        bounds = column.bounds
+        copied[column.ring] = column.batch
+        return [bytes(view[start:end]) for start, end in zip(bounds[:-1], bounds[1:])]

@@ -1,0 +1,65 @@
+"""readers.handover: what streaming workers hand the main process comes out as DataLoader would
+have given it, and a ring never overwrites a batch the main process has not copied out."""
+
+from __future__ import annotations
+
+import pickle
+from multiprocessing.reduction import ForkingPickler
+
+import torch
+import torch.multiprocessing  # noqa: F401 - registers how tensors cross processes
+
+from readers.handover import Handover, RingColumn, RingWriter, Scalars
+
+
+def handed(batch: object) -> object:
+    """`batch` as it crosses the result pipe (torch's pickler shares tensors' memory)."""
+    return pickle.loads(bytes(ForkingPickler.dumps(batch)))
+
+
+def batch_of(seed: int, count: int = 3, size: int = 100) -> list[object]:
+    images = [bytes([seed + k]) * (size + k) for k in range(count)]
+    return [images, Scalars(range(seed, seed + count)), [f"path{k}" for k in range(count)], [b"x", b"yz", b""][:count]]
+
+
+def test_a_batch_comes_out_as_it_went_in() -> None:
+    writer, handover = RingWriter(slots=3), Handover()
+    for seed in range(7):
+        batch = batch_of(seed)
+        packed = writer.pack(batch)
+        assert isinstance(packed[0], RingColumn) and isinstance(packed[3], RingColumn)
+        assert packed[2] == batch[2]  # text stays a list
+        settled = handover.settle(handed(packed))
+        assert settled[0] == batch[0] and settled[3] == batch[3] and settled[2] == batch[2]
+        assert all(type(image) is bytes for image in settled[0])
+        assert torch.equal(settled[1], torch.tensor(list(batch[1])))
+    # eval batches arrive as (batch, mask)
+    columns, mask = handover.settle(handed((writer.pack(batch_of(9)), Scalars([True, False, True]))))
+    assert columns[0] == batch_of(9)[0] and mask.tolist() == [True, False, True]
+
+
+def test_a_slot_not_copied_out_is_never_written_again() -> None:
+    writer, handover = RingWriter(slots=2), Handover()
+    first, second = writer.pack(batch_of(1)), writer.pack(batch_of(2))
+    third = batch_of(3)
+    assert writer.pack(third) is third  # both slots wait to be copied out: the batch crosses as it is
+    assert handover.settle(handed(first))[0] == batch_of(1)[0]
+    fourth = writer.pack(batch_of(4))  # the first's slot
+    assert isinstance(fourth[0], RingColumn)
+    assert handover.settle(handed(second))[0] == batch_of(2)[0]
+    assert handover.settle(handed(fourth))[0] == batch_of(4)[0]
+
+
+def test_a_batch_larger_than_a_slot_gets_a_larger_ring() -> None:
+    writer, handover = RingWriter(slots=2), Handover()
+    small = writer.pack(batch_of(1, size=10))
+    large = writer.pack(batch_of(2, size=200_000))
+    assert large[0].ring != small[0].ring and large[0].replaces == small[0].ring and large[0].memory is not None
+    assert handover.settle(handed(small))[0] == batch_of(1, size=10)[0]
+    assert handover.settle(handed(large))[0] == batch_of(2, size=200_000)[0]
+
+
+def test_without_slots_nothing_goes_through_a_ring() -> None:
+    batch = batch_of(1)
+    assert RingWriter(slots=0).pack(batch) is batch
+    assert RingWriter(slots=3).pack(tuple(batch)) == tuple(batch)  # only a list of columns is packed
