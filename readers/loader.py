@@ -46,6 +46,9 @@ _STATE_KEYS = ("seed", "world_size", "batch_size", "num_samples", "shuffle", "sh
 class ShardWindowBatchSampler(Sampler[list[int]], RankSplit):
     """Batches of sample indices for one rank: windowed shard shuffle, equal share per rank.
 
+    `orders` says what an epoch reads (`dataset.orders()`: a mix's shares of its sources); by
+    default every sample of `shard_sizes` once.
+
     `start_batch` skips the batches an interrupted run already consumed (mid-epoch resume).
     `len()` is the number of batches the next iteration yields (full epoch less `start_batch`).
     """

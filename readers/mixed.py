@@ -253,6 +253,7 @@ class MixedDataset(Dataset):
         stored = self.sources[0].fields
         self._source_at = self.fields.index(SOURCE_FIELD) if SOURCE_FIELD in self.fields else None
         self._label_at = stored.index("label") if self._lookup is not None and "label" in stored else None
+        self._changes = self._source_at is not None or self._label_at is not None  # else samples pass as they are
 
     @property
     def classes(self) -> list[str]:
@@ -283,10 +284,15 @@ class MixedDataset(Dataset):
 
     def _finish(self, source: int, sample: tuple[Any, ...]) -> tuple[Any, ...]:
         """A source's sample as the mix gives it: label remapped, `source` field inserted."""
+        if not self._changes:
+            return sample
         if self._label_at is not None and self._lookup is not None:
-            label = sample[self._label_at]
+            label, table = sample[self._label_at], self._lookup[source]
+            if label >= len(table):  # a dataset that names no classes may hold any label
+                raise DatasetError(f"{self.names[source]}: label {label} has no class name to merge (the dataset "
+                                   f'names {len(table)} classes); mix it with labels="per_source"')
             if label >= 0:  # -1: unlabelled, in every class list
-                sample = (*sample[:self._label_at], self._lookup[source][label], *sample[self._label_at + 1:])
+                sample = (*sample[:self._label_at], table[label], *sample[self._label_at + 1:])
         if self._source_at is not None:
             sample = (*sample[:self._source_at], source, *sample[self._source_at:])
         return sample
@@ -301,17 +307,25 @@ class MixedDataset(Dataset):
         return self._finish(source, self.sources[source][local])
 
     def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, ...]]:
-        """A batch's samples, each source's asked for together (its read-ahead sees them all)."""
-        wanted = np.asarray(indices, dtype=np.int64)
-        if len(wanted) and not (0 <= wanted.min() and wanted.max() < len(self)):
-            return [self[index] for index in indices]  # the one out of range raises as self[i] does
-        sources = np.searchsorted(self._starts, wanted, side="right") - 1
-        out: list[tuple[Any, ...]] = [()] * len(wanted)
-        for source in np.unique(sources).tolist():
-            positions = np.flatnonzero(sources == source)
-            samples = self.sources[source].__getitems__((wanted[positions] - self._starts[source]).tolist())
-            for position, sample in zip(positions.tolist(), samples):
-                out[position] = self._finish(source, sample)
+        """A batch's samples, each source's asked for together (its read-ahead sees them all). In
+        plain Python: for a batch's few dozen indices, numpy's calls cost more than the loop."""
+        groups: dict[int, tuple[list[int], list[int]]] = {}
+        starts, size, find = self._starts, len(self), bisect.bisect_right
+        for position, index in enumerate(indices):
+            index = int(index)
+            if not 0 <= index < size:
+                return [self[index] for index in indices]  # negative ones count from the end; the others raise
+            source = find(starts, index) - 1
+            positions, local = groups.setdefault(source, ([], []))
+            positions.append(position)
+            local.append(index - starts[source])
+        out: list[tuple[Any, ...]] = [()] * len(indices)
+        for source, (positions, local) in groups.items():
+            samples = self.sources[source].__getitems__(local)
+            if self._changes:
+                samples = [self._finish(source, sample) for sample in samples]
+            for position, sample in zip(positions, samples):
+                out[position] = sample
         return out
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:

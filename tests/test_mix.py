@@ -4,6 +4,7 @@ and streaming, equal ranks, eval once, exact resume, labels that never collide s
 from __future__ import annotations
 
 import collections
+import json
 import multiprocessing
 import random
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any, Callable
 
 import numpy as np
 import pytest
+import torch
 from imagefolders import image_bytes
 
 import readers
@@ -140,6 +142,9 @@ def test_samples_are_their_sources_with_the_source_field(streaming: bool, two: t
             seen[source, index] += 1
     assert {n for (source, _), n in seen.items() if source == 1} == {2} and len(seen) == 38
     assert mixed[20] == (1, two[1][1][1], 1, two[1][1][2])  # ds[i]: source 1 starts at 19
+    assert mixed.__getitems__([20, 0, -1]) == [mixed[20], mixed[0], mixed[37]]  # a batch, as DataLoader asks
+    with pytest.raises(IndexError, match="sample index 38 out of range for 38 samples"):
+        mixed.__getitems__([0, 38])
 
 
 def test_ranks_get_equal_batches_and_eval_reads_every_sample_once(two: tuple) -> None:
@@ -262,3 +267,35 @@ def test_a_local_and_an_http_source_stream_as_two_local_ones(two: tuple, packed_
     tight = opened(serve("wds"), cache_dir=tmp_path / "tight", cache_limit=3 * remote.largest_lease())
     with pytest.raises(ValueError, match="cache_limit .* is too small for streaming"):
         readers.make_loader(readers.mix([two[0], tight]), 4, num_workers=2, streaming=True)
+
+
+def test_two_gloo_ranks_read_a_mix_in_equal_batches(packed_as: Callable, tmp_path: Path) -> None:
+    import ddp_ranks
+    import torch.multiprocessing as mp
+
+    roots = [str(packed_as("lmdb")[0]), str(packed_as("hdf5")[0])]
+    mp.spawn(ddp_ranks.run_mix_rank, nprocs=2, join=True, args=(2, str(tmp_path / "rendezvous"), roots, str(tmp_path)))
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    mixed = readers.mix([opened(root) for root in roots], weights=[0.3, 0.7], epoch_size=30,
+                        fields=(*FIELDS, "source"))
+    for key in ("map-train", "streaming-train", "map-eval", "streaming-eval"):
+        assert len(ranks[0][key]) == len(ranks[1][key])  # one collective per batch: uneven counts would hang
+        pairs = [tuple(pair) for r in ranks for batch in r[key] for pair in batch]
+        if key.endswith("eval"):
+            assert sorted(pairs) == [(s, i) for s in (0, 1) for i in range(19)]
+        else:
+            assert collections.Counter(s for s, _ in pairs) == {0: 9, 1: 21}
+        for rank, r in enumerate(ranks):  # what a loader told its rank explicitly computes
+            loader = readers.make_loader(mixed, ddp_ranks.BATCH, seed=ddp_ranks.SEED, num_workers=0, rank=rank,
+                                         world_size=2, streaming=key.startswith("streaming"), mode=key.split("-")[1])
+            assert [[tuple(pair) for pair in batch] for batch in r[key]] == \
+                [[pair for pair, real in zip(batch, mask) if real] for batch, mask in masked_keys(loader)]
+
+
+def masked_keys(loader: readers.PackedLoader) -> list[tuple[list[tuple[int, int]], list[bool]]]:
+    """Each batch's (source, index) pairs and which are real (all of them in "train")."""
+    out = []
+    for batch in loader:
+        columns, mask = batch if loader.sampler.mode == "eval" else (batch, torch.ones(len(batch[0]), dtype=torch.bool))
+        out.append((list(zip(columns[3].tolist(), columns[0].tolist())), mask.tolist()))
+    return out
