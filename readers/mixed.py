@@ -424,6 +424,9 @@ def mix(
     if [name for name in mixed_fields if name != SOURCE_FIELD] != list(stored) or mixed_fields.count(SOURCE_FIELD) > 1:
         raise ValueError(f"fields {mixed_fields} must be the datasets' fields {tuple(stored)} with "
                          f"{SOURCE_FIELD!r} added where it should come")
+    if labels == "per_source" and "label" in stored and SOURCE_FIELD not in mixed_fields:
+        raise ValueError(f'labels="per_source" leaves label 0 of one dataset and of another apart only by the '
+                         f'{SOURCE_FIELD!r} field: add it to fields, e.g. {(*stored, SOURCE_FIELD)}')
     counts = epoch_counts([len(source) for source in sources], weights=weights, repeat=repeat, choose=choose,
                           epoch_size=epoch_size)
     return MixedDataset(sources, counts, labels=labels, names=source_names, fields=mixed_fields)

@@ -240,6 +240,7 @@ def test_bad_mixes_are_one_line_errors(two: tuple, packed_as: Callable) -> None:
         (lambda: readers.mix([lmdb, wds], weights=[1, 1], epoch_size=0), "epoch_size must be"),
         (lambda: readers.mix([lmdb, wds], fields=("image", "index", "label", "source")), "must be the datasets' fields"),
         (lambda: readers.mix([lmdb, wds], labels="union"), "labels must be one of"),
+        (lambda: readers.mix([lmdb, wds], labels="per_source"), "add it to fields"),
         (lambda: readers.mix([lmdb, wds], names=["a"]), "names has 1 names for 2 datasets"),
         (lambda: readers.mix([]), "at least one dataset"),
     ]
