@@ -150,26 +150,3 @@ def run_streaming_rank(rank: int, world_size: int, init_file: str, url: str, cac
         Path(out, f"rank{rank}.json").write_text(json.dumps(result))
     finally:
         dist.destroy_process_group()
-
-
-def run_mix_rank(rank: int, world_size: int, init_file: str, roots: list[str], out: str) -> None:
-    """A mix of `roots` (30/70 over 30 samples an epoch) read map-style and streaming, train and
-    eval, with rank and world size from torch.distributed: (source, index) pairs per batch."""
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=60))
-    try:
-        sources = [readers.open_dataset(root, decode="bytes", fields=("index", "label")) for root in roots]
-        mixed = readers.mix(sources, weights=[0.3, 0.7], epoch_size=30, fields=("index", "label", "source"))
-        result: dict[str, object] = {}
-        for streaming in (False, True):
-            for mode in ("train", "eval"):
-                loader = readers.make_loader(mixed, BATCH, seed=SEED, num_workers=0, streaming=streaming, mode=mode)
-                batches = []
-                for batch in loader:
-                    _step()
-                    (index, _, source), mask = batch if mode == "eval" else (batch, torch.ones(len(batch[0]), dtype=torch.bool))
-                    batches.append(list(zip(source[mask].tolist(), index[mask].tolist())))
-                result[f"{'streaming' if streaming else 'map'}-{mode}"] = batches
-        Path(out, f"rank{rank}.json").write_text(json.dumps(result))
-    finally:
-        dist.destroy_process_group()

@@ -4,15 +4,13 @@ and streaming, equal ranks, eval once, exact resume, labels that never collide s
 from __future__ import annotations
 
 import collections
-import json
 import multiprocessing
 import random
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import pytest
-import torch
 from imagefolders import image_bytes
 
 import readers
@@ -24,8 +22,21 @@ FIELDS = ("index", "image", "label")
 SIZES = [4, 4, 4, 4, 3]  # the shared packed dataset's shards (19 samples, classes class_00..class_02)
 
 
+OPENED: list[readers.PackedDataset] = []
+
+
 def opened(path: str | Path, **kwargs: Any) -> readers.PackedDataset:
-    return readers.open_dataset(path, decode="bytes", fields=FIELDS, **kwargs)
+    OPENED.append(readers.open_dataset(path, decode="bytes", fields=FIELDS, **kwargs))
+    return OPENED[-1]
+
+
+@pytest.fixture(autouse=True)
+def close_opened() -> Iterator[None]:
+    """Datasets read in this process hold shard handles (one LMDB environment per path and
+    process, shared): each test closes its own, so a later test opens them afresh."""
+    yield
+    while OPENED:
+        OPENED.pop().close()
 
 
 @pytest.fixture(scope="module")
@@ -202,6 +213,18 @@ def test_spawned_workers_read_a_mix(two: tuple) -> None:
             [(int(i >= 19), int(i) - 19 * int(i >= 19)) for i in loader.indices().tolist()]
 
 
+@pytest.mark.parametrize("fmt", ["lmdb", "hdf5", "wds"])
+def test_a_dataset_mixed_with_itself_opened_twice(fmt: str, packed_as: Callable) -> None:
+    """Two datasets of one path in one process (say, two transforms): each closes its own shards
+    (LMDB shares one environment per path and process) and the other reads on."""
+    root = packed_as(fmt)[0]
+    mixed = readers.mix([opened(root), opened(root)], fields=(*FIELDS, "source"))
+    for streaming in (True, False):
+        pairs = [pair for batch in keys(readers.make_loader(mixed, 4, num_workers=0, streaming=streaming))
+                 for pair in batch]
+        assert sorted(pairs) == [(s, i) for s in (0, 1) for i in range(19)]
+
+
 # Labels ------------------------------------------------------------------------------------
 
 
@@ -231,8 +254,7 @@ def test_bad_mixes_are_one_line_errors(two: tuple, packed_as: Callable) -> None:
     cases: list[tuple[Callable[[], Any], str]] = [
         (lambda: readers.mix([lmdb, readers.open_dataset(packed_as("wds")[0], decode="tensor", fields=FIELDS)]),
          "datasets\\[1\\] was opened with decode='tensor', datasets\\[0\\] with 'bytes'"),
-        (lambda: readers.mix([lmdb, opened(packed_as("wds")[0]).__class__(packed_as("wds")[0], decode="bytes",
-                                                                          fields=("image", "label"))]),
+        (lambda: readers.mix([lmdb, readers.open_dataset(packed_as("wds")[0], decode="bytes", fields=("image", "label"))]),
          "was opened with fields="),
         (lambda: readers.mix([lmdb, wds], weights=[-1, 2]), "weights must be non-negative"),
         (lambda: readers.mix([lmdb, wds], weights=[0, 0]), "weights are all zero"),
@@ -269,34 +291,3 @@ def test_a_local_and_an_http_source_stream_as_two_local_ones(two: tuple, packed_
     with pytest.raises(ValueError, match="cache_limit .* is too small for streaming"):
         readers.make_loader(readers.mix([two[0], tight]), 4, num_workers=2, streaming=True)
 
-
-def test_two_gloo_ranks_read_a_mix_in_equal_batches(packed_as: Callable, tmp_path: Path) -> None:
-    import ddp_ranks
-    import torch.multiprocessing as mp
-
-    roots = [str(packed_as("lmdb")[0]), str(packed_as("hdf5")[0])]
-    mp.spawn(ddp_ranks.run_mix_rank, nprocs=2, join=True, args=(2, str(tmp_path / "rendezvous"), roots, str(tmp_path)))
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
-    mixed = readers.mix([opened(root) for root in roots], weights=[0.3, 0.7], epoch_size=30,
-                        fields=(*FIELDS, "source"))
-    for key in ("map-train", "streaming-train", "map-eval", "streaming-eval"):
-        assert len(ranks[0][key]) == len(ranks[1][key])  # one collective per batch: uneven counts would hang
-        pairs = [tuple(pair) for r in ranks for batch in r[key] for pair in batch]
-        if key.endswith("eval"):
-            assert sorted(pairs) == [(s, i) for s in (0, 1) for i in range(19)]
-        else:
-            assert collections.Counter(s for s, _ in pairs) == {0: 9, 1: 21}
-        for rank, r in enumerate(ranks):  # what a loader told its rank explicitly computes
-            loader = readers.make_loader(mixed, ddp_ranks.BATCH, seed=ddp_ranks.SEED, num_workers=0, rank=rank,
-                                         world_size=2, streaming=key.startswith("streaming"), mode=key.split("-")[1])
-            assert [[tuple(pair) for pair in batch] for batch in r[key]] == \
-                [[pair for pair, real in zip(batch, mask) if real] for batch, mask in masked_keys(loader)]
-
-
-def masked_keys(loader: readers.PackedLoader) -> list[tuple[list[tuple[int, int]], list[bool]]]:
-    """Each batch's (source, index) pairs and which are real (all of them in "train")."""
-    out = []
-    for batch in loader:
-        columns, mask = batch if loader.sampler.mode == "eval" else (batch, torch.ones(len(batch[0]), dtype=torch.bool))
-        out.append((list(zip(columns[3].tolist(), columns[0].tolist())), mask.tolist()))
-    return out
