@@ -7,9 +7,8 @@ read by the same loader, one dataset against `readers.mix` of the halves.
 1. The source: --images seeded small photo-like JPEGs (285x214, ~33 KB; bench_read.py's
    `small_jpeg`) in WORK/src (kept and reused when --work is given).
 2. Each format packs it into WORK/one-FMT in shards of --shard-size (1,000) samples, and splits
-   that into two datasets of half its shards each, WORK/half-a-FMT and WORK/half-b-FMT (the same
-   shard files, hard-linked; an index.json each): the mix reads exactly the files one dataset
-   reads. (Packing each half of the folder instead gave halves that read 4-7% slower than the
+   that into two datasets of half its shards each, WORK/half-a-FMT and WORK/half-b-FMT (copies of
+   its shard files, an index.json each): the mix reads the very bytes one dataset reads. (Packing each half of the folder instead gave halves that read 4-7% slower than the
    one pack in one process (HDF5, wds), HDF5's 5% slower even read without the mix: a difference
    of layout that would hide what mixing itself costs.)
 3. Cases per format, map-style and streaming: "one" (the whole dataset), "mix" (`readers.mix` of
@@ -22,6 +21,10 @@ read by the same loader, one dataset against `readers.mix` of the halves.
    loader one after another, each going first in turn; a case's ratio is the median over rounds
    of its rate / the one dataset's rate in the same round (the range of them follows). Goal: mix /
    one >= 0.95 in samples per CPU-second.
+4. The per-sample cost of mixing alone: `__getitems__` of the one dataset and of the mix (what a
+   map-style worker calls per batch) on the same random batches, read in turn batch by batch
+   in one thread, CPU time of that thread (`time.thread_time`): drift in the machine's load,
+   which moves the loader rates above by +-20% from round to round here, hits both alike.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -37,6 +41,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import benchlib
+import numpy as np
 from bench_read import cpu_seconds, make_source, small_jpeg
 
 import readers
@@ -49,9 +54,10 @@ FIELDS = ("image", "label")
 
 
 def split(one: Path, halves: tuple[Path, Path]) -> tuple[Path, Path]:
-    """The packed dataset `one` as two datasets of half its shards each: its shard files (and
-    sidecars) hard-linked, each half's index.json listing its shards. The halves read exactly the
-    files `one` reads, so whatever differs is the mix's cost, not two packs' layouts."""
+    """The packed dataset `one` as two datasets of half its shards each: copies of its shard files
+    (and sidecars; not hard links, which py-lmdb would refuse to open beside the originals in one
+    process), each half's index.json listing its shards. The halves read the same bytes `one`
+    reads, so whatever differs is the mix's cost, not two packs' layouts."""
     manifest = json.loads((one / "index.json").read_text())
     shards = manifest["shards"]
     parts = (shards[:len(shards) // 2], shards[len(shards) // 2:])
@@ -61,7 +67,7 @@ def split(one: Path, halves: tuple[Path, Path]) -> tuple[Path, Path]:
         half.mkdir(parents=True, exist_ok=True)
         for shard in part:
             for name in (shard["name"], *(sidecar["name"] for sidecar in shard.get("sidecars", []))):
-                os.link(one / name, half / name)
+                shutil.copyfile(one / name, half / name)
         subset = {**manifest, "shards": part, "num_samples": sum(shard["num_samples"] for shard in part),
                   "class_counts": [], "descriptors": []}
         (half / "index.json").write_text(json.dumps(subset))
@@ -92,6 +98,26 @@ def timed_epochs(dataset: Any, args: argparse.Namespace, streaming: bool) -> tup
     del loader
     dataset.close()  # with --workers 0 this process opened the shards: py-lmdb opens a file once per process
     return count / elapsed, count / cpu
+
+
+def batch_costs(one: Any, mixed: Any, args: argparse.Namespace) -> tuple[float, float]:
+    """Microseconds of CPU per sample of `one.__getitems__` and `mixed.__getitems__` (what a
+    map-style worker calls per batch), the same random batches of both read in turn, batch by
+    batch, each first every other time, in this thread: the load on the machine hits both alike."""
+    rng = np.random.default_rng(0)
+    spent = [0.0, 0.0]
+    count = 0
+    for epoch in range(args.epochs + 1):  # the first warms up
+        order = rng.permutation(len(one))
+        for number, first in enumerate(range(0, len(order), args.batch_size)):
+            batch = order[first:first + args.batch_size].tolist()
+            for which in ((0, 1) if number % 2 else (1, 0)):
+                started = time.thread_time()
+                (one, mixed)[which].__getitems__(batch)
+                if epoch:
+                    spent[which] += time.thread_time() - started
+            count += len(batch) if epoch else 0
+    return spent[0] / count * 1e6, spent[1] / count * 1e6
 
 
 def main() -> int:
@@ -132,6 +158,12 @@ def main() -> int:
                 for name in names[number % len(names):] + names[:number % len(names)]:  # each goes first in turn
                     rates[fmt, loader, name].append(timed_epochs(cases[name](), args, loader == "streaming"))
             print(f"round {number + 1}/{args.rounds} done", file=sys.stderr)
+        costs = {}
+        for fmt in args.formats.split(","):
+            one_pack, halves = work / f"one-{fmt}", (work / f"half-a-{fmt}", work / f"half-b-{fmt}")
+            costs[fmt] = batch_costs(readers.open_dataset(one_pack, decode="bytes", fields=FIELDS),
+                                     readers.mix([readers.open_dataset(half, decode="bytes", fields=FIELDS)
+                                                  for half in halves]), args)
     print(f"{args.images} JPEGs of ~33 KB in shards of {args.shard_size}, split in two datasets of half the shards; "
           f"{args.workers} workers, batches of {args.batch_size}, decode=bytes; {args.epochs} timed epochs per "
           f"case and round; medians of {args.rounds} rounds")
@@ -148,6 +180,11 @@ def main() -> int:
         passed &= name == "one" or ratio >= GOAL
         print(f"{fmt:7s} {loader:10s} {name:11s} {wall:10.0f} {cpu:14.0f} {ratio:13.3f} "
               f"{min(ratios):5.2f}-{max(ratios):4.2f}{verdict}")
+    print(f"\nCPU per sample of a batch read (__getitems__, one process, the same batches in turn, "
+          f"{args.epochs} epochs):")
+    print(f"{'format':7s} {'one (us)':>9s} {'mix (us)':>9s} {'one / mix':>10s}")
+    for fmt, (one_cost, mix_cost) in costs.items():
+        print(f"{fmt:7s} {one_cost:9.2f} {mix_cost:9.2f} {one_cost / mix_cost:10.3f}")
     return 0 if passed else 1
 
 
