@@ -28,6 +28,8 @@ _LAZY = {
     "CudaPrefetcher": "readers.prefetch",
     "default_num_workers": "readers.cpus",
     "epoch_order": "readers.order",
+    "mix": "readers.mixed",
+    "MixedDataset": "readers.mixed",
 }
 
 

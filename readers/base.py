@@ -15,7 +15,8 @@ from torch.utils.data import Dataset
 from .cache import Lease
 from .decode import get_decoder
 from .fields import BUILTIN_FIELDS, FieldSpec
-from .manifest import ON_ERROR_MODES, DatasetError, FileInfo, Manifest, load_manifest, payload_crc32
+from .manifest import ON_ERROR_MODES, DatasetError, FileInfo, Manifest, ShardInfo, load_manifest, payload_crc32
+from .order import ShardOrders
 from .remote import LocalFiles, ShardFiles
 
 Fields = dict[str, Any]  # a sample's stored fields, by name: the values of `PackedDataset.wanted`
@@ -139,6 +140,15 @@ class PackedDataset(Dataset):
     @property
     def classes(self) -> list[str]:
         return self.manifest.classes
+
+    @property
+    def shards(self) -> list[ShardInfo]:
+        """The manifest's shards, in the order shard numbers count them."""
+        return self.manifest.shards
+
+    def orders(self) -> ShardOrders:
+        """What an epoch is (for the loaders): every sample once."""
+        return ShardOrders([shard.num_samples for shard in self.manifest.shards])
 
     def field_spec(self, name: str) -> FieldSpec | None:
         """The stored field `name` as index.json describes it; None for a built-in field."""

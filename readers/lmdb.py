@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import weakref
 from typing import Any
 
 import lmdb
@@ -18,8 +19,11 @@ from .manifest import DatasetError
 # off, where read-around would mostly fetch neighbours nobody asked for.
 READAHEAD_MIN_BYTES = 32 * 1024
 
-# py-lmdb refuses to open one path twice in a process, so environments are shared per process.
+# py-lmdb refuses to open one path twice in a process, so environments are shared per process,
+# with the datasets that hold each: two datasets of one path (a mix of a dataset with itself, under
+# two transforms) each close their own handle, and the environment closes with the last one's.
 _ENVIRONMENTS: dict[str, lmdb.Environment] = {}
+_HOLDERS: dict[str, weakref.WeakSet[Any]] = {}
 
 
 def _close_inherited() -> None:
@@ -27,12 +31,15 @@ def _close_inherited() -> None:
     for env in _ENVIRONMENTS.values():
         env.close()
     _ENVIRONMENTS.clear()
+    _HOLDERS.clear()
 
 
 os.register_at_fork(after_in_child=_close_inherited)
 
 
-def open_environment(path: str, *, readahead: bool = False) -> lmdb.Environment:
+def open_environment(path: str, holder: object, *, readahead: bool = False) -> lmdb.Environment:
+    """The process's environment of the shard at `path`, opened on first use, held by `holder`
+    (until it closes it, or is garbage)."""
     env = _ENVIRONMENTS.get(path)
     if env is None:
         try:
@@ -48,6 +55,7 @@ def open_environment(path: str, *, readahead: bool = False) -> lmdb.Environment:
         except lmdb.Error as exc:
             raise DatasetError(f"{path}: cannot open LMDB shard ({exc})") from None
         _ENVIRONMENTS[path] = env
+    _HOLDERS.setdefault(path, weakref.WeakSet()).add(holder)
     return env
 
 
@@ -59,12 +67,16 @@ class LMDBDataset(PackedDataset):
     def _open(self, shard: int) -> lmdb.Environment:
         info = self.manifest.shards[shard]
         large = info.bytes >= READAHEAD_MIN_BYTES * max(1, info.num_samples)
-        return open_environment(str(self.shard_path(shard)), readahead=large)
+        return open_environment(str(self.shard_path(shard)), self, readahead=large)
 
     def _close(self, handle: Any) -> None:
         path = handle.path()
         if _ENVIRONMENTS.get(path) is handle:
-            del _ENVIRONMENTS[path]
+            holders = _HOLDERS[path]
+            holders.discard(self)
+            if holders:  # another dataset of this process reads it
+                return
+            del _ENVIRONMENTS[path], _HOLDERS[path]
         handle.close()
 
     def _read(self, shard: int, local: int) -> Record:

@@ -12,6 +12,7 @@ import fcntl
 import logging
 import os
 import warnings
+from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -20,10 +21,11 @@ from torch.utils.data import DataLoader, Sampler
 from torch.utils.data._utils.collate import default_collate
 
 from .base import PackedDataset
-from .cache import format_size
+from .cache import ShardCache, format_size
 from .cpus import THREAD_VARIABLES, default_num_workers
 from .handover import Handover, Scalars
-from .order import DEFAULT_SHUFFLE_WINDOW, LoaderMode, RankSplit, epoch_order, split_for_rank
+from .mixed import SOURCE_FIELD, MixedDataset, sources_of
+from .order import DEFAULT_SHUFFLE_WINDOW, EpochOrders, LoaderMode, RankSplit, split_for_rank
 from .streaming import (
     DEFAULT_MIX_SHARDS,
     DEFAULT_PREFETCH_SHARDS,
@@ -37,11 +39,14 @@ log = logging.getLogger(__name__)
 STATE_VERSION = 1
 # What must match for a saved position to mean the same batches in a fresh loader.
 _STATE_KEYS = ("seed", "world_size", "batch_size", "num_samples", "shuffle", "shuffle_window",
-               "drop_last", "mode")
+               "drop_last", "mode", "sources")
 
 
 class ShardWindowBatchSampler(Sampler[list[int]], RankSplit):
     """Batches of sample indices for one rank: windowed shard shuffle, equal share per rank.
+
+    `orders` says what an epoch reads (`dataset.orders()`: a mix's shares of its sources); by
+    default every sample of `shard_sizes` once.
 
     `start_batch` skips the batches an interrupted run already consumed (mid-epoch resume).
     `len()` is the number of batches the next iteration yields (full epoch less `start_batch`).
@@ -61,9 +66,10 @@ class ShardWindowBatchSampler(Sampler[list[int]], RankSplit):
         shuffle_window: int | None = DEFAULT_SHUFFLE_WINDOW,
         drop_last: bool = False,
         mode: LoaderMode = "train",
+        orders: EpochOrders | None = None,
     ) -> None:
         RankSplit.__init__(self, shard_sizes, batch_size, rank=rank, world_size=world_size, seed=seed, shuffle=shuffle,
-                           drop_last=drop_last, mode=mode, shuffle_window=shuffle_window)
+                           drop_last=drop_last, mode=mode, shuffle_window=shuffle_window, orders=orders)
         self.shuffle_window = shuffle_window
         self.epoch = 0
         self.start_batch = 0
@@ -73,8 +79,8 @@ class ShardWindowBatchSampler(Sampler[list[int]], RankSplit):
 
     def indices(self) -> tuple[np.ndarray, int]:
         """This rank's sample indices for the current epoch (padding included) and the real count."""
-        order = epoch_order(self.shard_sizes, seed=self.seed, epoch=self.epoch, shuffle=self.shuffle,
-                            shuffle_window=self.shuffle_window)
+        order = self.orders.epoch_order(seed=self.seed, epoch=self.epoch, shuffle=self.shuffle,
+                                        shuffle_window=self.shuffle_window, mode=self.mode)
         return split_for_rank(order, rank=self.rank, world_size=self.world_size, batch_size=self.batch_size,
                               drop_last=self.drop_last, mode=self.mode)
 
@@ -115,8 +121,8 @@ class SampleCollate:
     fields) come out as `Scalars`, which the loader stacks in the main process (`Handover.settle`).
     """
 
-    def __init__(self, dataset: PackedDataset, *, scalars_as_lists: bool = False) -> None:
-        self.stack = [name in ("image", "label", "index") or (spec is not None and spec.stackable)
+    def __init__(self, dataset: PackedDataset | MixedDataset, *, scalars_as_lists: bool = False) -> None:
+        self.stack = [name in ("image", "label", "index", SOURCE_FIELD) or (spec is not None and spec.stackable)
                       for name, spec in ((name, dataset.field_spec(name)) for name in dataset.fields)]
         self.image = dataset.fields.index("image") if "image" in dataset.fields else None
         self.scalars_as_lists = scalars_as_lists
@@ -178,7 +184,7 @@ class PackedLoader:
     `len()` is the number of batches per rank in a full epoch, the same on every rank.
     """
 
-    def __init__(self, dataset: PackedDataset, sampler: ShardWindowBatchSampler | ShardStream,
+    def __init__(self, dataset: PackedDataset | MixedDataset, sampler: ShardWindowBatchSampler | ShardStream,
                  **dataloader_args: Any) -> None:
         self.dataset = dataset
         self.sampler = sampler
@@ -320,26 +326,30 @@ def warn_class_sorted(dataset: PackedDataset) -> None:
         f"pack {dataset.manifest.format} {root} NEW_OUT", stacklevel=3)
 
 
-def check_cache_room(dataset: PackedDataset, mix_shards: int, workers: int) -> None:
+def check_cache_room(dataset: PackedDataset | MixedDataset, mix_shards: int, workers: int) -> None:
     """A streaming worker opens a shard while it holds up to `mix_shards - 1` others in the cache:
     unless the cache holds that many for every worker of every rank on the node that shares it,
-    plus one, all of them could wait for room at once, for good. Such a `cache_limit` is refused."""
-    cache = getattr(dataset.files, "cache", None)
-    if cache is None or cache.limit is None:
-        return
+    plus one, all of them could wait for room at once, for good. Such a `cache_limit` is refused.
+    A mix's sources that share a cache folder count together: a worker's shards may be any of theirs."""
+    caches: dict[Path, tuple[ShardCache, int]] = {}
+    for source in sources_of(dataset):
+        cache = getattr(source.files, "cache", None)
+        if cache is not None and cache.limit is not None:
+            _, largest = caches.get(cache.root, (cache, 0))
+            caches[cache.root] = (cache, max(largest, source.largest_lease()))
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
-    largest = dataset.largest_lease()
     needed = local_ranks * workers * (mix_shards - 1) + 1
-    if cache.limit < needed * largest:
-        ranks = f"{local_ranks} ranks x " if local_ranks > 1 else ""
-        raise ValueError(
-            f"cache_limit {format_size(cache.limit)} is too small for streaming: {ranks}{workers} workers reading "
-            f"mix_shards={mix_shards} shards at once need room for {needed} of this dataset's largest shard, "
-            f"{format_size(needed * largest)}; raise cache_limit, or lower mix_shards or num_workers")
+    for cache, largest in caches.values():
+        if cache.limit is not None and cache.limit < needed * largest:
+            ranks = f"{local_ranks} ranks x " if local_ranks > 1 else ""
+            raise ValueError(
+                f"cache_limit {format_size(cache.limit)} is too small for streaming: {ranks}{workers} workers reading "
+                f"mix_shards={mix_shards} shards at once need room for {needed} of this dataset's largest shard, "
+                f"{format_size(needed * largest)}; raise cache_limit, or lower mix_shards or num_workers")
 
 
 def make_loader(
-    dataset: PackedDataset,
+    dataset: PackedDataset | MixedDataset,
     batch_size: int,
     *,
     shuffle: bool | None = None,
@@ -384,19 +394,21 @@ def make_loader(
       the cache, $LOCAL_WORLD_SIZE), checked here. Workers hand columns of bytes over through
       shared memory (`readers.handover`), where /dev/shm has room for it.
     """
-    if not isinstance(dataset, PackedDataset):
-        raise TypeError(f"make_loader needs a dataset from readers.open_dataset, not {type(dataset).__name__}")
+    if not isinstance(dataset, (PackedDataset, MixedDataset)):
+        raise TypeError(f"make_loader needs a dataset from readers.open_dataset or readers.mix, "
+                        f"not {type(dataset).__name__}")
     rank, world_size = distributed(rank, world_size)
     if shuffle is None:
         shuffle = mode == "train"
     workers = default_num_workers() if num_workers is None else num_workers
     if workers < 0:
         raise ValueError(f"num_workers must be >= 0, not {workers}")
-    if collate_fn is None and "image" in dataset.fields and dataset.decode == "pil" and dataset.transform is None:
+    if collate_fn is None and "image" in dataset.fields and dataset.decode == "pil" and any(
+            source.transform is None for source in sources_of(dataset)):
         raise ValueError('PIL images (decode="pil", the default) cannot be stacked into a batch: open the dataset '
                          'with decode="tensor" (and a transform= that makes one size), or give a transform= that '
                          'returns tensors, or a collate_fn')
-    shard_sizes = np.array([shard.num_samples for shard in dataset.manifest.shards], dtype=np.int64)
+    shard_sizes = np.array([shard.num_samples for shard in dataset.shards], dtype=np.int64)
     collate = collate_fn or SampleCollate(dataset, scalars_as_lists=streaming and workers > 0)
     sampler: ShardWindowBatchSampler | ShardStream
     if streaming:
@@ -409,14 +421,16 @@ def make_loader(
         )
         check_cache_room(dataset, sampler.mix_shards, max(1, workers))
         if shuffle and mode == "train":
-            warn_class_sorted(dataset)
+            for source in sources_of(dataset):
+                warn_class_sorted(source)
     else:
         sampler = ShardWindowBatchSampler(
             shard_sizes, batch_size, rank=rank, world_size=world_size, seed=seed, shuffle=shuffle,
             shuffle_window=shuffle_window, drop_last=drop_last and mode == "train", mode=mode,
+            orders=dataset.orders(),
         )
     if sampler.num_batches == 0:
-        warnings.warn(f"{dataset.root}: {len(dataset)} samples fill no batch of {batch_size} on each of "
+        warnings.warn(f"{dataset.root}: {sampler.num_samples} samples fill no batch of {batch_size} on each of "
                       f"{world_size} ranks with drop_last=True: the loader yields nothing", stacklevel=2)
     if streaming and mode == "train" and len(shard_sizes) < world_size * max(1, workers):
         warnings.warn(

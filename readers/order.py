@@ -11,7 +11,7 @@ reads whole shards in `stream_order`) gets its order and the same equal-share ru
 from __future__ import annotations
 
 import math
-from typing import Literal, Sequence
+from typing import Literal, Protocol, Sequence
 
 import numpy as np
 
@@ -135,14 +135,51 @@ def split_for_rank(
     return np.concatenate((real, np.resize(order, per_rank - len(real)))), len(real)
 
 
+class EpochOrders(Protocol):
+    """What an epoch of a dataset is: how many samples it reads and in which order, map-style
+    (`epoch_order`) and for streaming (`stream_order`, whole runs of a shard front to back), as
+    global sample indices. `ShardOrders` for one dataset, `readers.mixed.MixOrders` for a mix."""
+
+    sources: list[list[int]] | None
+    """What a saved loader state records of the sources (None: one dataset)."""
+
+    def epoch_size(self, mode: LoaderMode) -> int: ...
+    def epoch_order(self, *, seed: int, epoch: int, shuffle: bool, shuffle_window: int | None,
+                    mode: LoaderMode) -> np.ndarray: ...
+    def stream_order(self, *, seed: int, epoch: int, shuffle: bool, mode: LoaderMode) -> np.ndarray: ...
+
+
+class ShardOrders:
+    """The epochs of one dataset: every sample once, in `epoch_order` or `stream_order` of its shard sizes."""
+
+    sources = None
+
+    def __init__(self, shard_sizes: Sequence[int] | np.ndarray) -> None:
+        self.shard_sizes = np.asarray(shard_sizes, dtype=np.int64)
+
+    def epoch_size(self, mode: LoaderMode) -> int:
+        return int(self.shard_sizes.sum())
+
+    def epoch_order(self, *, seed: int, epoch: int, shuffle: bool, shuffle_window: int | None,
+                    mode: LoaderMode) -> np.ndarray:
+        return epoch_order(self.shard_sizes, seed=seed, epoch=epoch, shuffle=shuffle, shuffle_window=shuffle_window)
+
+    def stream_order(self, *, seed: int, epoch: int, shuffle: bool, mode: LoaderMode) -> np.ndarray:
+        return stream_order(self.shard_sizes, seed=seed, epoch=epoch, shuffle=shuffle)
+
+
 class RankSplit:
     """One rank's epoch in numbers, for any loader: the checked arguments, the samples it reads
-    (`samples_per_rank`, padding included), how many are real, and its batch count."""
+    (`samples_per_rank`, padding included), how many are real, and its batch count. `orders`
+    says what an epoch is (default: every sample of `shard_sizes` once)."""
 
     def __init__(self, shard_sizes: Sequence[int] | np.ndarray, batch_size: int, *, rank: int, world_size: int,
-                 seed: int, shuffle: bool, drop_last: bool, mode: LoaderMode, shuffle_window: int | None = None) -> None:
+                 seed: int, shuffle: bool, drop_last: bool, mode: LoaderMode, shuffle_window: int | None = None,
+                 orders: EpochOrders | None = None) -> None:
         self.shard_sizes = np.asarray(shard_sizes, dtype=np.int64)
-        self.num_samples = int(self.shard_sizes.sum())
+        self.orders: EpochOrders = ShardOrders(self.shard_sizes) if orders is None else orders
+        self.sources = self.orders.sources
+        self.num_samples = self.orders.epoch_size(mode)
         check_split_args(self.num_samples, batch_size=batch_size, rank=rank, world_size=world_size, seed=seed,
                          shuffle_window=shuffle_window, mode=mode)
         self.batch_size = batch_size

@@ -29,7 +29,8 @@ from .base import DeferredRecord, PackedDataset, Record
 from .cache import ROOM_POLL_S, Ahead, CachedFile, Lease, NoRoom
 from .handover import RingWriter, Scalars
 from .manifest import DatasetError
-from .order import LoaderMode, RankSplit, concat_ranges, split_for_rank, stream_order
+from .mixed import MixedDataset, sources_of
+from .order import LoaderMode, RankSplit, concat_ranges, split_for_rank
 from .remote import ShardFiles
 
 log = logging.getLogger(__name__)
@@ -273,11 +274,11 @@ class ShardStream(IterableDataset, RankSplit):
     """
 
     state_keys = ("seed", "world_size", "batch_size", "num_samples", "shuffle", "shuffle_buffer", "num_workers",
-                  "drop_last", "mode", "mix_shards")
+                  "drop_last", "mode", "mix_shards", "sources")
 
     def __init__(
         self,
-        dataset: PackedDataset,
+        dataset: PackedDataset | MixedDataset,
         *,
         batch_size: int,
         collate_fn: Callable[[list[Any]], Any] | None = default_collate,
@@ -295,8 +296,9 @@ class ShardStream(IterableDataset, RankSplit):
         ring_slots: int = 0,
     ) -> None:
         rank, world_size = distributed(rank, world_size)
-        RankSplit.__init__(self, [shard.num_samples for shard in dataset.manifest.shards], batch_size, rank=rank,
-                           world_size=world_size, seed=seed, shuffle=shuffle, drop_last=drop_last, mode=mode)
+        RankSplit.__init__(self, [shard.num_samples for shard in dataset.shards], batch_size, rank=rank,
+                           world_size=world_size, seed=seed, shuffle=shuffle, drop_last=drop_last, mode=mode,
+                           orders=dataset.orders())
         if shuffle_buffer < 0 or prefetch_shards < 0:
             raise ValueError(f"shuffle_buffer and prefetch_shards must be >= 0, got {shuffle_buffer}, {prefetch_shards}")
         if mix_shards < 1:
@@ -332,7 +334,7 @@ class ShardStream(IterableDataset, RankSplit):
 
     def share(self, epoch: int) -> tuple[np.ndarray, int]:
         """This rank's sample indices in stream order, padding included, and how many are real."""
-        order = stream_order(self.shard_sizes, seed=self.seed, epoch=epoch, shuffle=self.shuffle)
+        order = self.orders.stream_order(seed=self.seed, epoch=epoch, shuffle=self.shuffle, mode=self.mode)
         return split_for_rank(order, rank=self.rank, world_size=self.world_size, batch_size=self.batch_size,
                               drop_last=self.drop_last, mode=self.mode)
 
@@ -416,7 +418,7 @@ class ShardStream(IterableDataset, RankSplit):
         reads = plan.read[first:]
         opened, first_read = np.unique(run_of[reads], return_index=True)
         sequence = opened[np.argsort(first_read)].tolist()  # runs in the order they are opened
-        shards = self.dataset.manifest.shards
+        shards = self.dataset.shards
         prefetcher = ShardPrefetcher(self.dataset.files, [shards[runs[run].shard] for run in sequence],
                                      self.prefetch_shards)
         open_runs: dict[int, OpenRun] = {}
@@ -443,8 +445,8 @@ class ShardStream(IterableDataset, RankSplit):
         records of it in the buffer are handed out: where no cache limit needs the room (a local
         dataset, a cache without limit). Under a limit the rule of `check_cache_room` (`mix_shards`
         shards per worker) holds: the run's deferred records are read before it is closed."""
-        cache = getattr(self.dataset.files, "cache", None)
-        return cache is None or cache.limit is None
+        caches = [getattr(source.files, "cache", None) for source in sources_of(self.dataset)]
+        return all(cache is None or cache.limit is None for cache in caches)
 
     def _records(self, runs: list[Run], run_of: np.ndarray, reads: np.ndarray, first: int,
                  prefetcher: ShardPrefetcher, done: np.ndarray, open_runs: dict[int, OpenRun], linger: bool
