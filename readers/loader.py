@@ -117,7 +117,7 @@ class SampleCollate:
     and fields a sample may lack stay lists (default_collate would fail on None, merge dicts and
     transpose lists).
 
-    With `scalars_as_lists` (streaming workers), columns of plain numbers (labels, indexes, number
+    With `scalars_as_lists` (DataLoader workers), columns of plain numbers (labels, indexes, number
     fields) come out as `Scalars`, which the loader stacks in the main process (`Handover.settle`).
     """
 
@@ -251,8 +251,19 @@ class PackedLoader:
             yield receive(batch, number)
 
     def _receiver(self) -> Callable[[Any, int], Any]:
-        """What makes each batch of one pass from the DataLoader the item yielded (batch, its number)."""
-        return self._with_mask
+        """What makes each batch of one pass from the DataLoader the item yielded (batch, its number):
+        with workers, the number columns they handed over as lists become tensors here."""
+        if self.num_workers == 0:
+            return self._with_mask
+        handover, pin = Handover(), self._pin
+        return lambda batch, number: self._with_mask(handover.settle(batch, pin), number)
+
+    @property
+    def _pin(self) -> bool:
+        """Whether DataLoader pins its batches' tensors (then the ones stacked here are pinned too)."""
+        accelerator = getattr(torch, "accelerator", None)
+        return self.dataloader.pin_memory and (accelerator.is_available() if accelerator is not None
+                                               else torch.cuda.is_available())
 
     def _with_mask(self, batch: Any, number: int) -> Any:
         if self.sampler.mode != "eval":
@@ -304,13 +315,6 @@ class StreamingLoader(PackedLoader):
         the workers handed over; its rings live as long as the pass."""
         handover, pin = Handover(), self._pin
         return lambda batch, number: handover.settle(batch, pin)
-
-    @property
-    def _pin(self) -> bool:
-        """Whether DataLoader pins its batches' tensors (then the ones stacked here are pinned too)."""
-        accelerator = getattr(torch, "accelerator", None)
-        return self.dataloader.pin_memory and (accelerator.is_available() if accelerator is not None
-                                               else torch.cuda.is_available())
 
 
 def warn_class_sorted(dataset: PackedDataset) -> None:
@@ -409,7 +413,7 @@ def make_loader(
                          'with decode="tensor" (and a transform= that makes one size), or give a transform= that '
                          'returns tensors, or a collate_fn')
     shard_sizes = np.array([shard.num_samples for shard in dataset.shards], dtype=np.int64)
-    collate = collate_fn or SampleCollate(dataset, scalars_as_lists=streaming and workers > 0)
+    collate = collate_fn or SampleCollate(dataset, scalars_as_lists=workers > 0)
     sampler: ShardWindowBatchSampler | ShardStream
     if streaming:
         sampler = ShardStream(

@@ -129,12 +129,15 @@ def test_streaming_reads_every_sample_once_in_the_announced_order(fmt: str, work
     assert seen[0] != seen[1]
 
 
+@pytest.mark.parametrize("stream", [True, False], ids=["streaming", "map-style"])
 @pytest.mark.parametrize("mode", ["train", "eval"])
-def test_workers_hand_over_tensors_as_one_process_makes_them(mode: str, packed_as: Callable) -> None:
+def test_workers_hand_over_tensors_as_one_process_makes_them(mode: str, stream: bool, packed_as: Callable) -> None:
     """Numbers leave the workers as lists (`Scalars`) and become the tensors default_collate makes."""
     ds = open_indexed(packed_as("wds")[0])
     for workers in (0, 2):
-        for batch in streaming(ds, num_workers=workers, mode=mode):
+        loader = (streaming(ds, num_workers=workers, mode=mode) if stream
+                  else readers.make_loader(ds, 3, num_workers=workers, mode=mode))
+        for batch in loader:
             columns, mask = batch if mode == "eval" else (batch, torch.ones(len(batch[0]), dtype=torch.bool))
             assert [type(column) for column in columns] == [torch.Tensor, list, torch.Tensor]
             assert columns[0].dtype == columns[2].dtype == torch.int64 and mask.dtype == torch.bool
