@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence, TypeVar
 from readers.cache import parse_size
 from readers.manifest import DatasetError, Manifest
 
+from .append import append as append_to
 from .descriptors import DEFAULT_SPLIT
 from .errors import PackError
 from .partition import resolve_partition
@@ -37,6 +38,7 @@ class RunOptions:
 
     workers: int | None = None
     overwrite: bool = False
+    append: bool = False  # add SRC's samples to the dataset in OUT as new shards (packer.append)
     task_index: int | None = None
     task_count: int | None = None
     engine: str = "local"
@@ -91,7 +93,8 @@ def run(src: str | os.PathLike[str], out: str | os.PathLike[str], options: PackO
     def call() -> Summary:
         policy = ErrorPolicy(on_error=run_options.on_error, max_errors=run_options.max_errors)
         partition = resolve_partition(run_options.task_index, run_options.task_count)
-        return run_pipeline(src, out, options, overwrite=run_options.overwrite, workers=run_options.workers,
+        pack_or_append = append_to if run_options.append else run_pipeline
+        return pack_or_append(src, out, options, overwrite=run_options.overwrite, workers=run_options.workers,
                             partition=partition, engine=run_options.engine, scheduler=run_options.scheduler,
                             progress=progress, planned=planned, policy=policy, split=run_options.split,
                             staging=run_options.staging, storage_options=run_options.storage_options)
@@ -104,7 +107,7 @@ def pack(src: str | os.PathLike[str], out: str | os.PathLike[str], format: str, 
     """Pack SRC into `format` shards in OUT, as `pack FORMAT SRC OUT --option value ...` does.
 
     `options` are the CLI's flags in snake_case (`shard_size=5000`, `store="raw"`, `workers=4`,
-    `on_error="fail"`, `task_index=0, task_count=8`, ...); `progress(n)` is called as samples are
+    `on_error="fail"`, `task_index=0, task_count=8`, `append=True`, ...); `progress(n)` is called as samples are
     done. Returns the Summary the CLI prints; raises PackError with the CLI's one-line message.
     """
     if not isinstance(src, (str, os.PathLike)):
@@ -131,6 +134,9 @@ def pack_samples(fn: Callable[[Any], Any], inputs: Sequence[Any], out: str | os.
     """
     if "input_format" in options:
         raise PackError("pack_samples: input_format does not apply (the inputs are fn's)")
+    if options.get("append"):
+        raise PackError("pack_samples: append is not supported (fn and its inputs are saved with the first pack); "
+                        "pack the new samples into another OUT and append that (input_format='pack')")
     if "shard_bytes" in options:  # the plan is made before fn runs: a sample's size is not known then
         raise PackError("pack_samples: shard_bytes does not apply (samples are made in the workers, after the "
                         "shards are planned); shards are cut at shard_size samples")

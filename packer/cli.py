@@ -93,6 +93,9 @@ def counted(count: int, noun: str, plural: str | None = None) -> str:
 
 
 def print_summary(summary: Summary) -> None:
+    if summary.dataset is not None:
+        appended(summary)
+        return
     if summary.up_to_date:
         click.echo(f"{summary.out}: up to date, {counted(summary.num_samples, 'sample')} in "
                    f"{counted(summary.num_shards, 'shard')} packed from the same SRC with the same options; "
@@ -110,6 +113,24 @@ def print_summary(summary: Summary) -> None:
         + ignored_examples(summary.ignored, summary.ignored_names)
         + ("" if summary.published else f"; run `pack merge {summary.out}` when every task is done")
     )
+
+
+def appended(summary: Summary) -> None:
+    """The summary of an append: what it added, and what OUT holds now."""
+    assert summary.dataset is not None
+    samples, shards, classes = summary.dataset
+    now = (f"{summary.out} now holds {counted(samples, 'sample')} in {counted(shards, 'shard')}, "
+           f"{counted(classes, 'class', 'classes')}")
+    if summary.up_to_date:
+        click.echo(f"{summary.out}: already appended, {counted(summary.num_samples, 'sample')} in "
+                   f"{counted(summary.num_shards, 'shard')} from the same SRC with the same options; nothing to do; {now}")
+        return
+    resumed = f", {summary.resumed_shards} resumed" if summary.resumed_shards else ""
+    click.echo(f"appended {counted(summary.num_samples, 'sample')} ({human_bytes(summary.bytes)}) in "
+               f"{counted(summary.num_shards, 'shard')}{resumed} in {summary.elapsed:.1f}s "
+               f"({summary.files_per_second:.0f} files/s); {summary.rejects} rejected "
+               f"(see {joined(summary.out, REJECTS_NAME)}), {summary.ignored} non-image entries ignored"
+               + ignored_examples(summary.ignored, summary.ignored_names) + f"; {now}")
 
 
 def ignored_examples(count: int, names: list[str], shown: int = 3) -> str:
@@ -237,6 +258,9 @@ def make_pack_command(fmt: str) -> click.Command:
     @click.option("--workers", type=click.IntRange(min=1), default=None,
                   help="Shards packed at once; default: the CPUs this job may use.")
     @click.option("--overwrite", is_flag=True, help="Replace an existing packed dataset in OUT.")
+    @click.option("--append", is_flag=True,
+                  help="Add SRC's images to the packed dataset in OUT as new shards: OUT's files stay as they "
+                       "are, new classes get the next indexes, index.json is replaced last. Store options must be OUT's.")
     @click.option("--task-index", type=click.IntRange(min=0), default=None,
                   help="Pack only the shards of this task (shard k belongs to task k mod N).")
     @click.option("--task-count", type=click.IntRange(min=1), default=None, help="N, the number of tasks.")

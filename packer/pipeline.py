@@ -60,6 +60,7 @@ class Summary:
     elapsed: float
     published: bool
     up_to_date: bool = False  # OUT already held this dataset, packed from the same SRC and options: nothing done
+    dataset: tuple[int, int, int] | None = None  # an append (packer.append): OUT's samples, shards, classes now
 
     @property
     def files_per_second(self) -> float:
@@ -313,8 +314,11 @@ def merge(out: str | os.PathLike[str] | RemoteOut, policy: ErrorPolicy = ErrorPo
     is still written so the bad files can be looked at, but index.json is not. A remote OUT gets
     the same files, written in staging and uploaded, index.json last.
     """
+    from .append import merge_pending  # it builds on this module
+
     with opened_output(out) as target:
-        return publish(target, policy, split)
+        appended = merge_pending(target, policy, split)
+        return appended if appended is not None else publish(target, policy, split)
 
 
 MAX_IMPLIED_CLASSES = 1 << 20

@@ -34,7 +34,7 @@ from readers.remote import UrlFilesystem, url_folder_name
 from .errors import FinishedOutput, PackError
 from .fsutil import atomic_write_text, sha256_file
 from .outdir import DONE_DIR, LISTING_NAME, PLAN_NAME, TMP_DIR, WORK_DIR, final_name, listing_path, pack_outputs, \
-    plan_path, temp_name
+    part_dir, plan_path, temp_name
 from .plan import Plan, load_plan
 
 log = logging.getLogger(__name__)
@@ -337,22 +337,28 @@ class RemoteOut(UrlFilesystem):
         if foreign:
             raise PackError(f"{self.url}: not empty and not a pack output (found {foreign[0]!r}); choose another OUT")
 
-    def mirror_plan(self) -> Plan | None:
-        """OUT's plan, with its listing mirrored in staging (downloaded unless staging has this plan already)."""
-        text = self.read_text(f"{WORK_DIR}/{PLAN_NAME}")
+    def mirror_plan(self, first_shard: int = 0) -> Plan | None:
+        """OUT's plan (an append's: `first_shard`), with its listing mirrored in staging (downloaded
+        unless staging has this plan already)."""
+        folder = self.part_folder(first_shard)
+        text = self.read_text(f"{folder}/{PLAN_NAME}")
         if text is None:
             return None
-        local_plan, local_listing = plan_path(self.staging), listing_path(self.staging)
+        local_plan, local_listing = plan_path(self.staging, first_shard), listing_path(self.staging, first_shard)
         if not (local_plan.is_file() and local_listing.is_file() and local_plan.read_text(encoding="utf-8") == text):
             local_plan.unlink(missing_ok=True)
-            self.download(f"{WORK_DIR}/{LISTING_NAME}", local_listing)
+            self.download(f"{folder}/{LISTING_NAME}", local_listing)
             atomic_write_text(local_plan, text)
-            plan = load_plan(self.staging)
+            plan = load_plan(self.staging, first_shard)
             if plan is not None and sha256_file(local_listing) != plan.listing_sha256:
                 local_plan.unlink()
-                raise PackError(f"{self / WORK_DIR}/{LISTING_NAME}: does not match {PLAN_NAME} (another task is "
+                raise PackError(f"{self / folder}/{LISTING_NAME}: does not match {PLAN_NAME} (another task is "
                                 "writing a different plan: same SRC and options in every task?)")
-        return load_plan(self.staging)
+        return load_plan(self.staging, first_shard)
+
+    def part_folder(self, first_shard: int) -> str:
+        """`.pack`, or an append's `.pack/parts/<first shard>`, as a key prefix."""
+        return part_dir(Path(), first_shard).as_posix()
 
     def publish_plan(self, plan: Plan) -> Plan:
         """Upload the plan written in staging (listing first) and read back what the bucket holds.
@@ -360,12 +366,13 @@ class RemoteOut(UrlFilesystem):
         Tasks starting together each scan and upload; identical plans are the same bytes, so
         whichever copy lands is the same. A task that reads back another plan than its own stops.
         """
-        self.upload(listing_path(self.staging), f"{WORK_DIR}/{LISTING_NAME}")
-        self.upload(plan_path(self.staging), f"{WORK_DIR}/{PLAN_NAME}")
-        mine = plan_path(self.staging).read_text(encoding="utf-8")
-        there = self.read_text(f"{WORK_DIR}/{PLAN_NAME}")
+        folder = self.part_folder(plan.first_shard)
+        self.upload(listing_path(self.staging, plan.first_shard), f"{folder}/{LISTING_NAME}")
+        self.upload(plan_path(self.staging, plan.first_shard), f"{folder}/{PLAN_NAME}")
+        mine = plan_path(self.staging, plan.first_shard).read_text(encoding="utf-8")
+        there = self.read_text(f"{folder}/{PLAN_NAME}")
         if there != mine:
-            raise PackError(f"{self / WORK_DIR}/{PLAN_NAME}: another task wrote a different plan at the same "
+            raise PackError(f"{self / folder}/{PLAN_NAME}: another task wrote a different plan at the same "
                             "time (same SRC and options in every task?)")
         return plan
 

@@ -77,7 +77,7 @@ class ShardResult:
 
 
 def shard_file_name(plan: Plan, shard: int) -> str:
-    return shard_name(shard, get_writer(plan.options.format).extension)
+    return shard_name(plan.shard_number(shard), get_writer(plan.options.format).extension)
 
 
 def read_marker(out: Path, name: str) -> ShardResult | None:
@@ -150,7 +150,7 @@ def clean_tmp(out: Path | RemoteOut, plan: Plan, shards: list[int]) -> None:
 def shard_files(plan: Plan, shard: int) -> list[str]:
     """The names a shard's files (the shard and its sidecars) and its marker have in OUT."""
     name = shard_file_name(plan, shard)
-    sidecars = [shard_name(shard, extension) for extension in get_writer(plan.options.format).sidecars]
+    sidecars = [shard_name(plan.shard_number(shard), extension) for extension in get_writer(plan.options.format).sidecars]
     return [name, *sidecars, f"{name}.json"]
 
 
@@ -166,8 +166,8 @@ def run_shard(out: Path | RemoteOut, plan: Plan, shard: int, *, threads: int = R
     """
     name = shard_file_name(plan, shard)
     local = staging_dir(out)
-    if isinstance(out, RemoteOut) and getattr(load_plan(local), "fingerprint", None) != plan.fingerprint:
-        out.mirror_plan()  # a worker on another machine (Dask): its staging has no listing yet
+    if isinstance(out, RemoteOut) and getattr(load_plan(local, plan.first_shard), "fingerprint", None) != plan.fingerprint:
+        out.mirror_plan(plan.first_shard)  # a worker on another machine (Dask): its staging has no listing yet
     entries = read_shard_entries(local, plan, shard)
     writer_cls = get_writer(plan.options.format)
     folder = tmp_dir(local)
@@ -192,7 +192,7 @@ def run_shard(out: Path | RemoteOut, plan: Plan, shard: int, *, threads: int = R
                     check_rejects(out, plan, rejects, policy)
                 else:
                     for encoded, fields, label, path in loaded if isinstance(loaded, list) else [loaded]:
-                        writer.add(Sample(key=sample_key(shard, count), label=label, path=path,
+                        writer.add(Sample(key=sample_key(plan.shard_number(shard), count), label=label, path=path,
                                           payload=encoded.payload, meta=encoded.meta, extension=encoded.extension,
                                           crc32=encoded.crc32, fields=fields))
                         count += 1
@@ -209,7 +209,7 @@ def run_shard(out: Path | RemoteOut, plan: Plan, shard: int, *, threads: int = R
             # A writer that hashed its file on the way is synced by `publish`; the others are hashed while they sync.
             digest = writer.sha256 if writer.sha256 else sync_and_hash([tmp, *tmp_sidecars.values()], tmp)
             for extension, tmp_sidecar in tmp_sidecars.items():
-                sidecar = local / shard_name(shard, extension)
+                sidecar = local / shard_name(plan.shard_number(shard), extension)
                 publish(tmp_sidecar, sidecar)
                 sidecars.append({"name": sidecar.name, "bytes": sidecar.stat().st_size,
                                  "sha256": sha256_file(sidecar)})
