@@ -465,6 +465,8 @@ def info_command(out: Path | str, as_json: bool) -> None:
     changed = non_default_options(info["options"])
     click.echo("options      " + (printable(", ".join(f"{key}={value}" for key, value in changed.items()))
                                   if changed else "all defaults"))
+    for part in info["parts"]:
+        click.echo(part_line(part))
     click.echo("classes")
     for entry in info["classes"]:
         click.echo(f"  {entry['index']:5d}  {entry['samples']:9d}  {printable(entry['name'])}")
@@ -494,6 +496,18 @@ def show_command(out: Path | str, sheet_path: Path | None, html_path: Path | Non
     where = " and ".join(str(path) for path in (sheet_path, html_path) if path is not None)
     click.echo(f"{where}: {len(sheet.cells)} samples from {len(sheet.shards_read)} of "
                f"{len(sheet.manifest.shards)} shards")
+
+
+def part_line(part: dict[str, Any]) -> str:
+    """`part         shard 5 on: 15 samples in 4 shards from /data/new`: one pack or append of OUT
+    (index.json's `parts`, untrusted: shown as text)."""
+    try:
+        first, shards, samples = int(part.get("first_shard", 0)), int(part.get("num_shards", 0)), \
+            int(part.get("num_samples", 0))
+    except (TypeError, ValueError):
+        return "part         (unreadable)"
+    return printable(f"part         shard {first} on: {counted(samples, 'sample')} in {counted(shards, 'shard')} "
+                     f"from {part.get('source') or 'an unrecorded source'}")
 
 
 def printable(text: str) -> str:
