@@ -18,12 +18,12 @@ from typing import Any, Callable, Sequence, TypeVar
 from readers.cache import parse_size
 from readers.manifest import DatasetError, Manifest
 
-from .append import append as append_to
+from .append import append as append_to, merge as merge_shards
 from .descriptors import DEFAULT_SPLIT
 from .errors import PackError
 from .partition import resolve_partition
 from .outdir import prepare_output, work_dir
-from .pipeline import Summary, merge as merge_shards, pack as run_pipeline
+from .pipeline import Summary, pack as run_pipeline
 from .plan import PackOptions
 from .sources.listing import ScanError
 from .sources.samples import save_samples

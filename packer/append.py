@@ -34,16 +34,16 @@ from readers.cpus import available_cpus
 from readers.layouts.wds import image_extension
 from readers.manifest import FORMAT_VERSION, MANIFEST_NAME, REJECTS_NAME, DatasetError, Manifest, parse_manifest
 
-from .descriptors import descriptor_texts, write_descriptors
+from .descriptors import DEFAULT_SPLIT, descriptor_texts, write_descriptors
 from .engines import get_engine
 from .errors import PackError
 from .fsutil import atomic_write_text, release_freed_memory
 from .outdir import DONE_DIR, PLAN_NAME, check_paths, lock_path, part_dir, tmp_dir, work_dir
 from .partition import Partition
-from .pipeline import (Summary, canonical_options, implied_classes, published_text, reuse_plan, scan_source,
-                       source_path, wait_for_lock)
+from .pipeline import (Summary, canonical_options, implied_classes, publish, published_text, reuse_plan,
+                       scan_source, source_path, wait_for_lock)
 from .plan import PackOptions, Plan, load_plan, parse_plan, write_plan
-from .remote_out import RemoteOut, output_for, staging_dir
+from .remote_out import RemoteOut, opened_output, output_for, staging_dir
 from .shard import Progress, ShardResult, check_rejects, clean_tmp, finished_shards, parse_marker, read_marker, \
     shard_file_name
 from .sources.listing import Listing
@@ -62,7 +62,7 @@ def append(src: str | os.PathLike[str], out: str | os.PathLike[str], options: Pa
            overwrite: bool = False, workers: int | None = None, partition: Partition = Partition(),
            engine: str = "local", scheduler: str | None = None, progress: Progress | None = None,
            planned: Callable[[int], None] | None = None, policy: ErrorPolicy = ErrorPolicy(),
-           split: str = "train", staging: str | os.PathLike[str] | None = None,
+           split: str = DEFAULT_SPLIT, staging: str | os.PathLike[str] | None = None,
            storage_options: dict[str, Any] | None = None) -> Summary:
     """Add the samples of `src` to the packed dataset in `out` (a folder or a URL) as new shards;
     `pipeline.pack`'s arguments. With a partition, this task packs its shards of the append and
@@ -391,6 +391,16 @@ def extended_implied(classes: list[str], results: list[ShardResult]) -> list[str
     """OUT's bare-index classes ("0".."K-1", or none) grown to the append's largest label."""
     implied = implied_classes(results)
     return implied if len(implied) > len(classes) else classes
+
+
+def merge(out: str | os.PathLike[str] | RemoteOut, policy: ErrorPolicy = ErrorPolicy(), *,
+          split: str = DEFAULT_SPLIT) -> Manifest:
+    """`pack merge OUT`: `pipeline.merge`, except where OUT is already published: then publish the
+    append its tasks packed, or keep an appended dataset as it is (a merge from the first pack's
+    plan alone would drop the appended shards from index.json)."""
+    with opened_output(out) as target:
+        appended = merge_pending(target, policy, split)
+        return appended if appended is not None else publish(target, policy, split)
 
 
 def merge_pending(out: Path | RemoteOut, policy: ErrorPolicy, split: str) -> Manifest | None:

@@ -26,7 +26,8 @@ from .engines import ENGINES
 from .errors import PackError
 from .fsutil import limit_malloc_arenas
 from .api import run, split_options
-from .pipeline import Summary, ensure_plan, merge
+from .append import merge
+from .pipeline import Summary, ensure_plan
 from .plan import (DEFAULT_IMAGE_KEY, DEFAULT_LABEL_KEY, DEFAULT_ORDER, DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SIZE,
                    MAX_SEED, ORDERS, PackOptions)
 from .scan import ScanError

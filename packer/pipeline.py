@@ -314,11 +314,8 @@ def merge(out: str | os.PathLike[str] | RemoteOut, policy: ErrorPolicy = ErrorPo
     is still written so the bad files can be looked at, but index.json is not. A remote OUT gets
     the same files, written in staging and uploaded, index.json last.
     """
-    from .append import merge_pending  # it builds on this module
-
     with opened_output(out) as target:
-        appended = merge_pending(target, policy, split)
-        return appended if appended is not None else publish(target, policy, split)
+        return publish(target, policy, split)
 
 
 MAX_IMPLIED_CLASSES = 1 << 20
