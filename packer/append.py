@@ -40,7 +40,7 @@ from .errors import PackError
 from .fsutil import atomic_write_text, release_freed_memory
 from .outdir import DONE_DIR, PLAN_NAME, check_paths, lock_path, part_dir, tmp_dir, work_dir
 from .partition import Partition
-from .pipeline import (Summary, canonical_options, implied_classes, publish, published_text, reuse_plan,
+from .pipeline import (Summary, canonical_options, implied_classes, plan_differences, publish, published_text,
                        scan_source, source_path, wait_for_lock)
 from .plan import PackOptions, Plan, load_plan, parse_plan, write_plan
 from .remote_out import RemoteOut, opened_output, output_for, staging_dir
@@ -233,7 +233,7 @@ def ensure_part_plan(src: Path | str, out: Path | RemoteOut, options: PackOption
     if isinstance(out, RemoteOut):
         plan = out.mirror_plan(first)
         if plan is not None:
-            return reuse_plan(plan, src, out, options)
+            return unfinished(plan, src, out, options)
         plan = write_plan(out.staging, part_listing(src, out, options, manifest), options, first)
         earlier = same_part(parts, plan)
         if earlier is not None:
@@ -246,7 +246,7 @@ def ensure_part_plan(src: Path | str, out: Path | RemoteOut, options: PackOption
         wait_for_lock(lock, lock_path(out))
         plan = load_plan(out, first)
         if plan is not None:
-            return reuse_plan(plan, src, out, options)
+            return unfinished(plan, src, out, options)
         listing = part_listing(src, out, options, manifest)
         try:
             plan = write_plan(out, listing, options, first)
@@ -258,6 +258,17 @@ def ensure_part_plan(src: Path | str, out: Path | RemoteOut, options: PackOption
             shutil.rmtree(part_dir(out, first))
             return earlier
         return plan
+
+
+def unfinished(plan: Plan, src: Path | str, out: Path | RemoteOut, options: PackOptions) -> Plan:
+    """The plan of an append that was started and not published, when it is this one's."""
+    differences = plan_differences(plan, src, options)
+    if differences:
+        raise PackError(f"{out}: an unfinished append of {differences} is under way; rerun that command (or its "
+                        f"tasks and `pack merge`) to finish it first, or remove {out / part_dir(Path(), plan.first_shard).as_posix()} "
+                        "to drop it")
+    log.info("%s: resuming the append from shard %d", out, plan.first_shard)
+    return plan
 
 
 def same_part(parts: list[dict[str, Any]], plan: Plan) -> dict[str, Any] | None:
@@ -291,10 +302,12 @@ def extended_classes(src: Path | str, out: Path | RemoteOut, classes: list[str],
     are turned into indexes of that list. Bare integer labels (no names) keep their values, as
     indexes of OUT's list, when OUT's classes are themselves bare indexes (or none)."""
     if not listing.classes:
-        if classes and not is_implied(classes) and any(label >= 0 for label in listing.labels):
+        if not classes or is_implied(classes):
+            return []  # publish_part extends OUT's indexes to the largest label
+        if any(label >= 0 for label in listing.labels):
             raise PackError(f"{src}: its labels are bare integers and {out}'s classes have names; pass --classes "
                             f"with OUT's index.json to read them as indexes of OUT's classes")
-        return []  # publish_part extends OUT's indexes to the largest label
+        return classes  # unlabelled samples (--no-classes, a flat folder)
     known = set(classes)
     merged = classes + [name for name in listing.classes if name not in known]
     index = {name: position for position, name in enumerate(merged)}

@@ -75,7 +75,7 @@ def bench_format(fmt: str, work: Path, new: Path, bases: dict[int, Path], rounds
         templates[size] = work / f"template-{fmt}-{size}x"
         if not (templates[size] / "index.json").exists():
             shutil.rmtree(templates[size], ignore_errors=True)
-            subprocess.run(pack_args(fmt, base, templates[size], extra), check=True)
+            subprocess.run(pack_args(fmt, base, templates[size], extra), check=True, stdout=subprocess.DEVNULL)
     runs: dict[str, list[tuple[float, float]]] = {"pack": [], **{f"append {size}x": [] for size in bases}}
     for round_number in range(rounds):
         names = list(runs)

@@ -253,8 +253,16 @@ def test_bad_cases_are_one_line_and_change_nothing(sources: tuple[Path, Path], t
         assert digests(out) == published
     assert not (tmp_path / "nothing").exists() and not (out / ".pack" / "parts").exists()
     index = out / "index.json"
-    index.write_text(index.read_text().replace('"num_samples": 18', '"num_samples": 19', 1))
+    sound = index.read_text()
+    index.write_text(sound.replace('"num_samples": 18', '"num_samples": 19', 1))
     code, output = run("lmdb", new, out, "--append")
     assert code == 1 and "num_samples: 19, but the shards hold 18; nothing was appended" in output, output
+    index.write_text(sound)
+    code, output = run("lmdb", new, out, "--append", "--task-index", 0, "--task-count", 2, "-q")
+    assert code == 0 and {name: digest for name, digest in digests(out).items() if name in published} == published
+    code, output = run("lmdb", old, out, "--append")
+    assert code == 1 and "an unfinished append of another SRC" in output and "parts/000005 to drop it" in output, output
+    code, output = run("lmdb", new, out, "-q")
+    assert code == 1 and "or --append to add SRC's samples to it" in output, output
     with pytest.raises(PackError, match="append is not supported"):
         pack_samples(len, [b""], tmp_path / "samples", "lmdb", append=True)
