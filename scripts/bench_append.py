@@ -72,7 +72,7 @@ def timed(command: list[str]) -> tuple[float, float]:
 def bench_format(fmt: str, work: Path, new: Path, bases: dict[int, Path], rounds: int, extra: list[str]) -> None:
     templates = {}
     for size, base in bases.items():
-        templates[size] = work / f"template-{fmt}-{size}x"
+        templates[size] = work / f"template-{fmt}-{base.name}"  # base-N-Kx: one template per N and size
         if not (templates[size] / "index.json").exists():
             shutil.rmtree(templates[size], ignore_errors=True)
             subprocess.run(pack_args(fmt, base, templates[size], extra), check=True, stdout=subprocess.DEVNULL)

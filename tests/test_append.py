@@ -99,6 +99,7 @@ def test_rerun_after_success_is_a_no_op_and_merge_keeps_it(sources: tuple[Path, 
     assert run("merge", out)[0] == 0 and digests(out) == published
     assert run("wds", old, out, "--shard-size", "4", "--append", "-q")[1].startswith(f"{out}: already appended")
     assert digests(out) == published and not (out / ".pack" / "parts" / "000009").exists()
+    assert "part         shard 5 on: 15 samples in 4 shards from " in run("info", out)[1]
     code, output = run("info", out, "--json")
     assert code == 0 and [part["num_samples"] for part in json.loads(output)["parts"]] == [18, 15]
     wids = json.loads((out / "wids.json").read_text())
@@ -172,6 +173,22 @@ def test_kill_9_during_append_then_rerun_gives_the_same_bytes(appended_reference
     assert rerun.returncode == 0, rerun.stderr
     assert digests(out) == digests(reference)
     assert not (out / ".pack" / "tmp").exists() or not os.listdir(out / ".pack" / "tmp")
+
+
+def test_killed_just_before_index_json_the_rerun_publishes(sources: tuple[Path, Path], tmp_path: Path) -> None:
+    """The last window: every shard done, rejects.jsonl and the descriptors replaced, index.json not yet."""
+    old, new = sources
+    done, killed = tmp_path / "done", tmp_path / "killed"
+    for out in (done, killed):
+        api_pack(old, out, "wds", shard_size=4)
+    api_pack(new, done, "wds", shard_size=4, append=True)
+    for task in (0, 1):  # every shard packed, nothing published
+        api_pack(new, killed, "wds", shard_size=4, append=True, task_index=task, task_count=2)
+    for name in PUBLISHED - {"index.json"}:
+        (killed / name).write_bytes((done / name).read_bytes())
+    assert readers.load_manifest(killed).num_samples == 18  # the old manifest still rules
+    assert api_pack(new, killed, "wds", shard_size=4, append=True).resumed_shards == 4
+    assert digests(killed) == digests(done)
 
 
 def test_tasks_then_merge_equal_one_run(sources: tuple[Path, Path], tmp_path: Path) -> None:
