@@ -171,8 +171,7 @@ def up_to_date_summary(src: Path | str, out: Path | RemoteOut, options: PackOpti
         raise finished
     differences = plan_differences(plan, src, canonical_options(options))
     if differences:
-        raise PackError(f"{out}: already holds a packed dataset of {differences}; pass --overwrite to replace it"
-                        ", or --append to add SRC's samples to it")
+        raise PackError(f"{out}: already holds a packed dataset of {differences}; pass --overwrite to replace it")
     manifest = parse_manifest((published_text(out, MANIFEST_NAME) or "").encode(), out / MANIFEST_NAME)
     rejects = published_text(out, REJECTS_NAME) or ""
     log.info("%s: up to date (packed from %s with the same options)", out, plan.source)
