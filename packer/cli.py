@@ -400,7 +400,7 @@ def plan_command(src: Path | str, out: Path | str, fmt: str, **params: Any) -> N
 @error_policy_options
 @split_option
 def merge_command(out: Path | str, on_error: str, max_errors: int | None, split: str) -> None:
-    """Publish index.json once every planned shard in OUT is finished; name what is missing if not."""
+    """Publish index.json once every planned shard in OUT is finished (an append's too); name what is missing if not."""
     manifest = merge(out, ErrorPolicy(on_error=on_error, max_errors=max_errors), split=split)
     click.echo(f"merged {counted(len(manifest.shards), 'shard')}, {counted(manifest.num_samples, 'sample')}: "
                f"{joined(out, MANIFEST_NAME)}")
