@@ -38,7 +38,7 @@ from .descriptors import DEFAULT_SPLIT, descriptor_texts, write_descriptors
 from .engines import get_engine
 from .errors import PackError
 from .fsutil import atomic_write_text, release_freed_memory
-from .outdir import DONE_DIR, PLAN_NAME, check_paths, lock_path, part_dir, tmp_dir, work_dir
+from .outdir import DONE_DIR, PARTS_DIR, PLAN_NAME, check_paths, lock_path, part_dir, tmp_dir, work_dir
 from .partition import Partition
 from .pipeline import (Summary, canonical_options, implied_classes, plan_differences, publish, published_text,
                        scan_source, source_path, wait_for_lock)
@@ -425,7 +425,10 @@ def merge_pending(out: Path | RemoteOut, policy: ErrorPolicy, split: str) -> Man
         return None
     try:
         manifest = parse_manifest(text.encode("utf-8"), out / MANIFEST_NAME)
-    except DatasetError:
+    except DatasetError as exc:
+        if appended_before(out):  # the first pack's plan alone would leave the appended shards out
+            raise PackError(f"{exc}; OUT has appended parts (.pack/parts), so merge cannot rebuild it from the "
+                            "first pack's plan: restore index.json from a copy") from None
         return None  # publish() writes a new one from the plan
     first = next_shard(out, manifest)
     plan = out.mirror_plan(first) if isinstance(out, RemoteOut) else load_plan(out, first)
@@ -434,6 +437,13 @@ def merge_pending(out: Path | RemoteOut, policy: ErrorPolicy, split: str) -> Man
     parts = recorded_parts(out, manifest)
     done = finished_shards(out, plan, list(range(plan.num_shards)), check_hash=False)
     return publish_part(out, manifest, parts, plan, done, policy, split)
+
+
+def appended_before(out: Path | RemoteOut) -> bool:
+    """Whether OUT holds an append's plan (one started, finished or not)."""
+    if isinstance(out, RemoteOut):
+        return bool(out.names(f"{out.part_folder(0)}/{PARTS_DIR}"))
+    return (work_dir(out) / PARTS_DIR).is_dir()
 
 
 def up_to_date_summary(out: Path | RemoteOut, manifest: Manifest, part: dict[str, Any], started: float) -> Summary:

@@ -275,6 +275,12 @@ def test_bad_cases_are_one_line_and_change_nothing(sources: tuple[Path, Path], t
     code, output = run("lmdb", new, out, "--append")
     assert code == 1 and "num_samples: 19, but the shards hold 18; nothing was appended" in output, output
     index.write_text(sound)
+    appended = tmp_path / "appended"
+    api_pack(old, appended, "lmdb", shard_size=4)
+    api_pack(new, appended, "lmdb", shard_size=4, append=True)
+    (appended / "index.json").write_text("{")
+    code, output = run("merge", appended)
+    assert code == 1 and "OUT has appended parts (.pack/parts), so merge cannot rebuild it" in output, output
     code, output = run("lmdb", new, out, "--append", "--task-index", 0, "--task-count", 2, "-q")
     assert code == 0 and {name: digest for name, digest in digests(out).items() if name in published} == published
     code, output = run("lmdb", old, out, "--append")
