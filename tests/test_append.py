@@ -176,15 +176,21 @@ def test_kill_9_during_append_then_rerun_gives_the_same_bytes(appended_reference
     assert not (out / ".pack" / "tmp").exists() or not os.listdir(out / ".pack" / "tmp")
 
 
+def appended_by_tasks(old: Path, new: Path, out: Path) -> None:
+    """OLD packed into OUT, then NEW appended by two tasks: every shard packed, nothing published."""
+    api_pack(old, out, "wds", shard_size=4)
+    for task in (0, 1):
+        assert not api_pack(new, out, "wds", shard_size=4, append=True, task_index=task, task_count=2).published
+    assert readers.load_manifest(out).num_samples == 18
+
+
 def test_killed_just_before_index_json_the_rerun_publishes(sources: tuple[Path, Path], tmp_path: Path) -> None:
     """The last window: every shard done, rejects.jsonl and the descriptors replaced, index.json not yet."""
     old, new = sources
     done, killed = tmp_path / "done", tmp_path / "killed"
-    for out in (done, killed):
-        api_pack(old, out, "wds", shard_size=4)
+    api_pack(old, done, "wds", shard_size=4)
     api_pack(new, done, "wds", shard_size=4, append=True)
-    for task in (0, 1):  # every shard packed, nothing published
-        api_pack(new, killed, "wds", shard_size=4, append=True, task_index=task, task_count=2)
+    appended_by_tasks(old, new, killed)
     for name in PUBLISHED - {"index.json"}:
         (killed / name).write_bytes((done / name).read_bytes())
     assert readers.load_manifest(killed).num_samples == 18  # the old manifest still rules
@@ -213,10 +219,7 @@ def test_the_librarys_merge_knows_parts(sources: tuple[Path, Path], tmp_path: Pa
     packed and keeps an appended dataset: never republished from the first pack's plan alone."""
     old, new = sources
     out = tmp_path / "out"
-    api_pack(old, out, "wds", shard_size=4)
-    for task in (0, 1):
-        assert not api_pack(new, out, "wds", shard_size=4, append=True, task_index=task, task_count=2).published
-    assert readers.load_manifest(out).num_samples == 18
+    appended_by_tasks(old, new, out)
     manifest = merge(out)
     assert (manifest.num_samples, len(manifest.shards), [part["first_shard"] for part in manifest.parts]) == \
         (33, 9, [0, 5])
