@@ -16,6 +16,10 @@ valid files until the new one replaces it, and a reader that opened it keeps wor
 any point, a rerun of the same command finds the part's plan (its first shard is the next free
 number of the unchanged index.json) and resumes; after success, a rerun recognises the recorded
 part (same SRC, same listing, same options) and does nothing, like a rerun of a finished pack.
+
+The shards are packed by the pipeline's own `pack_shards`; publishing a part (`publish_part`) and
+reading OUT's parts live in `packer.publish`, beside the pack's `publish`, so that `pack merge`
+(one `merge` for both) publishes an append its tasks packed and never drops appended shards.
 """
 
 from __future__ import annotations
@@ -71,7 +75,7 @@ def append_into(src: str | os.PathLike[str], out: Output, options: PackOptions, 
     plan = ensure_part_plan(src_path, out, options, manifest, parts, next_shard(out, manifest))
     if isinstance(plan, dict):
         return up_to_date_summary(out, manifest, plan, started)
-    final, resumed = pack_shards(out, plan, run, partition, fresh=False, progress=progress, planned=planned)
+    final, resumed = pack_shards(out, plan, run, partition, progress=progress, planned=planned)
     published = partition.is_whole
     total = publish_part(out, manifest, parts, plan, final, run.policy, run.split) if published else None
     return run_summary(out, plan, final, resumed, started, published, total)

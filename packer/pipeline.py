@@ -2,7 +2,9 @@
 
 `pack` plans once (`ensure_plan`), hands the shards not yet done to an engine, which runs
 `packer.shard.run_shard` on each (`pack_shards`), and then `packer.publish` writes `index.json`
-once every planned shard has its marker (`merge`, for tasks: imported here as `pipeline.merge`). A rerun of the same command resumes: finished shards are kept.
+once every planned shard has its marker (`merge` after tasks, imported here as `pipeline.merge`).
+A rerun of the same command resumes: finished shards are kept. `packer.append` builds on
+`pack_shards` and `run_summary` for `pack --append`.
 """
 
 from __future__ import annotations
@@ -155,23 +157,22 @@ def pack_into(src: str | os.PathLike[str], out_path: Output, options: PackOption
         plan = ensure_plan(src_path, out_path, options, overwrite=run.overwrite)
     except FinishedOutput as finished:
         return up_to_date_summary(src_path, out_path, options, finished, started)
-    final, resumed = pack_shards(out_path, plan, run, partition, fresh=out_path.fresh, progress=progress,
-                                 planned=planned)
+    final, resumed = pack_shards(out_path, plan, run, partition, progress=progress, planned=planned)
     published = partition.is_whole
     if published:
         publish(out_path, policy, run.split, known=(plan, final))
     return run_summary(out_path, plan, final, resumed, started, published)
 
 
-def pack_shards(out: Output, plan: Plan, run: RunOptions, partition: Partition, *, fresh: bool,
-                progress: Progress | None, planned: Callable[[int], None] | None
-                ) -> tuple[dict[int, ShardResult | None], int]:
+def pack_shards(out: Output, plan: Plan, run: RunOptions, partition: Partition, *, progress: Progress | None,
+                planned: Callable[[int], None] | None) -> tuple[dict[int, ShardResult | None], int]:
     """Have the engine pack this task's shards of `plan` that are not done yet (a pack's or an
     append's); returns every one of them with its marker (None: unfinished) and how many were
-    done before. `fresh`: OUT holds no marker yet (spares the store's round trips)."""
+    done before."""
     if run.policy.on_error == "fail":
         check_rejects(out, plan, plan.scan_rejects, run.policy)
     mine = partition.shards(plan.num_shards)
+    fresh = out.fresh  # no marker there yet: spare the store's round trips
     done: dict[int, ShardResult | None] = dict.fromkeys(mine) if fresh else finished_shards(out, plan, mine)
     pending = [shard for shard, result in done.items() if result is None]
     if planned:
