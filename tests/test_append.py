@@ -23,7 +23,8 @@ import readers
 from packer.api import pack as api_pack
 from packer.api import pack_samples
 from packer.errors import PackError
-from packer.pipeline import merge
+from packer.options import PackOptions
+from packer.pipeline import RunOptions, merge, pack_run
 from packer.writers import WRITERS
 
 PACK = [sys.executable, "-m", "packer.cli"]
@@ -225,6 +226,8 @@ def test_the_librarys_merge_knows_parts(sources: tuple[Path, Path], tmp_path: Pa
         (33, 9, [0, 5])
     published = digests(out)
     assert merge(out).num_samples == 33 and digests(out) == published
+    with pytest.raises(PackError, match="an append goes through packer.append.append_run"):  # never a silent pack
+        pack_run(new, out, PackOptions(format="wds", shard_size=4), RunOptions(append=True))
     assert len(samples(out)) == 33 and run("verify", out, "-q")[0] == 0
 
 
