@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence, TypeVar
 from readers.cache import parse_size
 from readers.manifest import DatasetError, Manifest
 
+from .append import append_run
 from .descriptors import DEFAULT_SPLIT
 from .errors import PackError
 from .outdir import check_out, prepare_output, work_dir
@@ -80,8 +81,10 @@ def one_line_errors(call: Callable[[], T]) -> T:
 def run(src: str | os.PathLike[str], out: str | os.PathLike[str], options: PackOptions, run_options: RunOptions,
         progress: Callable[[int], None] | None = None, planned: Callable[[int], None] | None = None) -> Summary:
     """Pack with options already split (the CLI's path after parsing); `planned(total)` once the
-    plan says how many samples this run packs, before the first `progress`."""
-    return one_line_errors(lambda: pack_run(src, out, options, run_options, progress=progress, planned=planned))
+    plan says how many samples this run packs, before the first `progress`. `run_options.append`:
+    add to the dataset in OUT (`packer.append`) instead of packing it."""
+    pack_or_append = append_run if run_options.append else pack_run
+    return one_line_errors(lambda: pack_or_append(src, out, options, run_options, progress=progress, planned=planned))
 
 
 def pack(src: str | os.PathLike[str], out: str | os.PathLike[str], format: str, *,
@@ -116,6 +119,9 @@ def pack_samples(fn: Callable[[Any], Any], inputs: Sequence[Any], out: str | os.
     """
     if "input_format" in options:
         raise PackError("pack_samples: input_format does not apply (the inputs are fn's)")
+    if options.get("append"):
+        raise PackError("pack_samples: append is not supported (fn and its inputs are saved with the first pack); "
+                        "pack the new samples into another OUT and append that (input_format='pack')")
     if "shard_bytes" in options:  # the plan is made before fn runs: a sample's size is not known then
         raise PackError("pack_samples: shard_bytes does not apply (samples are made in the workers, after the "
                         "shards are planned); shards are cut at shard_size samples")

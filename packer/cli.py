@@ -93,6 +93,9 @@ def counted(count: int, noun: str, plural: str | None = None) -> str:
 
 
 def print_summary(summary: Summary) -> None:
+    if summary.dataset is not None:
+        appended(summary)
+        return
     if summary.up_to_date:
         click.echo(f"{summary.out}: up to date, {counted(summary.num_samples, 'sample')} in "
                    f"{counted(summary.num_shards, 'shard')} packed from the same SRC with the same options; "
@@ -110,6 +113,24 @@ def print_summary(summary: Summary) -> None:
         + ignored_examples(summary.ignored, summary.ignored_names)
         + ("" if summary.published else f"; run `pack merge {summary.out}` when every task is done")
     )
+
+
+def appended(summary: Summary) -> None:
+    """The summary of an append: what it added, and what OUT holds now."""
+    assert summary.dataset is not None
+    samples, shards, classes = summary.dataset
+    now = (f"{summary.out} now holds {counted(samples, 'sample')} in {counted(shards, 'shard')}, "
+           f"{counted(classes, 'class', 'classes')}")
+    if summary.up_to_date:
+        click.echo(f"{summary.out}: already appended, {counted(summary.num_samples, 'sample')} in "
+                   f"{counted(summary.num_shards, 'shard')} from the same SRC with the same options; nothing to do; {now}")
+        return
+    resumed = f", {summary.resumed_shards} resumed" if summary.resumed_shards else ""
+    click.echo(f"appended {counted(summary.num_samples, 'sample')} ({human_bytes(summary.bytes)}) in "
+               f"{counted(summary.num_shards, 'shard')}{resumed} in {summary.elapsed:.1f}s "
+               f"({summary.files_per_second:.0f} files/s); {summary.rejects} rejected "
+               f"(see {joined(summary.out, REJECTS_NAME)}), {summary.ignored} non-image entries ignored"
+               + ignored_examples(summary.ignored, summary.ignored_names) + f"; {now}")
 
 
 def ignored_examples(count: int, names: list[str], shown: int = 3) -> str:
@@ -243,6 +264,9 @@ def make_pack_command(fmt: str) -> click.Command:
     @click.option("--workers", type=click.IntRange(min=1), default=None,
                   help="Shards packed at once; default: the CPUs this job may use.")
     @click.option("--overwrite", is_flag=True, help="Replace an existing packed dataset in OUT.")
+    @click.option("--append", is_flag=True,
+                  help="Add SRC's images to the packed dataset in OUT as new shards: OUT's files stay as they "
+                       "are, new classes get the next indexes, index.json is replaced last. Store options must be OUT's.")
     @click.option("--task-index", type=click.IntRange(min=0), default=None,
                   help="Pack only the shards of this task (shard k belongs to task k mod N).")
     @click.option("--task-count", type=click.IntRange(min=1), default=None, help="N, the number of tasks.")
@@ -375,7 +399,7 @@ def plan_command(src: Path | str, out: Path | str, fmt: str, **params: Any) -> N
 @error_policy_options
 @split_option
 def merge_command(out: Path | str, on_error: str, max_errors: int | None, split: str) -> None:
-    """Publish index.json once every planned shard in OUT is finished; name what is missing if not."""
+    """Publish index.json once every planned shard in OUT is finished (an append's too); name what is missing if not."""
     manifest = merge(out, ErrorPolicy(on_error=on_error, max_errors=max_errors), split=split)
     click.echo(f"merged {counted(len(manifest.shards), 'shard')}, {counted(manifest.num_samples, 'sample')}: "
                f"{joined(out, MANIFEST_NAME)}")
@@ -441,6 +465,8 @@ def info_command(out: Path | str, as_json: bool) -> None:
     changed = non_default_options(info["options"])
     click.echo("options      " + (printable(", ".join(f"{key}={value}" for key, value in changed.items()))
                                   if changed else "all defaults"))
+    for part in info["parts"]:
+        click.echo(part_line(part))
     click.echo("classes")
     for entry in info["classes"]:
         click.echo(f"  {entry['index']:5d}  {entry['samples']:9d}  {printable(entry['name'])}")
@@ -470,6 +496,18 @@ def show_command(out: Path | str, sheet_path: Path | None, html_path: Path | Non
     where = " and ".join(str(path) for path in (sheet_path, html_path) if path is not None)
     click.echo(f"{where}: {len(sheet.cells)} samples from {len(sheet.shards_read)} of "
                f"{len(sheet.manifest.shards)} shards")
+
+
+def part_line(part: dict[str, Any]) -> str:
+    """`part         shard 5 on: 15 samples in 4 shards from /data/new`: one pack or append of OUT
+    (index.json's `parts`, untrusted: shown as text)."""
+    try:
+        first, shards, samples = int(part.get("first_shard", 0)), int(part.get("num_shards", 0)), \
+            int(part.get("num_samples", 0))
+    except (TypeError, ValueError):
+        return "part         (unreadable)"
+    return printable(f"part         shard {first} on: {counted(samples, 'sample')} in {counted(shards, 'shard')} "
+                     f"from {part.get('source') or 'an unrecorded source'}")
 
 
 def printable(text: str) -> str:

@@ -48,6 +48,7 @@ def describe(out: str | os.PathLike[str]) -> dict[str, Any]:
         "image_sizes": sizes,
         "fields": [spec.to_dict() for spec in manifest.fields],
         "options": manifest.options,
+        "parts": manifest.parts,  # one per pack or append (`pack --append`); [] for a dataset packed once
         "tool_version": manifest.tool_version,
         # classes the median shard holds, and a shuffled pack's would; null where not recorded
         "class_mixing": None if (mixing := manifest.class_mixing()) is None else

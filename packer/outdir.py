@@ -7,6 +7,7 @@
     OUT/.pack/tmp/<shard file>.tmp-<host>-<pid>   a shard being written, renamed into OUT when complete
     OUT/.pack/done/<shard file>.json              a finished shard's marker, written last
     OUT/.pack/logs/                               batch-job logs (pack slurm-script)
+    OUT/.pack/parts/<first shard>/plan.json, ...  an append's plan and listing (packer.append)
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ LOCK_NAME = "plan.lock"
 TMP_DIR = "tmp"
 DONE_DIR = "done"
 LOGS_DIR = "logs"
+PARTS_DIR = "parts"
 TEMP_MARK = ".tmp-"
 PLAN_LOCK_SECONDS = 6 * 3600.0
 """The longest a task waits for another to finish planning: past it, an error instead of a hang."""
@@ -41,12 +43,18 @@ def work_dir(out: Path) -> Path:
     return out / WORK_DIR
 
 
-def plan_path(out: Path) -> Path:
-    return work_dir(out) / PLAN_NAME
+def part_dir(out: Path, first_shard: int = 0) -> Path:
+    """Where a plan and its listing live: `.pack` for a pack, `.pack/parts/<first shard>` for an
+    append (packer.append), whose shards are numbered from `first_shard` on."""
+    return work_dir(out) / PARTS_DIR / f"{first_shard:06d}" if first_shard else work_dir(out)
 
 
-def listing_path(out: Path) -> Path:
-    return work_dir(out) / LISTING_NAME
+def plan_path(out: Path, first_shard: int = 0) -> Path:
+    return part_dir(out, first_shard) / PLAN_NAME
+
+
+def listing_path(out: Path, first_shard: int = 0) -> Path:
+    return part_dir(out, first_shard) / LISTING_NAME
 
 
 def lock_path(out: Path) -> Path:

@@ -24,7 +24,7 @@ from readers.manifest import MANIFEST_NAME
 from readers.remote import local_root
 
 from .fsutil import atomic_write_text, publish, sha256_file
-from .outdir import check_paths, lock_path, marker_path, plan_path, prepare_output, wait_for_lock, work_dir
+from .outdir import PARTS_DIR, check_paths, lock_path, marker_path, plan_path, prepare_output, wait_for_lock, work_dir
 from .plan import Plan, load_plan
 
 log = logging.getLogger(__name__)
@@ -63,13 +63,20 @@ class Output(ABC):
     # --- the plan -----------------------------------------------------------------------------
 
     @abstractmethod
-    def planning(self, src: Path | str, *, overwrite: bool) -> contextlib.AbstractContextManager[None]:
+    def planning(self, src: Path | str, *, overwrite: bool,
+                 append: bool = False) -> contextlib.AbstractContextManager[None]:
         """Around making or reusing the plan: refuse a finished dataset or foreign files (with
-        overwrite, remove ours), and serialise concurrent tasks where the store can."""
+        overwrite, remove ours), and serialise concurrent tasks where the store can. `append`: the
+        plan of a part added to the published dataset in OUT (`packer.append`): OUT is kept."""
 
     @abstractmethod
-    def stored_plan(self) -> Plan | None:
-        """OUT's plan, its listing available in `staging`; None when there is none."""
+    def stored_plan(self, first_shard: int = 0) -> Plan | None:
+        """OUT's plan (an append's, from `first_shard`: `outdir.part_dir`), its listing available in
+        `staging`; None when there is none."""
+
+    @abstractmethod
+    def has_parts(self) -> bool:
+        """Whether OUT holds the plan of an append (`.pack/parts`), finished or not."""
 
     def publish_plan(self, plan: Plan) -> Plan:
         """The plan just written in `staging`, made OUT's; returns the plan OUT holds."""
@@ -175,13 +182,14 @@ class LocalOut(Output):
         return str(self.staging / name)
 
     @contextmanager
-    def planning(self, src: Path | str, *, overwrite: bool) -> Iterator[None]:
+    def planning(self, src: Path | str, *, overwrite: bool, append: bool = False) -> Iterator[None]:
         """A file lock serialises concurrent tasks on a shared filesystem, so N tasks do not all
         walk millions of files; a failed first plan leaves nothing behind."""
         out = self.staging
         check_paths(Path(src), out)
         made_out = not out.exists()
-        prepare_output(out, overwrite=overwrite)
+        if not append:
+            prepare_output(out, overwrite=overwrite)
         made_work_dir = not work_dir(out).exists()
         work_dir(out).mkdir(exist_ok=True)
         try:
@@ -196,8 +204,11 @@ class LocalOut(Output):
                         out.rmdir()
             raise
 
-    def stored_plan(self) -> Plan | None:
-        return load_plan(self.staging)
+    def stored_plan(self, first_shard: int = 0) -> Plan | None:
+        return load_plan(self.staging, first_shard)
+
+    def has_parts(self) -> bool:
+        return (work_dir(self.staging) / PARTS_DIR).is_dir()
 
     def marker_texts(self, names: list[str]) -> dict[str, str]:
         texts = {}
@@ -258,12 +269,14 @@ def output_for(out: str | os.PathLike[str] | Output, *, staging: str | os.PathLi
 
 
 @contextmanager
-def opened_output(out: str | os.PathLike[str] | Output) -> Iterator[Output]:
-    """OUT for one call: an Output passed in is the caller's; one made here is closed afterwards."""
+def opened_output(out: str | os.PathLike[str] | Output, *, staging: str | os.PathLike[str] | None = None,
+                  storage_options: dict[str, Any] | None = None) -> Iterator[Output]:
+    """OUT for one call (`output_for`): an Output passed in is the caller's; one made here is
+    closed afterwards."""
     if isinstance(out, Output):
         yield out
         return
-    target = output_for(out)
+    target = output_for(out, staging=staging, storage_options=storage_options)
     try:
         yield target
     finally:

@@ -1,39 +1,37 @@
 """The top level: scan -> plan -> shards (run by an engine) -> manifest.
 
 `pack` plans once (`ensure_plan`), hands the shards not yet done to an engine, which runs
-`packer.shard.run_shard` on each, and then `merge` publishes `index.json` once every planned
-shard has its marker. A rerun of the same command resumes: finished shards are kept.
+`packer.shard.run_shard` on each (`pack_shards`), and then `packer.publish` writes `index.json`
+once every planned shard has its marker (`merge` after tasks, imported here as `pipeline.merge`).
+A rerun of the same command resumes: finished shards are kept. `packer.append` builds on
+`pack_shards` and `run_summary` for `pack --append`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import shutil
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
 from readers.cpus import available_cpus
 from readers.formats import ALIASES, FORMATS
-from readers.layouts.wds import image_extension
 from readers.manifest import MANIFEST_NAME, REJECTS_NAME, Manifest, parse_manifest
 from readers.remote import location
 
-from .version import __version__
-from .descriptors import DEFAULT_SPLIT, descriptor_texts, write_descriptors
+from .descriptors import DEFAULT_SPLIT
 from .engines import get_engine
 from .errors import FinishedOutput, PackError
-from .fsutil import atomic_write_text, release_freed_memory
-from .outdir import WORK_DIR, tmp_dir
-from .output import Output, opened_output, output_for
+from .fsutil import release_freed_memory
+from .output import Output, opened_output
 from .partition import Partition, resolve_partition
 from .options import PackOptions, option_differences
 from .plan import Plan, write_plan
 from .scan import Listing, scan
-from .shard import Progress, ShardResult, check_rejects, clean_tmp, finished_shards, shard_file_name
+from .publish import merge, publish
+from .shard import Progress, ShardResult, check_rejects, clean_tmp, finished_shards
 from .sources.inputs import Source, resolve_source
 from .validate import ErrorPolicy
 
@@ -56,6 +54,7 @@ class Summary:
     elapsed: float
     published: bool
     up_to_date: bool = False  # OUT already held this dataset, packed from the same SRC and options: nothing done
+    dataset: tuple[int, int, int] | None = None  # an append (packer.append): OUT's samples, shards, classes now
 
     @property
     def files_per_second(self) -> float:
@@ -69,6 +68,7 @@ class RunOptions:
 
     workers: int | None = None
     overwrite: bool = False
+    append: bool = False  # add SRC's samples to the dataset in OUT as new shards (`packer.append.append_run`)
     task_index: int | None = None
     task_count: int | None = None
     engine: str = "local"
@@ -88,7 +88,9 @@ class RunOptions:
         return resolve_partition(self.task_index, self.task_count)
 
     def check(self, out: object, partition: Partition) -> None:
-        """Refuse what a partitioned run cannot do, before anything is written."""
+        """Refuse what a partitioned run (or an append) cannot do, before anything is written."""
+        if self.append and self.overwrite:
+            raise PackError(f"{out}: --append adds to OUT and --overwrite replaces it; choose one")
         if self.engine != "local" and not partition.is_whole:
             raise PackError(f"--engine {self.engine} runs every shard itself; drop --task-index/--task-count")
         if self.overwrite and not partition.is_whole:
@@ -139,12 +141,8 @@ def pack_run(src: str | os.PathLike[str], out: str | os.PathLike[str], options: 
     `run.staging` (default: a temporary folder) and uploaded one by one, `index.json` last;
     `run.storage_options` go to fsspec (endpoint, credentials).
     """
-    partition = run.partition()
-    target = output_for(out, staging=run.staging, storage_options=run.storage_options)
-    try:
-        return pack_into(src, target, options, run, partition, progress=progress, planned=planned)
-    finally:
-        target.close()
+    with opened_output(out, staging=run.staging, storage_options=run.storage_options) as target:
+        return pack_into(src, target, options, run, run.partition(), progress=progress, planned=planned)
 
 
 def pack_into(src: str | os.PathLike[str], out_path: Output, options: PackOptions, run: RunOptions,
@@ -152,46 +150,60 @@ def pack_into(src: str | os.PathLike[str], out_path: Output, options: PackOption
     started = time.monotonic()
     src_path = location(src)
     run.check(out_path, partition)
+    if run.append:
+        raise PackError(f"{out_path}: pack_run packs; an append goes through packer.append.append_run (or api.run)")
     policy = run.policy
     try:
         plan = ensure_plan(src_path, out_path, options, overwrite=run.overwrite)
     except FinishedOutput as finished:
         return up_to_date_summary(src_path, out_path, options, finished, started)
-    if policy.on_error == "fail":
-        check_rejects(out_path, plan, plan.scan_rejects, policy)
+    final, resumed = pack_shards(out_path, plan, run, partition, progress=progress, planned=planned)
+    published = partition.is_whole
+    if published:
+        publish(out_path, policy, run.split, known=(plan, final))
+    return run_summary(out_path, plan, final, resumed, started, published)
+
+
+def pack_shards(out: Output, plan: Plan, run: RunOptions, partition: Partition, *, progress: Progress | None,
+                planned: Callable[[int], None] | None) -> tuple[dict[int, ShardResult | None], int]:
+    """Have the engine pack this task's shards of `plan` that are not done yet (a pack's or an
+    append's); returns every one of them with its marker (None: unfinished) and how many were
+    done before."""
+    if run.policy.on_error == "fail":
+        check_rejects(out, plan, plan.scan_rejects, run.policy)
     mine = partition.shards(plan.num_shards)
-    fresh = out_path.fresh  # no marker there yet: spare the store's round trips
-    done: dict[int, ShardResult | None] = dict.fromkeys(mine) if fresh else finished_shards(out_path, plan, mine)
+    fresh = out.fresh  # no marker there yet: spare the store's round trips
+    done: dict[int, ShardResult | None] = dict.fromkeys(mine) if fresh else finished_shards(out, plan, mine)
     pending = [shard for shard, result in done.items() if result is None]
     if planned:
         planned(sum(plan.bounds[k + 1] - plan.bounds[k] for k in mine))
     if progress:
         progress(sum(plan.bounds[k + 1] - plan.bounds[k] for k, result in done.items() if result is not None))
-    clean_tmp(out_path, plan, pending)
+    clean_tmp(out, plan, pending)
     release_freed_memory()
-    get_engine(run.engine)(out_path, plan, pending, workers=run.workers or available_cpus(), scheduler=run.scheduler,
-                           progress=progress, policy=policy)
-    final = finished_shards(out_path, plan, mine, check_hash=False)
-    results = list(final.values())
-    published = partition.is_whole
-    if published:
-        publish(out_path, policy, run.split, known=(plan, final))
-    finished = [result for result in results if result is not None]
-    written = [result for result in finished if result.written]
+    get_engine(run.engine)(out, plan, pending, workers=run.workers or available_cpus(), scheduler=run.scheduler,
+                           progress=progress, policy=run.policy)
+    return finished_shards(out, plan, mine, check_hash=False), len(mine) - len(pending)
+
+
+def run_summary(out: Output, plan: Plan, final: dict[int, ShardResult | None], resumed: int, started: float,
+                published: bool, dataset: Manifest | None = None) -> Summary:
+    """What a run of `plan` did (`pack_shards`'s results); `dataset`: OUT's manifest after an append."""
+    finished = [result for result in final.values() if result is not None]
     return Summary(
-        out=str(out_path),
+        out=str(out),
         num_samples=sum(result.num_samples for result in finished),
         bytes=sum(result.bytes for result in finished),
         source_bytes=sum(result.source_bytes for result in finished),
-        num_shards=len(written),
+        num_shards=sum(1 for result in finished if result.written),
         planned_shards=plan.num_shards,
-        rejects=sum(len(result.rejects) for result in finished)
-        + (len(plan.scan_rejects) if published else 0),
+        rejects=sum(len(result.rejects) for result in finished) + (len(plan.scan_rejects) if published else 0),
         ignored=plan.ignored,
         ignored_names=plan.ignored_names,
-        resumed_shards=len(mine) - len(pending),
+        resumed_shards=resumed,
         elapsed=time.monotonic() - started,
         published=published,
+        dataset=(dataset.num_samples, len(dataset.shards), len(dataset.classes)) if dataset else None,
     )
 
 
@@ -270,87 +282,3 @@ def scan_source(src: Path | str, source: Source, options: PackOptions) -> Listin
         first = f" (rejected: {listing.rejects[0][0]}: {listing.rejects[0][1]})" if listing.rejects else ""
         raise PackError(f"{src}: no image files found{first}")
     return listing
-
-
-def merge(out: str | os.PathLike[str] | Output, policy: ErrorPolicy = ErrorPolicy(), *,
-          split: str = DEFAULT_SPLIT) -> Manifest:
-    """Publish rejects.jsonl, the loader descriptors (`packer.descriptors`, `split` named there)
-    and, last, index.json, once every planned shard has its marker.
-
-    The authoritative --max-errors check (all shards, scan-time rejects included): rejects.jsonl
-    is still written so the bad files can be looked at, but index.json is not. A remote OUT gets
-    the same files, written in staging and uploaded, index.json last.
-    """
-    with opened_output(out) as target:
-        return publish(target, policy, split)
-
-
-MAX_IMPLIED_CLASSES = 1 << 20
-"""Integer labels beyond this are not taken as class indexes (an ID, not a class): no class list."""
-
-
-def implied_classes(results: list[ShardResult]) -> list[str]:
-    """Classes "0".."K-1" for integer labels that came without names (a metadata file's indexes, a
-    tar's `cls`, a .rec's labels), K the largest label + 1: `len(ds.classes)` is the class count."""
-    labels = [int(label) for result in results for label in result.label_counts if int(label) >= 0]
-    count = max(labels, default=-1) + 1
-    if count > MAX_IMPLIED_CLASSES:
-        log.warning("labels up to %d: too many to be class indexes; index.json lists no classes", count - 1)
-        return []
-    return [str(index) for index in range(count)]
-
-
-def publish(out: Output, policy: ErrorPolicy, split: str, *,
-            known: tuple[Plan, dict[int, ShardResult | None]] | None = None) -> Manifest:
-    """`merge`'s work; `known`: the plan and every shard's marker, just read by the caller (a remote
-    OUT's reads are round trips to the store)."""
-    folder = out.staging
-    if known is None:
-        plan = out.stored_plan()
-        if plan is None:
-            raise PackError(f"{out / WORK_DIR}: no plan; nothing was packed here")
-        done = finished_shards(out, plan, list(range(plan.num_shards)), check_hash=False)
-    else:
-        plan, done = known
-    results: list[ShardResult] = []
-    missing: list[str] = []
-    for shard, result in done.items():
-        if result is None:
-            missing.append(shard_file_name(plan, shard))
-        else:
-            results.append(result)
-    if missing:
-        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-        raise PackError(f"{out}: {len(missing)} of {plan.num_shards} shards unfinished: {shown}")
-    rejects = sorted(
-        plan.scan_rejects + [reject for result in results for reject in result.rejects],
-        key=lambda reject: reject["path"],
-    )
-    atomic_write_text(folder / REJECTS_NAME, "".join(json.dumps(reject) + "\n" for reject in rejects))
-    try:
-        check_rejects(out, plan, rejects, policy)
-    except PackError:
-        out.publish_files([REJECTS_NAME])  # there too, so the bad files can be looked at
-        raise
-    classes = plan.classes or implied_classes(results)
-    manifest = Manifest(
-        format=plan.options.format,
-        store=plan.options.store,
-        num_samples=sum(result.num_samples for result in results),
-        classes=classes,
-        shards=[result.info() for result in results if result.written],
-        class_counts=[sum(result.label_counts.get(str(label), 0) for result in results)
-                      for label in range(len(classes))],
-        options=asdict(plan.options),
-        tool_version=f"pack {__version__}",
-        source_bytes=sum(result.source_bytes for result in results),
-        fields=plan.fields,
-    )
-    extensions = sorted({image_extension(extension) for result in results for extension in result.extensions})
-    manifest.descriptors = write_descriptors(
-        folder, descriptor_texts(manifest, split, extensions, plan.options.sample_shape))
-    staged = [REJECTS_NAME, *(info.name for info in manifest.descriptors)]
-    out.publish_files(staged)
-    out.publish_manifest(manifest.to_json(), staged)
-    shutil.rmtree(tmp_dir(folder), ignore_errors=True)
-    return manifest

@@ -29,7 +29,7 @@ from readers.remote import is_url
 from .errors import PackError
 from .fsutil import atomic_write_text, hash_file
 from .options import PackOptions
-from .outdir import listing_path, plan_path, temp_name, work_dir
+from .outdir import listing_path, part_dir, plan_path, temp_name
 from .sources.listing import Listing
 
 log = logging.getLogger(__name__)
@@ -61,10 +61,15 @@ class Plan:
     fields: list[FieldSpec] = field(default_factory=list)
     input_kind: str = "folder"  # packer.sources.inputs.INPUT_KINDS; "folder": files under `source`
     inputs: list[str] = field(default_factory=list)  # container inputs, absolute paths, in order
+    first_shard: int = 0  # an append's (packer.append): its shards are numbered from here, after OUT's
 
     @property
     def num_shards(self) -> int:
         return len(self.bounds) - 1
+
+    def shard_number(self, shard: int) -> int:
+        """The number in the name and sample keys of this plan's shard `shard`."""
+        return self.first_shard + shard
 
     @property
     def fingerprint(self) -> str:
@@ -128,14 +133,14 @@ def listing_sha256(listing_file: Path, inputs: list[str]) -> str:
     return hash_file(listing_file, digest).hexdigest()
 
 
-def write_plan(out: Path, listing: Listing, options: PackOptions) -> Plan:
+def write_plan(out: Path, listing: Listing, options: PackOptions, first_shard: int = 0) -> Plan:
     """Put the listing in packing order, write it to listing.jsonl, cut shards from it, and write
     plan.json under OUT/.pack; return the plan. The order comes from the options alone, so every
     task and rerun that plans the same SRC packs the same shards."""
     from .order import arrange  # here: it loads numpy, which shard workers (importing this module) never need
 
     arrange(listing, options.order, options.seed)
-    work_dir(out).mkdir(parents=True, exist_ok=True)
+    part_dir(out, first_shard).mkdir(parents=True, exist_ok=True)
     bounds = shard_bounds(listing.sizes, options.shard_size, options.shard_bytes)
     if options.shard_size > 1 and len(listing) > 1 and len(bounds) - 1 == len(listing):
         log.warning("--shard-bytes %d (bytes) is below the files' sizes: one shard per sample, %d shards; "
@@ -145,7 +150,7 @@ def write_plan(out: Path, listing: Listing, options: PackOptions) -> Plan:
         digest.update(json.dumps(listing.inputs).encode())
     offsets: list[int] = []
     position = 0
-    listing_file = listing_path(out)
+    listing_file = listing_path(out, first_shard)
     tmp = listing_file.with_name(temp_name(listing_file.name))
     with open(tmp, "wb") as handle:
         for start, end in zip(bounds, bounds[1:]):  # one shard's lines at a time: one write, one hash update
@@ -172,23 +177,35 @@ def write_plan(out: Path, listing: Listing, options: PackOptions) -> Plan:
         fields=listing.fields,
         input_kind=listing.kind,
         inputs=listing.inputs,
+        first_shard=first_shard,
     )
-    atomic_write_text(plan_path(out), json.dumps(asdict(plan)) + "\n")
+    data = asdict(plan)
+    if not first_shard:  # a pack's plan.json reads as it did before appends existed
+        del data["first_shard"]
+    atomic_write_text(plan_path(out, first_shard), json.dumps(data) + "\n")
     for name in plan.ignored_names:
         log.info("ignored: %s", name)
     return plan
 
 
-def load_plan(out: Path) -> Plan | None:
-    path = plan_path(out)
+def load_plan(out: Path, first_shard: int = 0) -> Plan | None:
+    path = plan_path(out, first_shard)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        return parse_plan(path.read_text(encoding="utf-8"), path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise PackError(f"{path}: unreadable plan ({exc})") from None
+
+
+def parse_plan(text: str, path: Path | str) -> Plan:
+    """The plan in `text` (plan.json, read from `path`)."""
+    try:
+        data = json.loads(text)
         data["options"].setdefault("order", "sorted")  # planned before --order existed: the sorted order
         return Plan(**{**data, "options": PackOptions(**data["options"]),
                        "fields": [FieldSpec.from_dict(spec) for spec in data.get("fields", ())]})
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, TypeError, KeyError, PackError) as exc:
+    except (ValueError, TypeError, KeyError, PackError) as exc:
         raise PackError(f"{path}: unreadable plan ({exc})") from None
 
 
@@ -231,8 +248,9 @@ class ShardEntries:
 
 def read_shard_entries(out: Path, plan: Plan, shard: int) -> ShardEntries:
     """The listing slice of one shard, checked against the plan's count."""
-    entries = ShardEntries(listing_path(out), plan.line_offsets[shard], plan.line_offsets[shard + 1])
+    listing = listing_path(out, plan.first_shard)
+    entries = ShardEntries(listing, plan.line_offsets[shard], plan.line_offsets[shard + 1])
     expected = plan.bounds[shard + 1] - plan.bounds[shard]
     if entries.count != expected:
-        raise PackError(f"{listing_path(out)}: shard {shard} lists {entries.count} files, plan says {expected}")
+        raise PackError(f"{listing}: shard {shard} lists {entries.count} files, plan says {expected}")
     return entries

@@ -33,8 +33,8 @@ from readers.remote import UrlFilesystem, is_url, url_folder_name
 
 from .errors import FinishedOutput, PackError
 from .fsutil import atomic_write_text
-from .outdir import DONE_DIR, LISTING_NAME, PLAN_NAME, TMP_DIR, WORK_DIR, final_name, listing_path, pack_outputs, \
-    plan_path, temp_name
+from .outdir import DONE_DIR, LISTING_NAME, PARTS_DIR, PLAN_NAME, TMP_DIR, WORK_DIR, final_name, listing_path, pack_outputs, \
+    part_dir, plan_path, temp_name
 from .output import FileCheck, Output
 from .plan import Plan, listing_sha256, load_plan
 from .shard import BackgroundUploads, ShardResult
@@ -310,22 +310,28 @@ class RemoteOut(UrlFilesystem, Output):
         if foreign:
             raise PackError(f"{self.url}: not empty and not a pack output (found {foreign[0]!r}); choose another OUT")
 
-    def mirror_plan(self) -> Plan | None:
-        """OUT's plan, with its listing mirrored in staging (downloaded unless staging has this plan already)."""
-        text = self.read_text(f"{WORK_DIR}/{PLAN_NAME}")
+    def mirror_plan(self, first_shard: int = 0) -> Plan | None:
+        """OUT's plan (an append's: `first_shard`), with its listing mirrored in staging (downloaded
+        unless staging has this plan already)."""
+        folder = self.part_folder(first_shard)
+        text = self.read_text(f"{folder}/{PLAN_NAME}")
         if text is None:
             return None
-        local_plan, local_listing = plan_path(self.staging), listing_path(self.staging)
+        local_plan, local_listing = plan_path(self.staging, first_shard), listing_path(self.staging, first_shard)
         if not (local_plan.is_file() and local_listing.is_file() and local_plan.read_text(encoding="utf-8") == text):
             local_plan.unlink(missing_ok=True)
-            self.download(f"{WORK_DIR}/{LISTING_NAME}", local_listing)
+            self.download(f"{folder}/{LISTING_NAME}", local_listing)
             atomic_write_text(local_plan, text)
-            plan = load_plan(self.staging)
+            plan = load_plan(self.staging, first_shard)
             if plan is not None and listing_sha256(local_listing, plan.inputs) != plan.listing_sha256:
                 local_plan.unlink()
-                raise PackError(f"{self / WORK_DIR}/{LISTING_NAME}: does not match {PLAN_NAME} (another task is "
+                raise PackError(f"{self / folder}/{LISTING_NAME}: does not match {PLAN_NAME} (another task is "
                                 "writing a different plan: same SRC and options in every task?)")
-        return load_plan(self.staging)
+        return load_plan(self.staging, first_shard)
+
+    def part_folder(self, first_shard: int) -> str:
+        """`.pack`, or an append's `.pack/parts/<first shard>`, as a key prefix."""
+        return part_dir(Path(), first_shard).as_posix()
 
     def publish_plan(self, plan: Plan) -> Plan:
         """Upload the plan written in staging (listing first) and read back what the bucket holds.
@@ -333,12 +339,13 @@ class RemoteOut(UrlFilesystem, Output):
         Tasks starting together each scan and upload; identical plans are the same bytes, so
         whichever copy lands is the same. A task that reads back another plan than its own stops.
         """
-        self.upload(listing_path(self.staging), f"{WORK_DIR}/{LISTING_NAME}")
-        self.upload(plan_path(self.staging), f"{WORK_DIR}/{PLAN_NAME}")
-        mine = plan_path(self.staging).read_text(encoding="utf-8")
-        there = self.read_text(f"{WORK_DIR}/{PLAN_NAME}")
+        folder = self.part_folder(plan.first_shard)
+        self.upload(listing_path(self.staging, plan.first_shard), f"{folder}/{LISTING_NAME}")
+        self.upload(plan_path(self.staging, plan.first_shard), f"{folder}/{PLAN_NAME}")
+        mine = plan_path(self.staging, plan.first_shard).read_text(encoding="utf-8")
+        there = self.read_text(f"{folder}/{PLAN_NAME}")
         if there != mine:
-            raise PackError(f"{self / WORK_DIR}/{PLAN_NAME}: another task wrote a different plan at the same "
+            raise PackError(f"{self / folder}/{PLAN_NAME}: another task wrote a different plan at the same "
                             "time (same SRC and options in every task?)")
         return plan
 
@@ -350,18 +357,22 @@ class RemoteOut(UrlFilesystem, Output):
     # --- Output ------------------------------------------------------------------------------------
 
     @contextmanager
-    def planning(self, src: Path | str, *, overwrite: bool) -> Iterator[None]:
+    def planning(self, src: Path | str, *, overwrite: bool, append: bool = False) -> Iterator[None]:
         """No lock: tasks agree by writing the same plan (`publish_plan`)."""
         del src
-        self.prepare(overwrite=overwrite)
+        if not append:
+            self.prepare(overwrite=overwrite)
         yield
 
-    def stored_plan(self) -> Plan | None:
-        return None if self.fresh else self.mirror_plan()
+    def stored_plan(self, first_shard: int = 0) -> Plan | None:
+        return None if self.fresh else self.mirror_plan(first_shard)
+
+    def has_parts(self) -> bool:
+        return bool(self.names(f"{WORK_DIR}/{PARTS_DIR}"))
 
     def stage_plan(self, plan: Plan) -> None:
-        if getattr(load_plan(self.staging), "fingerprint", None) != plan.fingerprint:
-            self.mirror_plan()  # a worker on another machine (Dask): its staging has no listing yet
+        if getattr(load_plan(self.staging, plan.first_shard), "fingerprint", None) != plan.fingerprint:
+            self.mirror_plan(plan.first_shard)  # a worker on another machine (Dask): its staging has no listing yet
 
     def marker_texts(self, names: list[str]) -> dict[str, str]:
         """From one listing of the markers and one batch of GETs."""

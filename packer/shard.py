@@ -83,7 +83,7 @@ class ShardResult:
 
 
 def shard_file_name(plan: Plan, shard: int) -> str:
-    return shard_name(shard, get_writer(plan.options.format).extension)
+    return shard_name(plan.shard_number(shard), get_writer(plan.options.format).extension)
 
 
 def finished_shards(out: Output, plan: Plan, shards: list[int], *,
@@ -126,7 +126,7 @@ def clean_tmp(out: Output, plan: Plan, shards: list[int]) -> None:
 def shard_files(plan: Plan, shard: int) -> list[str]:
     """The names a shard's files (the shard and its sidecars) and its marker have in OUT."""
     name = shard_file_name(plan, shard)
-    sidecars = [shard_name(shard, extension) for extension in get_writer(plan.options.format).sidecars]
+    sidecars = [shard_name(plan.shard_number(shard), extension) for extension in get_writer(plan.options.format).sidecars]
     return [name, *sidecars, f"{name}.json"]
 
 
@@ -167,7 +167,7 @@ def run_shard(out: Output, plan: Plan, shard: int, *, threads: int = READ_THREAD
                     check_rejects(out, plan, rejects, policy)
                 else:
                     for encoded, fields, label, path in loaded if isinstance(loaded, list) else [loaded]:
-                        writer.add(Sample(key=sample_key(shard, count), label=label, path=path,
+                        writer.add(Sample(key=sample_key(plan.shard_number(shard), count), label=label, path=path,
                                           payload=encoded.payload, meta=encoded.meta, extension=encoded.extension,
                                           crc32=encoded.crc32, fields=fields))
                         count += 1
@@ -184,7 +184,7 @@ def run_shard(out: Output, plan: Plan, shard: int, *, threads: int = READ_THREAD
             # A writer that hashed its file on the way is synced by `out.place`; the others are hashed while they sync.
             digest = writer.sha256 if writer.sha256 else sync_and_hash([tmp, *tmp_sidecars.values()], tmp)
             for extension, tmp_sidecar in tmp_sidecars.items():
-                sidecar = local / shard_name(shard, extension)
+                sidecar = local / shard_name(plan.shard_number(shard), extension)
                 out.place(tmp_sidecar, sidecar)
                 sidecars.append({"name": sidecar.name, "bytes": sidecar.stat().st_size,
                                  "sha256": sha256_file(sidecar)})

@@ -112,6 +112,9 @@ class Manifest:
     fields: list[FieldSpec] = field(default_factory=list)
     # Files written for other loaders (timm, wids, Hugging Face) beside index.json; FORMAT.md.
     descriptors: list[FileInfo] = field(default_factory=list)
+    # How the shards were packed, once a dataset has grown by `pack --append`: one object per
+    # pack or append, in shard order (FORMAT.md "Parts"); informative, like `options`. Empty: one pack.
+    parts: list[dict[str, Any]] = field(default_factory=list)
 
     @cached_property
     def shard_numbers(self) -> list[int]:
@@ -146,6 +149,8 @@ class Manifest:
     def to_json(self) -> str:
         data = asdict(self)
         data["fields"] = [spec.to_dict() for spec in self.fields]
+        if not self.parts:  # a dataset packed once reads as it did before appends existed
+            del data["parts"]
         ordered = {key: data[key] for key in ("format", "version", "store", "num_samples")}
         ordered.update(data)
         return json.dumps(ordered, indent=2, sort_keys=False) + "\n"
@@ -318,6 +323,7 @@ class _ManifestCheck:
             source_bytes=self.count(data, "source_bytes", "source_bytes", None, most=MAX_BYTES << 12),
             fields=self.items(data, "fields", "fields", self.field, []),
             descriptors=self.items(data, "descriptors", "descriptors", self.descriptor, []),
+            parts=self.items(data, "parts", "parts", self.object, []),  # informative: any JSON objects
         )
         self.agree(manifest)
         return manifest

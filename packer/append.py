@@ -1,0 +1,216 @@
+"""`pack FORMAT NEW_SRC OUT --append`: NEW_SRC's samples become new shards of the dataset in OUT.
+
+An append is a pack of NEW_SRC whose plan and listing live in `OUT/.pack/parts/<first shard>/`
+and whose shards are numbered after OUT's (`Plan.first_shard`); scanning, the pack-time order,
+shards, markers, resume, engines, tasks and buckets are the pack's own. What differs is the
+beginning and the end:
+
+- before: OUT's index.json is read (it must be there and sound), the encode options and fields
+  must be OUT's, and class names new to OUT get indexes after OUT's (no existing index changes);
+- after: a new index.json lists OUT's shards, then the new ones, and records every part (a pack
+  or an append: its shards, source, options, fingerprint) under `parts`; rejects.jsonl and the
+  loader descriptors are rewritten first, index.json last.
+
+Old shard files are never written, renamed or deleted, so OUT's previous index.json describes
+valid files until the new one replaces it, and a reader that opened it keeps working. Killed at
+any point, a rerun of the same command finds the part's plan (its first shard is the next free
+number of the unchanged index.json) and resumes; after success, a rerun recognises the recorded
+part (same SRC, same listing, same options) and does nothing, like a rerun of a finished pack.
+
+The shards are packed by the pipeline's own `pack_shards`; publishing a part (`publish_part`) and
+reading OUT's parts live in `packer.publish`, beside the pack's `publish`, so that `pack merge`
+(one `merge` for both) publishes an append its tasks packed and never drops appended shards.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from array import array
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Callable
+
+from readers.manifest import FORMAT_VERSION, MANIFEST_NAME, DatasetError, Manifest, parse_manifest
+from readers.remote import location
+
+from .encode import ENCODE_OPTIONS
+from .errors import PackError
+from .options import PackOptions
+from .outdir import part_dir
+from .output import Output, opened_output
+from .partition import Partition
+from .pipeline import (RunOptions, Summary, canonical_options, pack_shards, plan_differences, run_summary,
+                       scan_source)
+from .plan import Plan, write_plan
+from .publish import next_shard, publish_part, recorded_parts
+from .shard import Progress
+from .sources.inputs import Source, resolve_source
+from .sources.listing import Listing
+
+log = logging.getLogger(__name__)
+
+
+def append_run(src: str | os.PathLike[str], out: str | os.PathLike[str], options: PackOptions, run: RunOptions, *,
+               progress: Progress | None = None, planned: Callable[[int], None] | None = None) -> Summary:
+    """Add the samples of `src` to the packed dataset in `out` (a folder or a URL) as new shards;
+    `pipeline.pack_run`'s arguments. With a partition, this task packs its shards of the append
+    and `pack merge OUT` publishes it once every task is done."""
+    with opened_output(out, staging=run.staging, storage_options=run.storage_options) as target:
+        return append_into(src, target, options, run, run.partition(), progress=progress, planned=planned)
+
+
+def append_into(src: str | os.PathLike[str], out: Output, options: PackOptions, run: RunOptions,
+                partition: Partition, *, progress: Progress | None,
+                planned: Callable[[int], None] | None) -> Summary:
+    started = time.monotonic()
+    options = canonical_options(options)
+    src_path = location(src)
+    run.check(out, partition)
+    manifest = published_manifest(out)
+    check_compatible(out, manifest, options)
+    parts = recorded_parts(out, manifest)
+    plan = ensure_part_plan(src_path, out, options, manifest, parts, next_shard(out, manifest))
+    if isinstance(plan, dict):
+        return up_to_date_summary(out, manifest, plan, started)
+    final, resumed = pack_shards(out, plan, run, partition, progress=progress, planned=planned)
+    published = partition.is_whole
+    total = publish_part(out, manifest, parts, plan, final, run.policy, run.split) if published else None
+    return run_summary(out, plan, final, resumed, started, published, total)
+
+
+# --- OUT as it is ----------------------------------------------------------------------------
+
+
+def published_manifest(out: Output) -> Manifest:
+    """OUT's index.json, checked: an append needs a sound dataset to add to."""
+    try:
+        text = out.read_text(MANIFEST_NAME)
+    except IsADirectoryError:
+        text = None
+    except NotADirectoryError:
+        raise PackError(f"{out}: not a directory; --append adds to a packed dataset") from None
+    if text is None:
+        raise PackError(f"{out / MANIFEST_NAME}: not found; --append adds to a packed dataset: pack OUT first "
+                        "(without --append), or finish its pack (rerun it, or `pack merge`)")
+    try:
+        manifest = parse_manifest(text.encode("utf-8"), out / MANIFEST_NAME)
+    except DatasetError as exc:
+        raise PackError(f"{exc}; nothing was appended") from None
+    if manifest.version != FORMAT_VERSION:
+        raise PackError(f"{out / MANIFEST_NAME}: format version {manifest.version}, written by an older pack; "
+                        f"repack it (pack {manifest.format} OUT NEW_OUT) to append to it")
+    return manifest
+
+
+def check_compatible(out: Output, manifest: Manifest, options: PackOptions) -> None:
+    """The format and encode options must be OUT's: a dataset's samples are all stored alike.
+    Shard sizes, order, seed, validation and the way SRC is read may differ per part."""
+    if options.format != manifest.format:
+        raise PackError(f"{out}: holds {manifest.format} shards; append to it with `pack {manifest.format} ... "
+                        "--append`")
+    now = asdict(options)
+    differences = [f"--{name.replace('_', '-')} {manifest.options.get(name)} in OUT, {now[name]} now"
+                   for name in ENCODE_OPTIONS if manifest.options.get(name) != now[name]]
+    if differences:
+        raise PackError(f"{out}: an append stores samples as OUT does; {'; '.join(differences)}")
+
+
+# --- the part's plan ---------------------------------------------------------------------------
+
+
+def ensure_part_plan(src: Path | str, out: Output, options: PackOptions, manifest: Manifest,
+                     parts: list[dict[str, Any]], first: int) -> Plan | dict[str, Any]:
+    """The plan of this append (its shards numbered from `first`), written once and reused by
+    reruns and tasks; or the recorded part that already holds exactly what it would pack."""
+    with out.planning(src, overwrite=False, append=True):
+        plan = out.stored_plan(first)
+        source = resolve_source(src, options.input_format)
+        if plan is not None:
+            return unfinished(plan, source, out, options)
+        folder = part_dir(out.staging, first)
+        try:
+            plan = write_plan(out.staging, part_listing(src, source, out, options, manifest), options, first)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        earlier = same_part(parts, plan)
+        if earlier is not None:
+            shutil.rmtree(folder)
+            return earlier
+        return out.publish_plan(plan)
+
+
+def unfinished(plan: Plan, source: Source, out: Output, options: PackOptions) -> Plan:
+    """The plan of an append that was started and not published, when it is this one's."""
+    differences = plan_differences(plan, source, options)
+    if differences:
+        raise PackError(f"{out}: an unfinished append of {differences} is under way; rerun that command (or its "
+                        f"tasks and `pack merge`) to finish it first, or remove "
+                        f"{out / part_dir(Path(), plan.first_shard).as_posix()} to drop it")
+    log.info("%s: resuming the append from shard %d", out, plan.first_shard)
+    return plan
+
+
+def same_part(parts: list[dict[str, Any]], plan: Plan) -> dict[str, Any] | None:
+    """The recorded part packed from the same SRC with the same listing and options, if any."""
+    return next((part for part in parts if part.get("source") == plan.source
+                 and part.get("fingerprint") == plan.fingerprint), None)
+
+
+def part_listing(src: Path | str, source: Source, out: Output, options: PackOptions, manifest: Manifest) -> Listing:
+    """NEW_SRC's listing with labels indexing OUT's class list extended by its new class names."""
+    listing = scan_source(src, source, options)
+    if listing.fields != manifest.fields:
+        names = ", ".join(spec.name for spec in manifest.fields) or "none"
+        now = ", ".join(spec.name for spec in listing.fields) or "none"
+        changed = next(f"; {a.name}: {a.to_dict()} in OUT, {b.to_dict()} now"
+                       for a, b in zip(manifest.fields, listing.fields) if a != b) \
+            if [spec.name for spec in manifest.fields] == [spec.name for spec in listing.fields] else ""
+        raise PackError(f"{src}: its samples' fields ({now}) are not OUT's ({names}){changed}; every sample of "
+                        f"{out} has OUT's fields")
+    listing.classes = extended_classes(src, out, manifest.classes, listing)
+    return listing
+
+
+def is_implied(classes: list[str]) -> bool:
+    """Whether a class list is the "0".."K-1" a dataset of bare integer labels gets."""
+    return classes == [str(index) for index in range(len(classes))]
+
+
+def extended_classes(src: Path | str, out: Output, classes: list[str], listing: Listing) -> list[str]:
+    """OUT's classes, then NEW_SRC's class names OUT lacks (in NEW_SRC's order); `listing`'s labels
+    are turned into indexes of that list. Bare integer labels (no names) keep their values, as
+    indexes of OUT's list, when OUT's classes are themselves bare indexes (or none)."""
+    if not listing.classes:
+        if not classes or is_implied(classes):
+            return []  # publish_part extends OUT's indexes to the largest label
+        if any(label >= 0 for label in listing.labels):
+            raise PackError(f"{src}: its labels are bare integers and {out}'s classes have names; pass --classes "
+                            f"with OUT's index.json to read them as indexes of OUT's classes")
+        return classes  # unlabelled samples (--no-classes, a flat folder)
+    known = set(classes)
+    merged = classes + [name for name in listing.classes if name not in known]
+    index = {name: position for position, name in enumerate(merged)}
+    remap = [index[name] for name in listing.classes]
+    listing.labels = array("q", (remap[label] if label >= 0 else label for label in listing.labels))
+    added = len(merged) - len(classes)
+    if added:
+        log.info("%s: %d classes new to %s, indexes %d on", src, added, out, len(classes))
+    return merged
+
+
+def up_to_date_summary(out: Output, manifest: Manifest, part: dict[str, Any], started: float) -> Summary:
+    first = part.get("first_shard", 0)
+    log.info("%s: up to date (part from shard %s holds %s with the same options)", out, first, part.get("source"))
+    shards = [shard for shard, number in zip(manifest.shards, manifest.shard_numbers)
+              if first <= number < first + int(part.get("num_shards") or 0)]
+    return Summary(
+        out=str(out), num_samples=sum(shard.num_samples for shard in shards),
+        bytes=sum(shard.bytes for shard in shards), source_bytes=0, num_shards=len(shards),
+        planned_shards=len(shards), rejects=0, ignored=0, ignored_names=[], resumed_shards=len(shards),
+        elapsed=time.monotonic() - started, published=True, up_to_date=True,
+        dataset=(manifest.num_samples, len(manifest.shards), len(manifest.classes)),
+    )

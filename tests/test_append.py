@@ -1,0 +1,313 @@
+"""`pack FORMAT NEW_SRC OUT --append`: old files untouched, old indexes stable, new samples and
+classes published last, crash-safe, on a folder and on a bucket, by one run or by tasks."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from clirun import run
+from conftest import S3_BUCKET
+from imagefolders import make_image_folder
+from test_remote_pack import bucket_files, local_files, s3fs_of
+
+import readers
+from packer.api import pack as api_pack
+from packer.api import pack_samples
+from packer.errors import PackError
+from packer.options import PackOptions
+from packer.pipeline import RunOptions, merge, pack_run
+from packer.writers import WRITERS
+
+PACK = [sys.executable, "-m", "packer.cli"]
+PUBLISHED = {"index.json", "rejects.jsonl", "README.md", "_info.json", "wids.json"}
+"""What an append replaces; every other file of OUT must keep its bytes."""
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """OLD: classes 00..02; NEW: classes 00..03 (class_03 new to OLD), other images."""
+    root = tmp_path_factory.mktemp("append-src")
+    make_image_folder(root / "old", classes=3, per_class=5, seed=1)
+    make_image_folder(root / "new", classes=4, per_class=3, seed=2)
+    return root / "old", root / "new"
+
+
+def digests(out: Path) -> dict[str, str]:
+    """sha256 of every file of OUT but the work folder."""
+    return {path.relative_to(out).as_posix(): hashlib.sha256(path.read_bytes()).hexdigest()
+            for path in sorted(out.rglob("*")) if path.is_file() and ".pack" not in path.relative_to(out).parts}
+
+
+def samples(out: Path | str, **options: Any) -> list[tuple[bytes, str, str]]:
+    """(image bytes, class name, path) of every sample, in order."""
+    dataset = readers.open_dataset(out, decode="bytes", fields=("image", "label", "path"), **options)
+    try:
+        return [(bytes(image), dataset.classes[label], path) for image, label, path in dataset]
+    finally:
+        dataset.close()
+
+
+def expected(files: dict[str, bytes]) -> list[tuple[bytes, str, str]]:
+    return sorted((data, path.split("/")[0], path) for path, data in files.items() if "/" in path)
+
+
+@pytest.mark.parametrize("fmt", sorted(WRITERS))
+def test_append_keeps_old_bytes_and_publishes_new_samples(fmt: str, tmp_path: Path) -> None:
+    old_files = make_image_folder(tmp_path / "old", classes=3, per_class=5, seed=1)
+    new_files = make_image_folder(tmp_path / "new", classes=4, per_class=3, seed=2)
+    out = tmp_path / "out"
+    api_pack(tmp_path / "old", out, fmt, shard_size=4)
+    before = digests(out)
+    old_classes = readers.load_manifest(out).classes
+    opened = readers.open_dataset(out, decode="bytes", fields=("image", "label", "path"))
+    first_read = [(bytes(image), label, path) for image, label, path in opened]
+
+    summary = api_pack(tmp_path / "new", out, fmt, shard_size=4, append=True)
+    assert [(bytes(image), label, path) for image, label, path in opened] == first_read  # opened before: unharmed
+    opened.close()  # (py-lmdb opens a path once per process)
+
+    after = digests(out)
+    assert {name: digest for name, digest in after.items() if name in before and name not in PUBLISHED} == \
+        {name: digest for name, digest in before.items() if name not in PUBLISHED}
+    manifest = readers.load_manifest(out)
+    assert manifest.classes[:len(old_classes)] == old_classes and manifest.classes == old_classes + ["class_03"]
+    assert summary.num_samples == len(expected(new_files)) and summary.dataset == (manifest.num_samples,
+                                                                                    len(manifest.shards), 4)
+    assert [part["first_shard"] for part in manifest.parts] == [0, 5]
+    assert [shard.name.split(".")[0] for shard in manifest.shards] == [f"shard-{k:06d}" for k in range(9)]
+    assert sorted(samples(out)) == sorted(expected(old_files) + expected(new_files))
+    assert run("verify", out, "-q") == (0, f"{out}: OK, {manifest.num_samples} samples\n")
+
+
+def test_rerun_after_success_is_a_no_op_and_merge_keeps_it(sources: tuple[Path, Path], tmp_path: Path) -> None:
+    old, new = sources
+    out = tmp_path / "out"
+    assert run("wds", old, out, "--shard-size", "4", "-q")[0] == 0
+    code, output = run("wds", new, out, "--shard-size", "4", "--append", "-q")
+    assert code == 0 and output.startswith("appended 15 samples") and "now holds 33 samples in 9 shards, 4 classes" \
+        in output, output
+    published = digests(out)
+    code, output = run("wds", new, out, "--shard-size", "4", "--append", "-q")
+    assert code == 0 and "already appended, 15 samples in 4 shards" in output, output
+    assert run("merge", out)[0] == 0 and digests(out) == published
+    assert run("wds", old, out, "--shard-size", "4", "--append", "-q")[1].startswith(f"{out}: already appended")
+    assert digests(out) == published and not (out / ".pack" / "parts" / "000009").exists()
+    assert "part         shard 5 on: 15 samples in 4 shards from " in run("info", out)[1]
+    code, output = run("info", out, "--json")
+    assert code == 0 and [part["num_samples"] for part in json.loads(output)["parts"]] == [18, 15]
+    wids = json.loads((out / "wids.json").read_text())
+    assert [entry["nsamples"] for entry in wids["shardlist"]] == [4, 4, 4, 4, 2, 4, 4, 4, 3]
+
+
+def test_classes_option_and_no_classes(tmp_path: Path) -> None:
+    old_files = make_image_folder(tmp_path / "old", classes=3, per_class=5, seed=1)
+    new_files = make_image_folder(tmp_path / "new", classes=4, per_class=3, seed=2)
+    out = tmp_path / "out"
+    api_pack(tmp_path / "old", out, "lmdb")
+    class_list = tmp_path / "classes.txt"
+    class_list.write_text("zebra\nclass_03\nclass_02\nclass_01\nclass_00\n")
+    api_pack(tmp_path / "new", out, "lmdb", classes=class_list, append=True)
+    manifest = readers.load_manifest(out)
+    assert manifest.classes == ["class_00", "class_01", "class_02", "zebra", "class_03"]  # OUT's first, as they were
+    both = expected(old_files) + expected(new_files)
+    assert manifest.class_counts == [sum(1 for _, name, _ in both if name == wanted) for wanted in manifest.classes]
+    assert sorted(samples(out)) == sorted(both)
+    make_image_folder(tmp_path / "flat", classes=1, per_class=2, seed=5)
+    api_pack(tmp_path / "flat", out, "lmdb", no_classes=True, append=True)
+    grown = readers.load_manifest(out)
+    assert (grown.classes, grown.class_counts) == (manifest.classes, manifest.class_counts)
+    dataset = readers.open_dataset(out, fields=("label",))
+    assert [label for (label,) in dataset].count(-1) == grown.num_samples - manifest.num_samples > 0
+    dataset.close()
+
+
+def wait_for(out: Path, process: subprocess.Popen, markers: int) -> None:
+    """Until the append has written its plan and `markers` shard markers of its own."""
+    deadline = time.monotonic() + 60
+    done = out / ".pack" / "done"
+    markers += len(os.listdir(done))  # OUT's
+    while time.monotonic() < deadline and process.poll() is None:
+        if list((out / ".pack" / "parts").glob("*/plan.json")) and len(os.listdir(done)) >= markers:
+            return
+        time.sleep(0.005)
+
+
+@pytest.fixture(scope="module")
+def appended_reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path, list[str]]:
+    """A small OUT, a larger NEW_SRC, and OUT with NEW_SRC appended by an uninterrupted run."""
+    root = tmp_path_factory.mktemp("killed")
+    make_image_folder(root / "old", classes=2, per_class=10, seed=3)
+    make_image_folder(root / "new", classes=4, per_class=60, seed=4)
+    base = root / "base"
+    subprocess.run([*PACK, "lmdb", str(root / "old"), str(base), "--shard-size", "10", "-q"], check=True)
+    command = ["--shard-size", "10", "--append", "-q"]
+    reference = root / "reference"
+    subprocess.run(["cp", "-a", str(base), str(reference)], check=True)
+    subprocess.run([*PACK, "lmdb", str(root / "new"), str(reference), *command], check=True)
+    return root / "new", base, reference, command
+
+
+@pytest.mark.parametrize("markers", [0, 3, 12])
+def test_kill_9_during_append_then_rerun_gives_the_same_bytes(appended_reference: tuple[Path, Path, Path, list[str]],
+                                                              tmp_path: Path, markers: int) -> None:
+    new, base, reference, options = appended_reference
+    out = tmp_path / "out"
+    subprocess.run(["cp", "-a", str(base), str(out)], check=True)
+    old = digests(out)
+    command = [*PACK, "lmdb", str(new), str(out), *options, "--workers", "2"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for(out, process, markers)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert (out / "index.json").read_bytes() == (base / "index.json").read_bytes()  # killed before publishing
+    assert samples(out) == samples(base)  # the previous manifest is still whole and readable
+    assert {name: digest for name, digest in digests(out).items() if name in old} == old
+    rerun = subprocess.run(command, capture_output=True, text=True)
+    assert rerun.returncode == 0, rerun.stderr
+    assert digests(out) == digests(reference)
+    assert not (out / ".pack" / "tmp").exists() or not os.listdir(out / ".pack" / "tmp")
+
+
+def appended_by_tasks(old: Path, new: Path, out: Path) -> None:
+    """OLD packed into OUT, then NEW appended by two tasks: every shard packed, nothing published."""
+    api_pack(old, out, "wds", shard_size=4)
+    for task in (0, 1):
+        assert not api_pack(new, out, "wds", shard_size=4, append=True, task_index=task, task_count=2).published
+    assert readers.load_manifest(out).num_samples == 18
+
+
+def test_killed_just_before_index_json_the_rerun_publishes(sources: tuple[Path, Path], tmp_path: Path) -> None:
+    """The last window: every shard done, rejects.jsonl and the descriptors replaced, index.json not yet."""
+    old, new = sources
+    done, killed = tmp_path / "done", tmp_path / "killed"
+    api_pack(old, done, "wds", shard_size=4)
+    api_pack(new, done, "wds", shard_size=4, append=True)
+    appended_by_tasks(old, new, killed)
+    for name in PUBLISHED - {"index.json"}:
+        (killed / name).write_bytes((done / name).read_bytes())
+    assert readers.load_manifest(killed).num_samples == 18  # the old manifest still rules
+    assert api_pack(new, killed, "wds", shard_size=4, append=True).resumed_shards == 4
+    assert digests(killed) == digests(done)
+
+
+def test_tasks_then_merge_equal_one_run(sources: tuple[Path, Path], tmp_path: Path) -> None:
+    old, new = sources
+    one, tasks = tmp_path / "one", tmp_path / "tasks"
+    for out in (one, tasks):
+        api_pack(old, out, "hdf5", shard_size=3)
+    api_pack(new, one, "hdf5", shard_size=3, append=True)
+    for task in (1, 0):
+        code, output = run("hdf5", new, tasks, "--shard-size", 3, "--append", "--task-index", task,
+                           "--task-count", 2, "-q")
+        assert code == 0 and f"pack merge {tasks}" in output, output
+        assert readers.load_manifest(tasks).num_samples == 18  # nothing published by a task
+    code, output = run("merge", tasks)
+    assert code == 0 and output.startswith("merged 11 shards, 33 samples"), output
+    assert digests(tasks) == digests(one)
+
+
+def test_the_librarys_merge_knows_parts(sources: tuple[Path, Path], tmp_path: Path) -> None:
+    """packer.pipeline.merge (which `pack merge` and api.merge call) publishes an append its tasks
+    packed and keeps an appended dataset: never republished from the first pack's plan alone."""
+    old, new = sources
+    out = tmp_path / "out"
+    appended_by_tasks(old, new, out)
+    manifest = merge(out)
+    assert (manifest.num_samples, len(manifest.shards), [part["first_shard"] for part in manifest.parts]) == \
+        (33, 9, [0, 5])
+    published = digests(out)
+    assert merge(out).num_samples == 33 and digests(out) == published
+    with pytest.raises(PackError, match="an append goes through packer.append.append_run"):  # never a silent pack
+        pack_run(new, out, PackOptions(format="wds", shard_size=4), RunOptions(append=True))
+    assert len(samples(out)) == 33 and run("verify", out, "-q")[0] == 0
+
+
+@pytest.mark.parametrize("fmt", ["wds"])
+def test_append_on_the_bucket_equals_a_local_append(fmt: str, sources: tuple[Path, Path], s3_options: dict,
+                                                    tmp_path: Path) -> None:
+    old, new = sources
+    url = f"s3://{S3_BUCKET}/append-{fmt}"
+    api_pack(old, tmp_path / "local", fmt, shard_size=4)
+    api_pack(new, tmp_path / "local", fmt, shard_size=4, append=True)
+    api_pack(old, url, fmt, shard_size=4, storage_options=s3_options)
+    before = bucket_files(s3_options, f"append-{fmt}")
+    opened = readers.open_dataset(url, decode="bytes", fields=("image", "label", "path"), storage_options=s3_options,
+                                  cache_dir=tmp_path / "cache")
+    api_pack(new, url, fmt, shard_size=4, append=True, storage_options=s3_options)
+    after = bucket_files(s3_options, f"append-{fmt}")
+    assert after == local_files(tmp_path / "local")
+    assert {name: data for name, data in after.items() if name in before and name not in PUBLISHED} == \
+        {name: data for name, data in before.items() if name not in PUBLISHED}
+    assert len(list(opened)) == 18  # opened before the append: still reads the old manifest's samples
+    opened.close()
+    again = api_pack(new, url, fmt, shard_size=4, append=True, storage_options=s3_options)
+    assert again.up_to_date and bucket_files(s3_options, f"append-{fmt}") == after
+    assert not s3fs_of(s3_options).find(f"{S3_BUCKET}/append-{fmt}/.pack/tmp")
+
+
+def test_tasks_then_merge_on_the_bucket(sources: tuple[Path, Path], s3_options: dict, tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    import fsspec
+
+    monkeypatch.setitem(fsspec.config.conf, "s3", s3_options)
+    old, new = sources
+    url = f"s3://{S3_BUCKET}/append-tasks"
+    api_pack(old, tmp_path / "local", "lmdb", shard_size=4)
+    api_pack(new, tmp_path / "local", "lmdb", shard_size=4, append=True)
+    api_pack(old, url, "lmdb", shard_size=4)
+    for task in (0, 1):
+        code, output = run("lmdb", new, url, "--shard-size", 4, "--append", "--task-index", task, "--task-count", 2,
+                           "--staging", tmp_path / f"staging-{task}", "-q")
+        assert code == 0, output
+    code, output = run("merge", url)
+    assert code == 0 and output.startswith("merged 9 shards, 33 samples"), output
+    assert bucket_files(s3_options, "append-tasks") == local_files(tmp_path / "local")
+    assert run("verify", url, "-q") == (0, f"{url}: OK, 33 samples\n")
+
+
+def test_bad_cases_are_one_line_and_change_nothing(sources: tuple[Path, Path], tmp_path: Path) -> None:
+    old, new = sources
+    out = tmp_path / "out"
+    assert run("lmdb", old, out, "--shard-size", "4", "-q")[0] == 0
+    published = digests(out)
+    cases = [
+        (["wds", new, out, "--append"], "holds lmdb shards; append to it with `pack lmdb ... --append`"),
+        (["lmdb", new, out, "--append", "--store", "raw"], "--store original in OUT, raw now"),
+        (["lmdb", new, out, "--append", "--overwrite"], "--append adds to OUT and --overwrite replaces it"),
+        (["lmdb", new, out, "--append", "--sidecars", "txt", "--sidecars-optional"],
+         "its samples' fields (txt) are not OUT's (none)"),
+        (["lmdb", new, tmp_path / "nothing", "--append"], "index.json: not found; --append adds to a packed dataset"),
+        (["lmdb", new, old, "--append"], "index.json: not found; --append adds to a packed dataset"),
+    ]
+    for args, message in cases:
+        code, output = run(*args)
+        assert code == 1 and message in output and len(output.strip().splitlines()) == 1, (args, output)
+        assert digests(out) == published
+    assert not (tmp_path / "nothing").exists() and not (out / ".pack" / "parts").exists()
+    index = out / "index.json"
+    sound = index.read_text()
+    index.write_text(sound.replace('"num_samples": 18', '"num_samples": 19', 1))
+    code, output = run("lmdb", new, out, "--append")
+    assert code == 1 and "num_samples: 19, but the shards hold 18; nothing was appended" in output, output
+    index.write_text(sound)
+    appended = tmp_path / "appended"
+    api_pack(old, appended, "lmdb", shard_size=4)
+    api_pack(new, appended, "lmdb", shard_size=4, append=True)
+    (appended / "index.json").write_text("{")
+    code, output = run("merge", appended)
+    assert code == 1 and "OUT has appended parts (.pack/parts), so merge cannot rebuild it" in output, output
+    code, output = run("lmdb", new, out, "--append", "--task-index", 0, "--task-count", 2, "-q")
+    assert code == 0 and {name: digest for name, digest in digests(out).items() if name in published} == published
+    code, output = run("lmdb", old, out, "--append")
+    assert code == 1 and "an unfinished append of another SRC" in output and "parts/000005 to drop it" in output, output
+    with pytest.raises(PackError, match="append is not supported"):
+        pack_samples(len, [b""], tmp_path / "samples", "lmdb", append=True)
