@@ -79,6 +79,16 @@ def meta_problem(meta: Any, classes: int, payload_bytes: int) -> str | None:
     return None
 
 
+def sample_index(index: int, size: int) -> int:
+    """`index` of `size` samples as a list takes it (negative from the end), else IndexError."""
+    position = int(index)
+    if position < 0:
+        position += size
+    if not 0 <= position < size:
+        raise IndexError(f"sample index {position} out of range for {size} samples")
+    return position
+
+
 class PackedDataset(Dataset):
     """Map-style dataset over the shards of one manifest.
 
@@ -226,11 +236,7 @@ class PackedDataset(Dataset):
             yield self[index]
 
     def __getitem__(self, index: int) -> tuple[Any, ...]:
-        index = int(index)
-        if index < 0:
-            index += len(self)
-        if not 0 <= index < len(self):
-            raise IndexError(f"sample index {index} out of range for {len(self)} samples")
+        index = sample_index(index, len(self))
         try:
             return self.load(index)
         except DatasetError:

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator, Literal, Sequence
 import numpy as np
 from torch.utils.data import Dataset
 
-from .base import DeferredRecord, Fields, PackedDataset, Record
+from .base import DeferredRecord, Fields, PackedDataset, Record, sample_index
 from .cache import Ahead, CachedFile, Lease
 from .fields import FieldSpec
 from .manifest import DatasetError, ShardInfo
@@ -298,11 +298,7 @@ class MixedDataset(Dataset):
         return sample
 
     def __getitem__(self, index: int) -> tuple[Any, ...]:
-        index = int(index)
-        if index < 0:
-            index += len(self)
-        if not 0 <= index < len(self):
-            raise IndexError(f"sample index {index} out of range for {len(self)} samples")
+        index = sample_index(index, len(self))
         source, local = self.locate_source(index)
         return self._finish(source, self.sources[source][local])
 

@@ -120,6 +120,16 @@ def parse_header(block: bytes | memoryview, *, checksum: bool = True) -> Member 
     return Member(name=check_member_name(os.fsdecode(name)), size=size)
 
 
+def strict_member(block: bytes) -> tuple[str, int] | None:
+    """(name, size) of the member whose header is `block`, checked in full (pack's own headers by
+    `canonical_header`, any other by `parse_header`), or None at the end-of-archive block."""
+    canonical = canonical_header(block)
+    if canonical is not None:
+        return check_member_name(os.fsdecode(canonical[0])), canonical[1]
+    member = parse_header(block)
+    return None if member is None else (member.name, member.size)
+
+
 def check_member_name(name: str) -> str:
     """Refuse member names that could escape an extraction directory."""
     if not name or name.startswith("/") or ".." in name.split("/"):

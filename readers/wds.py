@@ -35,7 +35,7 @@ from .layouts.wds import (
     parse_index_header,
 )
 from .manifest import DatasetError, FileInfo
-from .tar import BLOCK, TarError, canonical_header, check_member_name, padding, parse_header, split_name
+from .tar import BLOCK, TarError, padding, parse_header, split_name, strict_member
 from .streaming import DEFAULT_PREFETCH_SHARDS, ShardStream
 
 
@@ -414,17 +414,12 @@ def read_tar_samples(handle: BinaryIO, meta_extension: str, fields: Sequence[Fie
             raise TarError("tar shard is truncated (no end-of-archive block)")
         if skip:
             block = block[skip:]
-        canonical = canonical_header(block)  # pack's own headers: fast; any other: parsed in full
-        if canonical is not None:
-            name = check_member_name(os.fsdecode(canonical[0]))
-            size = canonical[1]
-        else:
-            member = parse_header(block)
-            if member is None:
-                if key is not None:
-                    yield assemble(key, parts, known, meta_extension, wanted)
-                return
-            name, size = member.name, member.size
+        member = strict_member(block)
+        if member is None:
+            if key is not None:
+                yield assemble(key, parts, known, meta_extension, wanted)
+            return
+        name, size = member
         member_key, extension = split_name(name)
         if key is not None and member_key != key:
             yield assemble(key, parts, known, meta_extension, wanted)
@@ -503,17 +498,12 @@ def walk_tar_samples(fd: int, meta_extension: str, fields: Sequence[FieldSpec], 
         block = read(offset, BLOCK)
         if len(block) < BLOCK:
             raise TarError("tar shard is truncated (no end-of-archive block)")
-        canonical = canonical_header(block)
-        if canonical is not None:
-            name = check_member_name(os.fsdecode(canonical[0]))
-            size = canonical[1]
-        else:
-            member = parse_header(block)
-            if member is None:
-                if key is not None:
-                    yield walked(key, parts, known, meta_extension, wanted)
-                return
-            name, size = member.name, member.size
+        member = strict_member(block)
+        if member is None:
+            if key is not None:
+                yield walked(key, parts, known, meta_extension, wanted)
+            return
+        name, size = member
         member_key, extension = split_name(name)
         if key is not None and member_key != key:
             yield walked(key, parts, known, meta_extension, wanted)
