@@ -192,6 +192,7 @@ class PackedLoader:
         self.dataloader = self._dataloader(dataloader_args)
         self._consumed = 0
         self._resume: int | None = None
+        self._passes = 0  # passes begun: with persistent workers only the latest may take batches
 
     def _dataloader(self, args: dict[str, Any]) -> DataLoader:
         return DataLoader(self.dataset, batch_sampler=self.sampler, generator=self._generator, **args)
@@ -242,12 +243,28 @@ class PackedLoader:
         self._consumed = start
         self.sampler.start_batch = start
         self._generator.manual_seed(_worker_seed(self.sampler.seed, self.rank, self.epoch))
+        self._passes += 1
+        mine = self._passes
         batches = iter(self.dataloader)
         widen_result_pipe(batches)
         receive = self._receiver()
-        for batch in batches:
+        left = self.sampler.num_batches - start  # this pass's batches not yet taken
+        while True:
+            if mine != self._passes and self.dataloader.persistent_workers:
+                if left <= 0:
+                    return
+                # DataLoader restarted its one set of workers for the newer pass: a batch taken here
+                # would be one of that pass's, lost to it
+                raise RuntimeError(f"{self.dataset.root}: another pass over this loader began while this one was "
+                                   "under way, and persistent workers serve one pass at a time: finish or drop one "
+                                   "iterator first, or make the loader with persistent_workers=False")
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
             number = self._consumed
             self._consumed += 1
+            left -= 1
             yield receive(batch, number)
 
     def _receiver(self) -> Callable[[Any, int], Any]:
