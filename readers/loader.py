@@ -464,9 +464,11 @@ def make_loader(
         "collate_fn": None if streaming else collate,  # streaming workers collate themselves
         "pin_memory": torch.cuda.is_available() if pin_memory is None else pin_memory,
         "worker_init_fn": _WorkerInit(worker_init_fn),
-        "timeout": timeout,
     }
-    if workers > 0:
+    if timeout < 0:
+        raise ValueError(f"timeout must be >= 0, not {timeout}")
+    if workers > 0:  # the wait for a worker's batch: DataLoader refuses it (an assert) without workers
+        args["timeout"] = timeout
         args["persistent_workers"] = True if persistent_workers is None else persistent_workers
         args["prefetch_factor"] = prefetch_factor
         args["multiprocessing_context"] = multiprocessing_context

@@ -198,6 +198,17 @@ def test_two_passes_at_once_over_persistent_workers_fail_instead_of_sharing_batc
     assert len(list(done)) == len(whole) and flat(loader) == whole
 
 
+def test_a_timeout_without_workers_reads(packed_as: Callable) -> None:
+    """`timeout` is how long to wait for a worker's batch; with none (num_workers=0, the default
+    on a machine of one CPU) DataLoader failed at iteration on an assert."""
+    dataset = open_indexed(packed_as("wds")[0])
+    for streaming in (False, True):
+        loader = readers.make_loader(dataset, 4, num_workers=0, timeout=30, streaming=streaming)
+        assert sorted(i for batch in flat(loader) for i in batch) == list(range(len(dataset)))
+    with pytest.raises(ValueError, match="timeout must be >= 0, not -1"):
+        readers.make_loader(dataset, 4, num_workers=0, timeout=-1)
+
+
 def test_samples_are_the_packed_bytes(packed: tuple[Path, dict[str, bytes]]) -> None:
     out, files = packed
     dataset = readers.open_dataset(out, decode="bytes", fields=("image", "label", "path"))
