@@ -209,6 +209,20 @@ def test_a_timeout_without_workers_reads(packed_as: Callable) -> None:
         readers.make_loader(dataset, 4, num_workers=0, timeout=-1)
 
 
+@pytest.mark.parametrize("streaming", [False, True])
+def test_the_dataloader_itself_gives_tensors_and_bytes(streaming: bool, packed_as: Callable) -> None:
+    """`loader.dataloader` (for a trainer that wants a DataLoader) yields what the loader yields:
+    workers' `Scalars` and shared-memory `RingColumn`s are settled as batches leave it."""
+    dataset = readers.open_dataset(packed_as("wds")[0], decode="bytes", fields=("index", "image", "label"))
+    loader = readers.make_loader(dataset, 3, seed=1, num_workers=2, streaming=streaming)
+    through_loader = [(b[0].tolist(), b[1], b[2].tolist()) for b in loader]
+    batches = list(loader.dataloader)
+    for batch in batches:
+        assert [type(column) for column in batch] == [torch.Tensor, list, torch.Tensor]
+        assert all(type(image) is bytes for image in batch[1])
+    assert [(b[0].tolist(), b[1], b[2].tolist()) for b in batches] == through_loader
+
+
 def test_samples_are_the_packed_bytes(packed: tuple[Path, dict[str, bytes]]) -> None:
     out, files = packed
     dataset = readers.open_dataset(out, decode="bytes", fields=("image", "label", "path"))
