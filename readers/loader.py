@@ -172,6 +172,34 @@ def widen_result_pipe(iterator: Any) -> None:
         pass
 
 
+class SettlingDataLoader(DataLoader):
+    """The loader's DataLoader (`loader.dataloader`): its batches are settled as they leave it, so
+    what workers hand over cheaply (`Scalars` lists, bytes in a shared-memory ring: readers.handover)
+    comes out as tensors and bytes, also for code that iterates `loader.dataloader` itself (a
+    trainer that wants a DataLoader) rather than the loader."""
+
+    def __iter__(self) -> Any:
+        batches = super().__iter__()
+        if self.num_workers == 0:
+            return batches
+        widen_result_pipe(batches)
+        return _settled(batches, Handover(), _pins(self))
+
+
+def _settled(batches: Any, handover: Handover, pin: bool) -> Iterator[Any]:
+    """One pass's batches with the number columns made tensors and the ring columns bytes; the
+    rings live as long as the pass."""
+    for batch in batches:
+        yield handover.settle(batch, pin)
+
+
+def _pins(dataloader: DataLoader) -> bool:
+    """Whether DataLoader pins its batches' tensors (then the ones stacked here are pinned too)."""
+    accelerator = getattr(torch, "accelerator", None)
+    return dataloader.pin_memory and (accelerator.is_available() if accelerator is not None
+                                      else torch.cuda.is_available())
+
+
 def _worker_seed(seed: int, rank: int, epoch: int) -> int:
     return int(np.random.SeedSequence([seed, rank, epoch]).generate_state(1, dtype=np.uint64)[0] >> 1)
 
@@ -192,9 +220,10 @@ class PackedLoader:
         self.dataloader = self._dataloader(dataloader_args)
         self._consumed = 0
         self._resume: int | None = None
+        self._passes = 0  # passes begun: with persistent workers only the latest may take batches
 
     def _dataloader(self, args: dict[str, Any]) -> DataLoader:
-        return DataLoader(self.dataset, batch_sampler=self.sampler, generator=self._generator, **args)
+        return SettlingDataLoader(self.dataset, batch_sampler=self.sampler, generator=self._generator, **args)
 
     @property
     def batch_size(self) -> int:
@@ -242,28 +271,27 @@ class PackedLoader:
         self._consumed = start
         self.sampler.start_batch = start
         self._generator.manual_seed(_worker_seed(self.sampler.seed, self.rank, self.epoch))
+        self._passes += 1
+        mine = self._passes
         batches = iter(self.dataloader)
-        widen_result_pipe(batches)
-        receive = self._receiver()
-        for batch in batches:
+        left = self.sampler.num_batches - start  # this pass's batches not yet taken
+        while True:
+            if mine != self._passes and self.dataloader.persistent_workers:
+                if left <= 0:
+                    return
+                # DataLoader restarted its one set of workers for the newer pass: a batch taken here
+                # would be one of that pass's, lost to it
+                raise RuntimeError(f"{self.dataset.root}: another pass over this loader began while this one was "
+                                   "under way, and persistent workers serve one pass at a time: finish or drop one "
+                                   "iterator first, or make the loader with persistent_workers=False")
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
             number = self._consumed
             self._consumed += 1
-            yield receive(batch, number)
-
-    def _receiver(self) -> Callable[[Any, int], Any]:
-        """What makes each batch of one pass from the DataLoader the item yielded (batch, its number):
-        with workers, the number columns they handed over as lists become tensors here."""
-        if self.num_workers == 0:
-            return self._with_mask
-        handover, pin = Handover(), self._pin
-        return lambda batch, number: self._with_mask(handover.settle(batch, pin), number)
-
-    @property
-    def _pin(self) -> bool:
-        """Whether DataLoader pins its batches' tensors (then the ones stacked here are pinned too)."""
-        accelerator = getattr(torch, "accelerator", None)
-        return self.dataloader.pin_memory and (accelerator.is_available() if accelerator is not None
-                                               else torch.cuda.is_available())
+            left -= 1
+            yield self._with_mask(batch, number)
 
     def _with_mask(self, batch: Any, number: int) -> Any:
         if self.sampler.mode != "eval":
@@ -308,13 +336,10 @@ class StreamingLoader(PackedLoader):
     sampler: ShardStream
 
     def _dataloader(self, args: dict[str, Any]) -> DataLoader:
-        return DataLoader(self.sampler, batch_size=None, generator=self._generator, **args)
+        return SettlingDataLoader(self.sampler, batch_size=None, generator=self._generator, **args)
 
-    def _receiver(self) -> Callable[[Any, int], Any]:
-        """Per pass, a `Handover` that makes tensors of the number columns and bytes of the ring columns
-        the workers handed over; its rings live as long as the pass."""
-        handover, pin = Handover(), self._pin
-        return lambda batch, number: handover.settle(batch, pin)
+    def _with_mask(self, batch: Any, number: int) -> Any:
+        return batch  # streaming workers make the eval masks
 
 
 def warn_class_sorted(dataset: PackedDataset) -> None:
@@ -447,9 +472,11 @@ def make_loader(
         "collate_fn": None if streaming else collate,  # streaming workers collate themselves
         "pin_memory": torch.cuda.is_available() if pin_memory is None else pin_memory,
         "worker_init_fn": _WorkerInit(worker_init_fn),
-        "timeout": timeout,
     }
-    if workers > 0:
+    if timeout < 0:
+        raise ValueError(f"timeout must be >= 0, not {timeout}")
+    if workers > 0:  # the wait for a worker's batch: DataLoader refuses it (an assert) without workers
+        args["timeout"] = timeout
         args["persistent_workers"] = True if persistent_workers is None else persistent_workers
         args["prefetch_factor"] = prefetch_factor
         args["multiprocessing_context"] = multiprocessing_context

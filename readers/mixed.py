@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import numbers
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Literal, Sequence
@@ -58,10 +59,15 @@ def epoch_counts(sizes: Sequence[int], *, weights: Sequence[float] | None = None
         raise ValueError(f"pass one of weights, repeat and choose, not {' and '.join(given)}")
     if epoch_size is not None and ("repeat" in given or "choose" in given):
         raise ValueError(f"epoch_size is the sum of the {next(iter(given))} counts; pass weights= to set it")
-    if epoch_size is not None and (isinstance(epoch_size, bool) or not isinstance(epoch_size, int) or epoch_size < 1):
+    if epoch_size is not None and (isinstance(epoch_size, bool) or not isinstance(epoch_size, numbers.Integral)
+                                   or epoch_size < 1):
         raise ValueError(f"epoch_size must be an integer of at least 1, not {epoch_size!r}")
     name, values = next(iter(given.items()), ("weights", list(sizes)))
-    values = list(values)
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__len__") or not hasattr(values, "__iter__"):
+        raise ValueError(f"{name} must be one number per dataset (a list), not {values!r}")
+    # numpy's and torch's numbers (an array's items) count as numbers: compare them as Python's
+    values = [value.item() if hasattr(value, "item") and not isinstance(value, (int, float)) else value
+              for value in values]
     if len(values) != len(sizes):
         raise ValueError(f"{name} has {len(values)} values for {len(sizes)} datasets")
     for value in values:
@@ -76,7 +82,7 @@ def epoch_counts(sizes: Sequence[int], *, weights: Sequence[float] | None = None
     elif name == "repeat":
         counts = [round(value * size) for value, size in zip(values, sizes)]
     else:
-        counts = apportion(np.asarray(values, dtype=np.float64), sum(sizes) if epoch_size is None else epoch_size)
+        counts = apportion(np.asarray(values, dtype=np.float64), sum(sizes) if epoch_size is None else int(epoch_size))
     for source, (count, size) in enumerate(zip(counts, sizes)):
         if count and not size:
             raise ValueError(f"datasets[{source}] has no samples to take {count} from ({name} {values[source]})")

@@ -8,6 +8,7 @@ manifest names, so new formats are covered when they register.
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
+from typing import Callable
 
 import ddp_ranks
 import numpy as np
@@ -172,6 +174,53 @@ def test_order_and_resume_do_not_depend_on_workers(packed: tuple[Path, dict[str,
         assert head + flat(resumed) == serial
         # The next pass over the same epoch starts from the beginning again.
         assert flat(resumed) == serial
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_two_passes_at_once_over_persistent_workers_fail_instead_of_sharing_batches(
+        streaming: bool, packed_as: Callable) -> None:
+    """DataLoader's persistent workers serve one pass: a second one restarts them, and the first,
+    taking batches on, took half of the second's (silently, each pass lost half the epoch)."""
+    make = functools.partial(readers.make_loader, open_indexed(packed_as("wds")[0]), 3, seed=2, num_workers=2,
+                             streaming=streaming)
+    separate = make(persistent_workers=False)
+    assert [(a[0].tolist(), b[0].tolist()) for a, b in zip(separate, separate)] == [(x, x) for x in flat(separate)]
+    loader = make()
+    whole = flat(loader)
+    with pytest.raises(RuntimeError, match="another pass over this loader began while this one was under way"):
+        list(zip(loader, loader))
+    first = iter(loader)
+    next(first)
+    assert flat(loader) == whole  # the newer pass is whole
+    with pytest.raises(RuntimeError, match="another pass"):
+        next(first)  # was: StopIteration, the rest of its epoch silently gone
+    done = iter(loader)
+    assert len(list(done)) == len(whole) and flat(loader) == whole
+
+
+def test_a_timeout_without_workers_reads(packed_as: Callable) -> None:
+    """`timeout` is how long to wait for a worker's batch; with none (num_workers=0, the default
+    on a machine of one CPU) DataLoader failed at iteration on an assert."""
+    dataset = open_indexed(packed_as("wds")[0])
+    for streaming in (False, True):
+        loader = readers.make_loader(dataset, 4, num_workers=0, timeout=30, streaming=streaming)
+        assert sorted(i for batch in flat(loader) for i in batch) == list(range(len(dataset)))
+    with pytest.raises(ValueError, match="timeout must be >= 0, not -1"):
+        readers.make_loader(dataset, 4, num_workers=0, timeout=-1)
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_the_dataloader_itself_gives_tensors_and_bytes(streaming: bool, packed_as: Callable) -> None:
+    """`loader.dataloader` (for a trainer that wants a DataLoader) yields what the loader yields:
+    workers' `Scalars` and shared-memory `RingColumn`s are settled as batches leave it."""
+    dataset = readers.open_dataset(packed_as("wds")[0], decode="bytes", fields=("index", "image", "label"))
+    loader = readers.make_loader(dataset, 3, seed=1, num_workers=2, streaming=streaming)
+    through_loader = [(b[0].tolist(), b[1], b[2].tolist()) for b in loader]
+    batches = list(loader.dataloader)
+    for batch in batches:
+        assert [type(column) for column in batch] == [torch.Tensor, list, torch.Tensor]
+        assert all(type(image) is bytes for image in batch[1])
+    assert [(b[0].tolist(), b[1], b[2].tolist()) for b in batches] == through_loader
 
 
 def test_samples_are_the_packed_bytes(packed: tuple[Path, dict[str, bytes]]) -> None:

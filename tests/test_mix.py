@@ -82,6 +82,12 @@ def test_epoch_counts_from_weights_repeat_choose_or_nothing() -> None:
     assert sum(apportion(np.array([1.0, 1.0, 1.0]), 100)) == 100
 
 
+def test_counts_given_as_numpy_arrays_are_numbers() -> None:
+    assert epoch_counts([100, 50], choose=np.array([7, 0])) == [7, 0]
+    assert epoch_counts([100, 50], weights=np.array([1, 1]), epoch_size=np.int64(30)) == [15, 15]
+    assert epoch_counts([100, 50], weights=np.array([0.25, 0.75], dtype=np.float32), epoch_size=100) == [25, 75]
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"weights": [1, -1]}, "weights must be non-negative numbers"),
     ({"weights": [0, 0]}, "weights are all zero"),
@@ -91,6 +97,7 @@ def test_epoch_counts_from_weights_repeat_choose_or_nothing() -> None:
     ({"weights": [1, 1], "repeat": [1, 1]}, "pass one of weights, repeat and choose, not weights and repeat"),
     ({"repeat": [1, 1], "epoch_size": 10}, "epoch_size is the sum of the repeat counts"),
     ({"choose": [1.5, 1]}, "choose must be whole numbers"),
+    ({"weights": 5}, "weights must be one number per dataset"),
 ])
 def test_bad_counts_are_one_line_value_errors(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message.replace("(", r"\(")) as error:
