@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -311,3 +312,34 @@ def test_bad_cases_are_one_line_and_change_nothing(sources: tuple[Path, Path], t
     assert code == 1 and "an unfinished append of another SRC" in output and "parts/000005 to drop it" in output, output
     with pytest.raises(PackError, match="append is not supported"):
         pack_samples(len, [b""], tmp_path / "samples", "lmdb", append=True)
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    (lambda parts: parts[1].update(first_shard=10**12), "parts[1].first_shard: 1000000000000 is more than"),
+    (lambda parts: parts[1].update(num_shards="4"), "parts[1].num_shards: a string where an integer"),
+    (lambda parts: parts[1].update(extensions="jpg/../x"), "parts[1].extensions: a string where a list"),
+    (lambda parts: parts[1].update(extensions=["jpg", "a b"]), "parts[1].extensions[1]: 'a b' is not an image"),
+    (lambda parts: parts[1].update(first_shard=3), "parts[1].first_shard: 3 is inside an earlier part"),
+    (lambda parts: parts[0].update(num_samples=17), "parts[0].num_samples: 17, but its shards (0 to 4) hold 18"),
+    (lambda parts: parts.pop(), "shards[5].name: 'shard-000005.tar' is in no part"),
+    (lambda parts: parts[0].update(options=[]), "parts[0].options: a list where an object"),
+])
+def test_a_damaged_parts_entry_is_one_line_and_nothing_is_appended(damage: Any, message: str,
+                                                                   sources: tuple[Path, Path], tmp_path: Path) -> None:
+    """index.json is untrusted: an append numbers its shards from `parts` and names descriptor columns
+    after its extensions, so a damaged entry is refused by every command, before anything is written."""
+    old, new = sources
+    out = tmp_path / "out"
+    assert run("wds", old, out, "--shard-size", "4", "-q")[0] == 0
+    assert run("wds", new, out, "--shard-size", "4", "--append", "-q")[0] == 0
+    index = out / "index.json"
+    data = json.loads(index.read_text())
+    damage(data["parts"])
+    index.write_text(json.dumps(data))
+    published = digests(out)
+    for args in (["info", out], ["verify", out], ["wds", old, out, "--shard-size", "4", "--append"], ["merge", out]):
+        code, output = run(*args)
+        assert code == 1 and message in output and len(output.strip().splitlines()) == 1, (args, output)
+    assert digests(out) == published
+    with pytest.raises(readers.DatasetError, match=re.escape(message)):
+        readers.load_manifest(out)
