@@ -343,3 +343,23 @@ def test_a_damaged_parts_entry_is_one_line_and_nothing_is_appended(damage: Any, 
     assert digests(out) == published
     with pytest.raises(readers.DatasetError, match=re.escape(message)):
         readers.load_manifest(out)
+
+
+@pytest.mark.parametrize("first_shard", [0, 2, "5"])
+def test_a_part_plan_whose_first_shard_is_not_its_folders_is_one_line(first_shard: Any, sources: tuple[Path, Path],
+                                                                      tmp_path: Path) -> None:
+    """An unfinished append's plan.json names its shards and finds its listing from first_shard: one
+    that is not its folder's (0: the pack's listing, shard names of OUT's own shards) is refused."""
+    old, new = sources
+    out = tmp_path / "out"
+    assert run("wds", old, out, "--shard-size", "4", "-q")[0] == 0
+    assert run("wds", new, out, "--shard-size", "4", "--append", "--task-count", "2", "--task-index", "0",
+               "-q")[0] == 0
+    plan = out / ".pack" / "parts" / "000005" / "plan.json"
+    plan.write_text(json.dumps({**json.loads(plan.read_text()), "first_shard": first_shard}))
+    published = digests(out)
+    for args in (["wds", new, out, "--shard-size", "4", "--append"], ["merge", out]):
+        code, output = run(*args)
+        assert code == 1 and f"plan.json: unreadable plan (first_shard {first_shard!r} where its folder says 5)" \
+            in output and len(output.strip().splitlines()) == 1, (args, output)
+    assert digests(out) == published
