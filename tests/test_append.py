@@ -363,3 +363,25 @@ def test_a_part_plan_whose_first_shard_is_not_its_folders_is_one_line(first_shar
         assert code == 1 and f"plan.json: unreadable plan (first_shard {first_shard!r} where its folder says 5)" \
             in output and len(output.strip().splitlines()) == 1, (args, output)
     assert digests(out) == published
+
+
+def test_appending_a_changed_src_again_warns_of_duplicates(sources: tuple[Path, Path], tmp_path: Path,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """A folder appended once, then grown and appended again, is packed again whole: its earlier
+    samples are then twice in OUT, which the user is told (a rerun of an unchanged SRC is a no-op)."""
+    old, new = sources
+    grown = tmp_path / "new"
+    make_image_folder(grown, classes=2, per_class=2, seed=4)
+    out = tmp_path / "out"
+    api_pack(old, out, "wds", shard_size=4)
+    api_pack(grown, out, "wds", shard_size=4, append=True)
+    with caplog.at_level("WARNING", logger="packer.append"):
+        assert api_pack(grown, out, "wds", shard_size=4, append=True).up_to_date
+    assert "twice" not in caplog.text
+    make_image_folder(tmp_path / "more", classes=1, per_class=1, seed=5)
+    (tmp_path / "more" / "class_00" / "img 000.jpg").rename(grown / "class_00" / "img added.jpg")
+    with caplog.at_level("WARNING", logger="packer.append"):
+        api_pack(grown, out, "wds", shard_size=4, append=True)
+    assert f"{grown} was packed into {out} before (the part from shard 5, 4 samples)" in caplog.text
+    assert "those it held then are in" in caplog.text and "twice" in caplog.text
+    assert readers.load_manifest(out).num_samples == 18 + 4 + 5
