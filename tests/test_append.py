@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -385,3 +386,21 @@ def test_appending_a_changed_src_again_warns_of_duplicates(sources: tuple[Path, 
     assert f"{grown} was packed into {out} before (the part from shard 5, 4 samples)" in caplog.text
     assert "those it held then are in" in caplog.text and "twice" in caplog.text
     assert readers.load_manifest(out).num_samples == 18 + 4 + 5
+
+
+def test_append_to_a_copy_without_its_work_folder_keeps_the_old_image_columns(tmp_path: Path) -> None:
+    """OUT copied without `.pack` (its markers): the old shards' image types come from the dataset
+    card index.json lists, so the rewritten descriptors still describe every shard."""
+    from PIL import Image
+    (tmp_path / "pngs" / "a").mkdir(parents=True)
+    for i in range(5):
+        Image.new("RGB", (8, 8), (i * 40, 0, 0)).save(tmp_path / "pngs" / "a" / f"p{i}.png")
+    make_image_folder(tmp_path / "jpgs", classes=1, per_class=2, seed=3)
+    out = tmp_path / "out"
+    api_pack(tmp_path / "pngs", out, "wds", shard_size=4)
+    assert '- name: "png"\n      dtype: "image"' in (out / "README.md").read_text()
+    shutil.rmtree(out / ".pack")
+    api_pack(tmp_path / "jpgs", out, "wds", shard_size=4, append=True)
+    card = (out / "README.md").read_text()
+    assert '- name: "png"\n      dtype: "image"' in card and '- name: "jpg"\n      dtype: "image"' in card
+    assert readers.load_manifest(out).parts[0]["extensions"] == ["png"]
