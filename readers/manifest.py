@@ -135,8 +135,10 @@ class Manifest:
     def class_mixing(self) -> tuple[float, float] | None:
         """How many classes the median shard holds, and how many a shard of that size drawn at
         random from the dataset's class counts would (a shuffled pack's); None where the manifest
-        cannot say (no class counts, shards' classes not recorded, a single shard)."""
-        shards = [shard for shard in self.shards if shard.num_samples]
+        cannot say (no class counts, shards' classes not recorded, a single shard). Shards of
+        unlabelled samples only (0 classes: a --no-classes pack that labelled appends grew) say
+        nothing of how labels mix, and are left out."""
+        shards = [shard for shard in self.shards if shard.num_samples and shard.num_classes != 0]
         total = sum(self.class_counts)
         if len(shards) < 2 or not total or any(shard.num_classes is None for shard in shards):
             return None

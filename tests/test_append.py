@@ -404,3 +404,18 @@ def test_append_to_a_copy_without_its_work_folder_keeps_the_old_image_columns(tm
     card = (out / "README.md").read_text()
     assert '- name: "png"\n      dtype: "image"' in card and '- name: "jpg"\n      dtype: "image"' in card
     assert readers.load_manifest(out).parts[0]["extensions"] == ["png"]
+
+
+def test_labelled_samples_appended_to_an_unlabelled_pack_are_not_called_class_sorted(
+        sources: tuple[Path, Path], tmp_path: Path) -> None:
+    """A --no-classes pack's shards hold 0 classes; appended shuffled labelled shards mix their
+    classes, so neither `pack info` nor the streaming loader's warning calls the dataset class-sorted."""
+    old, new = sources
+    out = tmp_path / "out"
+    api_pack(old, out, "lmdb", shard_size=4, no_classes=True)
+    api_pack(new, out, "lmdb", shard_size=4, append=True)
+    manifest = readers.load_manifest(out)
+    assert [shard.num_classes for shard in manifest.shards][:5] == [0] * 5
+    assert not manifest.class_sorted()
+    code, output = run("info", out)
+    assert code == 0 and "class-sorted" not in output, output
