@@ -140,7 +140,21 @@ def ensure_part_plan(src: Path | str, out: Output, options: PackOptions, manifes
         if earlier is not None:
             shutil.rmtree(folder)
             return earlier
+        warn_repacked(out, parts, plan)
         return out.publish_plan(plan)
+
+
+def warn_repacked(out: Output, parts: list[dict[str, Any]], plan: Plan) -> None:
+    """An append of a SRC OUT already holds a part of, whose listing or options changed since (a
+    folder that grew, another --shard-size): every sample of it is packed again, so those in both
+    are twice in OUT. Said, not refused: appending a changed SRC may be what the user means."""
+    for part in parts:
+        if part.get("source") == plan.source:
+            log.warning("%s: %s was packed into %s before (the part from shard %s, %s samples), with another "
+                        "listing or options: all its samples are appended again, so those it held then are in %s "
+                        "twice; to add only new images, append a folder of them", out, plan.source, out,
+                        part.get("first_shard"), part.get("num_samples"), out)
+            return
 
 
 def unfinished(plan: Plan, source: Source, out: Output, options: PackOptions) -> Plan:

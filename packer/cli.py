@@ -534,17 +534,21 @@ def describe_field(spec: dict[str, Any]) -> str:
 @click.option("--time", "time_limit", default="04:00:00", show_default=True, help="Time limit per task.")
 @click.option("--partition", default=None, help="Slurm partition.")
 @click.option("--mem", default=None, help="Memory per task, e.g. 4G.")
+@click.option("--append", is_flag=True, help="The tasks append SRC to the packed dataset in OUT (pack --append); "
+                                             "the merge job publishes it.")
 @error_policy_options
 @split_option
 def slurm_script_command(fmt: str, src: Path, out: Path, tasks: int, cpus_per_task: int, time_limit: str,
-                         partition: str | None, mem: str | None, on_error: str, max_errors: int | None,
+                         partition: str | None, mem: str | None, append: bool, on_error: str, max_errors: int | None,
                          split: str, **params: Any) -> None:
-    """Print a Slurm script: an sbatch array packing FORMAT shards, then a merge job (afterok)."""
+    """Print a Slurm script: an sbatch array packing FORMAT shards (or appending them to OUT), then a
+    merge job (afterok)."""
     options = pack_options_from(fmt, params)
     if options.files_from == "-":
         raise click.UsageError("--files-from - reads standard input, which batch jobs do not have; save the list to a file")
     policy_args = ["--on-error", on_error] + (["--max-errors", str(max_errors)] if max_errors is not None else [])
-    pack_args = [fmt, str(src.resolve()), str(out.resolve()), *option_args(options), *policy_args]
+    pack_args = [fmt, str(src.resolve()), str(out.resolve()), *option_args(options), *policy_args,
+                 *(["--append"] if append else [])]
     click.echo(slurm_script([sys.executable, "-m", "packer.cli"], pack_args, out,
                             merge_args=[*policy_args, "--split", split],
                             tasks=tasks, cpus_per_task=cpus_per_task, time_limit=time_limit,

@@ -191,22 +191,28 @@ def write_plan(out: Path, listing: Listing, options: PackOptions, first_shard: i
 def load_plan(out: Path, first_shard: int = 0) -> Plan | None:
     path = plan_path(out, first_shard)
     try:
-        return parse_plan(path.read_text(encoding="utf-8"), path)
+        return parse_plan(path.read_text(encoding="utf-8"), path, first_shard)
     except FileNotFoundError:
         return None
     except OSError as exc:
         raise PackError(f"{path}: unreadable plan ({exc})") from None
 
 
-def parse_plan(text: str, path: Path | str) -> Plan:
-    """The plan in `text` (plan.json, read from `path`)."""
+def parse_plan(text: str, path: Path | str, first_shard: int = 0) -> Plan:
+    """The plan in `text` (plan.json, read from `path`): a pack's (`first_shard` 0) or the plan of
+    the append whose folder is `.pack/parts/<first_shard>`. Its shards are named and its listing
+    found from its first_shard, so that must be the folder's."""
     try:
         data = json.loads(text)
         data["options"].setdefault("order", "sorted")  # planned before --order existed: the sorted order
-        return Plan(**{**data, "options": PackOptions(**data["options"]),
+        plan = Plan(**{**data, "options": PackOptions(**data["options"]),
                        "fields": [FieldSpec.from_dict(spec) for spec in data.get("fields", ())]})
     except (ValueError, TypeError, KeyError, PackError) as exc:
         raise PackError(f"{path}: unreadable plan ({exc})") from None
+    if type(plan.first_shard) is not int or plan.first_shard != first_shard:
+        raise PackError(f"{path}: unreadable plan (first_shard {plan.first_shard!r} where its folder says "
+                        f"{first_shard})")
+    return plan
 
 
 def entry_of(row: list[Any]) -> Entry:

@@ -13,15 +13,17 @@ Either way rejects.jsonl and the loader descriptors are written first and index.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 from dataclasses import asdict
 from typing import Any
 
 from readers.layouts.wds import image_extension
-from readers.manifest import MANIFEST_NAME, REJECTS_NAME, DatasetError, Manifest, parse_manifest
+from readers.manifest import CARD_NAME, MANIFEST_NAME, REJECTS_NAME, DatasetError, Manifest, parse_manifest
 
 from .descriptors import DEFAULT_SPLIT, descriptor_texts, write_descriptors
 from .errors import PackError
@@ -37,6 +39,8 @@ log = logging.getLogger(__name__)
 
 MAX_IMPLIED_CLASSES = 1 << 20
 """Integer labels beyond this are not taken as class indexes (an ID, not a class): no class list."""
+IMAGE_FEATURE = re.compile(r'^ *- name: "([A-Za-z0-9][A-Za-z0-9_.-]{0,31})"\n *dtype: "image"$', re.MULTILINE)
+"""An image column of a wds dataset card (`descriptors.wds_features`, as `descriptors.to_yaml` writes it)."""
 PART_KEY = "part"
 """The key of a rejects.jsonl row that an append added: the number of its part's first shard."""
 
@@ -275,7 +279,21 @@ def base_extensions(out: Output, manifest: Manifest) -> list[str]:
     names = [shard.name for shard in manifest.shards]
     markers = [parse_marker(text) for text in out.marker_texts(names).values()]
     found = [marker for marker in markers if marker is not None]
-    if len(found) < len(names):
-        log.warning("%s: %d shards have no marker in .pack/done; the loader descriptors list the image types of "
-                    "the others", out, len(names) - len(found))
-    return sorted({image_extension(extension) for marker in found for extension in marker.extensions})
+    extensions = {image_extension(extension) for marker in found for extension in marker.extensions}
+    if len(found) < len(names):  # OUT copied without its .pack: the published dataset card still names them
+        named = card_extensions(out, manifest)
+        if not named:
+            log.warning("%s: %d shards have no marker in .pack/done; the loader descriptors list the image types "
+                        "of the others", out, len(names) - len(found))
+        extensions.update(named)
+    return sorted(extensions)
+
+
+def card_extensions(out: Output, manifest: Manifest) -> list[str]:
+    """The image columns of OUT's published dataset card (a wds dataset's README.md), when it is
+    the one index.json lists (same sha256); [] otherwise."""
+    listed = {info.name: info for info in manifest.descriptors}
+    text = out.read_text(CARD_NAME) if CARD_NAME in listed else None
+    if text is None or hashlib.sha256(text.encode("utf-8")).hexdigest() != listed[CARD_NAME].sha256:
+        return []
+    return IMAGE_FEATURE.findall(text)

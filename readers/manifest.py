@@ -13,6 +13,7 @@ and `sha256_name` guard the places that build paths from them.
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import re
@@ -55,6 +56,10 @@ MAX_MANIFEST_BYTES = 1 << 30
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}")
 _SHARD_STEM = re.compile(re.escape(SHARD_PREFIX) + r"[0-9]{6,9}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+_MAX_SHARD_NUMBER = 10**9 - 1
+"""The largest shard number a shard name holds (`_SHARD_STEM`: 6 to 9 digits)."""
+_EXTENSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}")
+"""An image extension a part records (`parts[i].extensions`): it names loader descriptor columns."""
 _MAX_SHAPE_DIMS = 32
 
 # What a reader can hand back per image (readers.decode implements each); here so that the packer's
@@ -130,8 +135,10 @@ class Manifest:
     def class_mixing(self) -> tuple[float, float] | None:
         """How many classes the median shard holds, and how many a shard of that size drawn at
         random from the dataset's class counts would (a shuffled pack's); None where the manifest
-        cannot say (no class counts, shards' classes not recorded, a single shard)."""
-        shards = [shard for shard in self.shards if shard.num_samples]
+        cannot say (no class counts, shards' classes not recorded, a single shard). Shards of
+        unlabelled samples only (0 classes: a --no-classes pack that labelled appends grew) say
+        nothing of how labels mix, and are left out."""
+        shards = [shard for shard in self.shards if shard.num_samples and shard.num_classes != 0]
         total = sum(self.class_counts)
         if len(shards) < 2 or not total or any(shard.num_classes is None for shard in shards):
             return None
@@ -323,7 +330,7 @@ class _ManifestCheck:
             source_bytes=self.count(data, "source_bytes", "source_bytes", None, most=MAX_BYTES << 12),
             fields=self.items(data, "fields", "fields", self.field, []),
             descriptors=self.items(data, "descriptors", "descriptors", self.descriptor, []),
-            parts=self.items(data, "parts", "parts", self.object, []),  # informative: any JSON objects
+            parts=self.items(data, "parts", "parts", self.part, []),
         )
         self.agree(manifest)
         return manifest
@@ -362,6 +369,20 @@ class _ManifestCheck:
             raise self.fail(f"{where}.num_classes", f"{num_classes} classes among {num_samples} samples")
         return ShardInfo(name=info.name, num_samples=num_samples, bytes=info.bytes, sha256=info.sha256,
                          sidecars=tuple(sidecars), num_classes=num_classes)
+
+    def part(self, value: Any, where: str) -> dict[str, Any]:
+        """One `parts` entry (FORMAT.md "Parts"): an append numbers its shards and builds its loader
+        descriptors from these values, so each is checked; keys pack does not write are kept."""
+        data = self.object(value, where)
+        first = self.count(data, "first_shard", f"{where}.first_shard", most=_MAX_SHARD_NUMBER)
+        self.count(data, "num_shards", f"{where}.num_shards", most=_MAX_SHARD_NUMBER + 1 - first)
+        self.count(data, "num_samples", f"{where}.num_samples")
+        for key, kind in (("source", str), ("options", dict), ("fingerprint", str), ("tool_version", str)):
+            self.get(data, key, f"{where}.{key}", kind, None)
+        for i, extension in enumerate(self.get(data, "extensions", f"{where}.extensions", list, None) or ()):
+            if not _EXTENSION.fullmatch(self.text(extension, f"{where}.extensions[{i}]")):
+                raise self.fail(f"{where}.extensions[{i}]", f"{extension!r} is not an image extension")
+        return data
 
     def descriptor(self, value: Any, where: str) -> FileInfo:
         info = self.file(value, where)
@@ -412,11 +433,35 @@ class _ManifestCheck:
         files += [(f"shards[{i}].sidecars[{k}]", sidecar) for i, shard in enumerate(manifest.shards)
                   for k, sidecar in enumerate(shard.sidecars)]
         files += [(f"descriptors[{i}]", info) for i, info in enumerate(manifest.descriptors)]
+        self.agree_parts(manifest)
         names = {}
         for where, info in files:
             if info.name in names:
                 raise self.fail(f"{where}.name", f"{info.name!r} is also {names[info.name]}")
             names[info.name] = where
+
+
+    def agree_parts(self, manifest: Manifest) -> None:
+        """`parts` in shard order, apart, covering every listed shard, each counting the samples of
+        the listed shards in its range."""
+        if not manifest.parts:
+            return
+        end = 0
+        for i, part in enumerate(manifest.parts):
+            if part["first_shard"] < end:
+                raise self.fail(f"parts[{i}].first_shard", f"{part['first_shard']} is inside an earlier part "
+                                                           f"(which ends before {end})")
+            end = part["first_shard"] + part["num_shards"]
+            held = sum(shard.num_samples for shard, number in zip(manifest.shards, manifest.shard_numbers)
+                       if part["first_shard"] <= number < end)
+            if held != part["num_samples"]:
+                raise self.fail(f"parts[{i}].num_samples", f"{part['num_samples']}, but its shards "
+                                                           f"({part['first_shard']} to {end - 1}) hold {held}")
+        starts = [part["first_shard"] for part in manifest.parts]
+        for i, number in enumerate(manifest.shard_numbers):
+            part = manifest.parts[max(bisect.bisect_right(starts, number) - 1, 0)]
+            if not part["first_shard"] <= number < part["first_shard"] + part["num_shards"]:
+                raise self.fail(f"shards[{i}].name", f"{manifest.shards[i].name!r} is in no part")
 
 
 def _json_type(value: Any) -> str:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -311,3 +313,109 @@ def test_bad_cases_are_one_line_and_change_nothing(sources: tuple[Path, Path], t
     assert code == 1 and "an unfinished append of another SRC" in output and "parts/000005 to drop it" in output, output
     with pytest.raises(PackError, match="append is not supported"):
         pack_samples(len, [b""], tmp_path / "samples", "lmdb", append=True)
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    (lambda parts: parts[1].update(first_shard=10**12), "parts[1].first_shard: 1000000000000 is more than"),
+    (lambda parts: parts[1].update(num_shards="4"), "parts[1].num_shards: a string where an integer"),
+    (lambda parts: parts[1].update(extensions="jpg/../x"), "parts[1].extensions: a string where a list"),
+    (lambda parts: parts[1].update(extensions=["jpg", "a b"]), "parts[1].extensions[1]: 'a b' is not an image"),
+    (lambda parts: parts[1].update(first_shard=3), "parts[1].first_shard: 3 is inside an earlier part"),
+    (lambda parts: parts[0].update(num_samples=17), "parts[0].num_samples: 17, but its shards (0 to 4) hold 18"),
+    (lambda parts: parts.pop(), "shards[5].name: 'shard-000005.tar' is in no part"),
+    (lambda parts: parts[0].update(options=[]), "parts[0].options: a list where an object"),
+])
+def test_a_damaged_parts_entry_is_one_line_and_nothing_is_appended(damage: Any, message: str,
+                                                                   sources: tuple[Path, Path], tmp_path: Path) -> None:
+    """index.json is untrusted: an append numbers its shards from `parts` and names descriptor columns
+    after its extensions, so a damaged entry is refused by every command, before anything is written."""
+    old, new = sources
+    out = tmp_path / "out"
+    assert run("wds", old, out, "--shard-size", "4", "-q")[0] == 0
+    assert run("wds", new, out, "--shard-size", "4", "--append", "-q")[0] == 0
+    index = out / "index.json"
+    data = json.loads(index.read_text())
+    damage(data["parts"])
+    index.write_text(json.dumps(data))
+    published = digests(out)
+    for args in (["info", out], ["verify", out], ["wds", old, out, "--shard-size", "4", "--append"], ["merge", out]):
+        code, output = run(*args)
+        assert code == 1 and message in output and len(output.strip().splitlines()) == 1, (args, output)
+    assert digests(out) == published
+    with pytest.raises(readers.DatasetError, match=re.escape(message)):
+        readers.load_manifest(out)
+
+
+@pytest.mark.parametrize("first_shard", [0, 2, "5"])
+def test_a_part_plan_whose_first_shard_is_not_its_folders_is_one_line(first_shard: Any, sources: tuple[Path, Path],
+                                                                      tmp_path: Path) -> None:
+    """An unfinished append's plan.json names its shards and finds its listing from first_shard: one
+    that is not its folder's (0: the pack's listing, shard names of OUT's own shards) is refused."""
+    old, new = sources
+    out = tmp_path / "out"
+    assert run("wds", old, out, "--shard-size", "4", "-q")[0] == 0
+    assert run("wds", new, out, "--shard-size", "4", "--append", "--task-count", "2", "--task-index", "0",
+               "-q")[0] == 0
+    plan = out / ".pack" / "parts" / "000005" / "plan.json"
+    plan.write_text(json.dumps({**json.loads(plan.read_text()), "first_shard": first_shard}))
+    published = digests(out)
+    for args in (["wds", new, out, "--shard-size", "4", "--append"], ["merge", out]):
+        code, output = run(*args)
+        assert code == 1 and f"plan.json: unreadable plan (first_shard {first_shard!r} where its folder says 5)" \
+            in output and len(output.strip().splitlines()) == 1, (args, output)
+    assert digests(out) == published
+
+
+def test_appending_a_changed_src_again_warns_of_duplicates(sources: tuple[Path, Path], tmp_path: Path,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """A folder appended once, then grown and appended again, is packed again whole: its earlier
+    samples are then twice in OUT, which the user is told (a rerun of an unchanged SRC is a no-op)."""
+    old, new = sources
+    grown = tmp_path / "new"
+    make_image_folder(grown, classes=2, per_class=2, seed=4)
+    out = tmp_path / "out"
+    api_pack(old, out, "wds", shard_size=4)
+    api_pack(grown, out, "wds", shard_size=4, append=True)
+    with caplog.at_level("WARNING", logger="packer.append"):
+        assert api_pack(grown, out, "wds", shard_size=4, append=True).up_to_date
+    assert "twice" not in caplog.text
+    make_image_folder(tmp_path / "more", classes=1, per_class=1, seed=5)
+    (tmp_path / "more" / "class_00" / "img 000.jpg").rename(grown / "class_00" / "img added.jpg")
+    with caplog.at_level("WARNING", logger="packer.append"):
+        api_pack(grown, out, "wds", shard_size=4, append=True)
+    assert f"{grown} was packed into {out} before (the part from shard 5, 4 samples)" in caplog.text
+    assert "those it held then are in" in caplog.text and "twice" in caplog.text
+    assert readers.load_manifest(out).num_samples == 18 + 4 + 5
+
+
+def test_append_to_a_copy_without_its_work_folder_keeps_the_old_image_columns(tmp_path: Path) -> None:
+    """OUT copied without `.pack` (its markers): the old shards' image types come from the dataset
+    card index.json lists, so the rewritten descriptors still describe every shard."""
+    from PIL import Image
+    (tmp_path / "pngs" / "a").mkdir(parents=True)
+    for i in range(5):
+        Image.new("RGB", (8, 8), (i * 40, 0, 0)).save(tmp_path / "pngs" / "a" / f"p{i}.png")
+    make_image_folder(tmp_path / "jpgs", classes=1, per_class=2, seed=3)
+    out = tmp_path / "out"
+    api_pack(tmp_path / "pngs", out, "wds", shard_size=4)
+    assert '- name: "png"\n      dtype: "image"' in (out / "README.md").read_text()
+    shutil.rmtree(out / ".pack")
+    api_pack(tmp_path / "jpgs", out, "wds", shard_size=4, append=True)
+    card = (out / "README.md").read_text()
+    assert '- name: "png"\n      dtype: "image"' in card and '- name: "jpg"\n      dtype: "image"' in card
+    assert readers.load_manifest(out).parts[0]["extensions"] == ["png"]
+
+
+def test_labelled_samples_appended_to_an_unlabelled_pack_are_not_called_class_sorted(
+        sources: tuple[Path, Path], tmp_path: Path) -> None:
+    """A --no-classes pack's shards hold 0 classes; appended shuffled labelled shards mix their
+    classes, so neither `pack info` nor the streaming loader's warning calls the dataset class-sorted."""
+    old, new = sources
+    out = tmp_path / "out"
+    api_pack(old, out, "lmdb", shard_size=4, no_classes=True)
+    api_pack(new, out, "lmdb", shard_size=4, append=True)
+    manifest = readers.load_manifest(out)
+    assert [shard.num_classes for shard in manifest.shards][:5] == [0] * 5
+    assert not manifest.class_sorted()
+    code, output = run("info", out)
+    assert code == 0 and "class-sorted" not in output, output

@@ -233,3 +233,32 @@ def test_a_task_waits_for_the_plan_lock_but_not_forever(image_folder: tuple[Path
         threading.Timer(0.2, fcntl.flock, (holder, fcntl.LOCK_UN)).start()
         plan = pipeline.ensure_plan(root, out, PackOptions(format="lmdb", shard_size=3))
     assert plan.num_shards == 7
+
+
+def test_slurm_script_appends(tmp_path: Path) -> None:
+    """`pack slurm-script ... --append`: the array's tasks append SRC to the packed OUT and the merge
+    job publishes it, as one `pack --append` would (without it, every task refused the packed OUT)."""
+    from imagefolders import make_image_folder
+
+    make_image_folder(tmp_path / "old", classes=3, per_class=5, seed=1)
+    make_image_folder(tmp_path / "new", classes=4, per_class=3, seed=2)
+    out, reference = tmp_path / "out", tmp_path / "reference"
+    for target in (out, reference):
+        pack(tmp_path / "old", target, PackOptions(format="lmdb", shard_size=3))
+    subprocess.run([*PACK, "lmdb", str(tmp_path / "new"), str(reference), "--shard-size", "3", "--append", "-q"],
+                   check=True)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    sbatch = bin_dir / "sbatch"
+    sbatch.write_text(FAKE_SBATCH)
+    sbatch.chmod(sbatch.stat().st_mode | stat.S_IEXEC)
+    result = subprocess.run([*PACK, "slurm-script", "lmdb", str(tmp_path / "new"), str(out), "--tasks", "2",
+                             "--shard-size", "3", "--append"], capture_output=True, text=True, check=True)
+    script = tmp_path / "submit.sh"
+    script.write_text(result.stdout)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_SBATCH_LOG": str(tmp_path / "sbatch.log")}
+    submitted = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    assert submitted.returncode == 0, submitted.stderr
+    assert shard_bytes(out) == shard_bytes(reference)
+    assert manifest(out)["shards"] == manifest(reference)["shards"]
+    assert [part["num_samples"] for part in manifest(out)["parts"]] == [18, 15]
