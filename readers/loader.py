@@ -339,7 +339,8 @@ class StreamingLoader(PackedLoader):
         return SettlingDataLoader(self.sampler, batch_size=None, generator=self._generator, **args)
 
     def _with_mask(self, batch: Any, number: int) -> Any:
-        return batch  # streaming workers make the eval masks
+        # Streaming workers make the eval masks; DataLoader's default_convert made the pair a list.
+        return tuple(batch) if self.sampler.mode == "eval" else batch
 
 
 def warn_class_sorted(dataset: PackedDataset) -> None:
@@ -358,17 +359,18 @@ def warn_class_sorted(dataset: PackedDataset) -> None:
 def check_cache_room(dataset: PackedDataset | MixedDataset, mix_shards: int, workers: int) -> None:
     """A streaming worker opens a shard while it holds up to `mix_shards - 1` others in the cache:
     unless the cache holds that many for every worker of every rank on the node that shares it,
-    plus one, all of them could wait for room at once, for good. Such a `cache_limit` is refused.
-    A mix's sources that share a cache folder count together: a worker's shards may be any of theirs."""
-    caches: dict[Path, tuple[ShardCache, int]] = {}
+    plus one, all of them could wait for room at once, for good (a cache with room for every shard
+    never makes one wait). Such a `cache_limit` is refused. A mix's sources that share a cache
+    folder count together: a worker's shards may be any of theirs."""
+    caches: dict[Path, tuple[ShardCache, int, int]] = {}
     for source in sources_of(dataset):
         cache = getattr(source.files, "cache", None)
         if cache is not None and cache.limit is not None:
-            _, largest = caches.get(cache.root, (cache, 0))
-            caches[cache.root] = (cache, max(largest, source.largest_lease()))
+            _, largest, shards = caches.get(cache.root, (cache, 0, 0))
+            caches[cache.root] = (cache, max(largest, source.largest_lease()), shards + len(source.manifest.shards))
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
-    needed = local_ranks * workers * (mix_shards - 1) + 1
-    for cache, largest in caches.values():
+    for cache, largest, shards in caches.values():
+        needed = min(local_ranks * workers * (mix_shards - 1) + 1, shards)  # room for all of them: none waits
         if cache.limit is not None and cache.limit < needed * largest:
             ranks = f"{local_ranks} ranks x " if local_ranks > 1 else ""
             raise ValueError(

@@ -423,6 +423,8 @@ def mix(
             raise TypeError(f"datasets[{number}] is a {type(source).__name__}, not a dataset from readers.open_dataset")
     if labels not in LABEL_MODES:
         raise ValueError(f"labels must be one of {', '.join(LABEL_MODES)}, not {labels!r}")
+    if isinstance(names, str):
+        raise ValueError(f"names must be one name per dataset, not the string {names!r}")
     source_names = [str(source.root) for source in sources] if names is None else [str(name) for name in names]
     if len(source_names) != len(sources):
         raise ValueError(f"names has {len(source_names)} names for {len(sources)} datasets")

@@ -271,6 +271,7 @@ def test_bad_mixes_are_one_line_errors(two: tuple, packed_as: Callable) -> None:
         (lambda: readers.mix([lmdb, wds], labels="union"), "labels must be one of"),
         (lambda: readers.mix([lmdb, wds], labels="per_source"), "add it to fields"),
         (lambda: readers.mix([lmdb, wds], names=["a"]), "names has 1 names for 2 datasets"),
+        (lambda: readers.mix([lmdb, wds], names="ab"), "names must be one name per dataset, not the string 'ab'"),
         (lambda: readers.mix([]), "at least one dataset"),
     ]
     for make, message in cases:

@@ -138,6 +138,7 @@ def test_workers_hand_over_tensors_as_one_process_makes_them(mode: str, stream: 
         loader = (streaming(ds, num_workers=workers, mode=mode) if stream
                   else readers.make_loader(ds, 3, num_workers=workers, mode=mode))
         for batch in loader:
+            assert type(batch) is (tuple if mode == "eval" else list)  # eval items are (batch, mask)
             columns, mask = batch if mode == "eval" else (batch, torch.ones(len(batch[0]), dtype=torch.bool))
             assert [type(column) for column in columns] == [torch.Tensor, list, torch.Tensor]
             assert columns[0].dtype == columns[2].dtype == torch.int64 and mask.dtype == torch.bool
@@ -345,11 +346,13 @@ def test_a_cache_too_small_for_the_shards_mixed_is_refused_in_one_line(serve: Ca
     manifest = readers.load_manifest(packed_as("wds")[0])
     largest = max(shard.bytes + sum(s.bytes for s in shard.sidecars if s.name.endswith(".packidx"))
                   for shard in manifest.shards)
-    ds = open_indexed(serve("wds"), cache_dir=tmp_path, cache_limit=6 * largest)
+    ds = open_indexed(serve("wds"), cache_dir=tmp_path, cache_limit=4 * largest)
     with pytest.raises(ValueError, match=r"^cache_limit .* too small for streaming: 2 workers reading mix_shards=4 "
-                                         r"shards at once need room for 7 of this dataset's largest shard"):
-        streaming(ds, num_workers=2, mix_shards=4)
-    assert len(streaming(ds, num_workers=2, mix_shards=3)) == 7  # 2 x 2 + 1 = 5 fit
+                                         r"shards at once need room for 5 of this dataset's largest shard"):
+        streaming(ds, num_workers=2, mix_shards=4)  # 2 x 3 + 1 = 7, but the dataset has 5 shards
+    assert len(streaming(ds, num_workers=2, mix_shards=2)) == 7  # 2 x 1 + 1 = 3 fit
+    whole = open_indexed(serve("wds"), cache_dir=tmp_path / "whole", cache_limit=5 * largest)
+    assert len(streaming(whole, num_workers=2, mix_shards=4)) == 7  # room for every shard: none waits
 
 
 def test_streaming_a_class_sorted_pack_warns_once_and_pack_info_says_so(class_sorted: Path) -> None:
