@@ -13,7 +13,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator, Sequence
+from typing import Any, BinaryIO, Iterator, Sequence, TypeVar
 
 import numpy as np
 
@@ -37,6 +37,8 @@ from .layouts.wds import (
 from .manifest import DatasetError, FileInfo
 from .tar import BLOCK, TarError, padding, parse_header, split_name, strict_member
 from .streaming import DEFAULT_PREFETCH_SHARDS, ShardStream
+
+T = TypeVar("T")
 
 
 class OffsetIndex:
@@ -246,8 +248,6 @@ class WdsDataset(PackedDataset):
         """The tar front to back (no `.idx`), records before `start` parsed and skipped; read to its
         end, the sample count is checked against index.json."""
         info = self.manifest.shards[shard]
-        expected = info.num_samples
-        count = 0
         with self.files.lease(info) as path:
             try:
                 handle = open(path, "rb", buffering=1 << 20)
@@ -255,52 +255,34 @@ class WdsDataset(PackedDataset):
                 raise DatasetError(f"{path}: cannot open tar shard ({exc.strerror or exc})") from None
             with handle:
                 try:
-                    for meta, payload, stored in read_tar_samples(handle, self._meta_extension,
-                                                                  self.manifest.fields, self.wanted):
-                        if count == expected:
-                            raise TarError(f"holds more samples than index.json says ({expected})")
-                        if count >= start:
-                            try:
-                                self.check(shard, count, meta, payload)
-                                yield count, (meta, payload, self._parse_fields(shard, count, stored))
-                            except DatasetError as exc:
-                                yield count, exc
-                        count += 1
-                        if count == stop < expected:
-                            return
+                    walk = read_tar_samples(handle, self._meta_extension, self.manifest.fields, self.wanted)
+                    for count, (meta, payload, stored) in numbered(walk, path, info.num_samples, start, stop):
+                        try:
+                            self.check(shard, count, meta, payload)
+                            yield count, (meta, payload, self._parse_fields(shard, count, stored))
+                        except DatasetError as exc:
+                            yield count, exc
                 except TarError as exc:
                     raise DatasetError(f"{path}: {exc}") from None
-        if count != expected:
-            raise DatasetError(f"{path}: holds {count} samples, index.json says {expected}")
 
     def stream_records(self, shard: int, start: int, stop: int) -> Iterator[tuple[int, DeferredRecord]]:
         """`read_records` with each image read when its sample is handed out (`StreamedSample`): the
         walk reads headers and small members only, so a streaming worker's first batch reads ~1,100
         headers and 64 images, where it read ~1,100 samples whole."""
         info = self.manifest.shards[shard]
-        expected = info.num_samples
-        count = 0
         with self.files.lease(info) as path:
             try:
                 tar = StreamedTar(os.open(path, os.O_RDONLY), path)
             except OSError as exc:
                 raise DatasetError(f"{path}: cannot open tar shard ({exc.strerror or exc})") from None
             try:
-                for meta, image, stored in walk_tar_samples(tar.fd, self._meta_extension, self.manifest.fields,
-                                                            self.wanted):
-                    if count == expected:
-                        raise TarError(f"holds more samples than index.json says ({expected})")
-                    if count >= start:
-                        yield count, StreamedSample(self, tar, shard, count, meta, image, stored)
-                    count += 1
-                    if count == stop < expected:
-                        return
+                walk = walk_tar_samples(tar.fd, self._meta_extension, self.manifest.fields, self.wanted)
+                for count, (meta, image, stored) in numbered(walk, path, info.num_samples, start, stop):
+                    yield count, StreamedSample(self, tar, shard, count, meta, image, stored)
             except TarError as exc:
                 raise DatasetError(f"{path}: {exc}") from None
             finally:
                 tar.close()
-        if count != expected:
-            raise DatasetError(f"{path}: holds {count} samples, index.json says {expected}")
 
     def _parse_fields(self, shard: int, local: int, stored: dict[str, bytes | None]) -> Fields:
         """The wanted fields' values from their members' bytes; a damaged one is a DatasetError."""
@@ -333,6 +315,22 @@ class WdsDataset(PackedDataset):
         filled up with the first samples; each worker streams a contiguous part of its rank's share.
         """
         return WdsStream(self, rank=rank, world_size=world_size, prefetch_shards=prefetch_shards)
+
+
+def numbered(walk: Iterator[T], path: Path, expected: int, start: int, stop: int) -> Iterator[tuple[int, T]]:
+    """(number, sample) for the samples `start`..`stop`-1 of a tar walked front to back: a sample
+    past index.json's count is a TarError; read to its end, fewer samples are a DatasetError."""
+    count = 0
+    for sample in walk:
+        if count == expected:
+            raise TarError(f"holds more samples than index.json says ({expected})")
+        if count >= start:
+            yield count, sample
+        count += 1
+        if count == stop < expected:
+            return
+    if count != expected:
+        raise DatasetError(f"{path}: holds {count} samples, index.json says {expected}")
 
 
 class StreamedTar:
