@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, Sampler
 from torch.utils.data._utils.collate import default_collate
 
 from .base import PackedDataset
-from .cache import ShardCache, format_size
+from .cache import format_size
 from .cpus import THREAD_VARIABLES, default_num_workers
 from .handover import Handover, Scalars
 from .mixed import SOURCE_FIELD, MixedDataset, sources_of
@@ -362,19 +362,19 @@ def check_cache_room(dataset: PackedDataset | MixedDataset, mix_shards: int, wor
     plus one, all of them could wait for room at once, for good (a cache with room for every shard
     never makes one wait). Such a `cache_limit` is refused. A mix's sources that share a cache
     folder count together: a worker's shards may be any of theirs."""
-    caches: dict[Path, tuple[ShardCache, int, int]] = {}
+    caches: dict[Path, tuple[int, int, int]] = {}  # folder -> its limit, the largest lease, the shards
     for source in sources_of(dataset):
         cache = getattr(source.files, "cache", None)
         if cache is not None and cache.limit is not None:
-            _, largest, shards = caches.get(cache.root, (cache, 0, 0))
-            caches[cache.root] = (cache, max(largest, source.largest_lease()), shards + len(source.manifest.shards))
+            _, largest, shards = caches.get(cache.root, (cache.limit, 0, 0))
+            caches[cache.root] = (cache.limit, max(largest, source.largest_lease()), shards + len(source.manifest.shards))
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
-    for cache, largest, shards in caches.values():
+    for limit, largest, shards in caches.values():
         needed = min(local_ranks * workers * (mix_shards - 1) + 1, shards)  # room for all of them: none waits
-        if cache.limit is not None and cache.limit < needed * largest:
+        if limit < needed * largest:
             ranks = f"{local_ranks} ranks x " if local_ranks > 1 else ""
             raise ValueError(
-                f"cache_limit {format_size(cache.limit)} is too small for streaming: {ranks}{workers} workers reading "
+                f"cache_limit {format_size(limit)} is too small for streaming: {ranks}{workers} workers reading "
                 f"mix_shards={mix_shards} shards at once need room for {needed} of this dataset's largest shard, "
                 f"{format_size(needed * largest)}; raise cache_limit, or lower mix_shards or num_workers")
 
