@@ -300,21 +300,17 @@ class PackedDataset(Dataset):
         """Read, check and decode one sample; any damage is a DatasetError naming shard and sample."""
         return self.decode_sample(index, *self._checked_read(index))
 
-    def read_records(self, shard: int, start: int, stop: int) -> Iterator[tuple[int, Record | DatasetError]]:
+    def stream_records(self, shard: int, start: int, stop: int
+                       ) -> Iterator[tuple[int, Record | DeferredRecord | DatasetError]]:
         """Samples `start`..`stop`-1 of one shard, front to back, as checked records (for streaming);
-        a damaged one comes as its DatasetError, so the caller decides what `on_error` says."""
+        a damaged one comes as its DatasetError, so the caller decides what `on_error` says. A
+        format may hand DeferredRecords, which the stream settles before it closes the generator."""
         first = int(self._offsets[shard])
         for local in range(start, stop):
             try:
                 yield local, self._checked_read(first + local)
             except DatasetError as exc:
                 yield local, exc
-
-    def stream_records(self, shard: int, start: int, stop: int
-                       ) -> Iterator[tuple[int, Record | DeferredRecord | DatasetError]]:
-        """`read_records` for a stream that holds the records in a shuffle buffer: a format may hand
-        DeferredRecords, which the stream settles before it closes the generator."""
-        return self.read_records(shard, start, stop)
 
     def decode_sample(self, index: int, meta: dict[str, Any], payload: memoryview,
                       fields: Fields) -> tuple[Any, ...]:

@@ -245,8 +245,8 @@ class WdsDataset(PackedDataset):
             yield self.decode_sample(first + local, *record)
 
     def read_records(self, shard: int, start: int, stop: int) -> Iterator[tuple[int, Record | DatasetError]]:
-        """The tar front to back (no `.idx`), records before `start` parsed and skipped; read to its
-        end, the sample count is checked against index.json."""
+        """The tar front to back (no `.idx`), records whole, those before `start` parsed and skipped
+        (`iter_shard`); read to its end, the sample count is checked against index.json."""
         info = self.manifest.shards[shard]
         with self.files.lease(info) as path:
             try:
@@ -266,9 +266,9 @@ class WdsDataset(PackedDataset):
                     raise DatasetError(f"{path}: {exc}") from None
 
     def stream_records(self, shard: int, start: int, stop: int) -> Iterator[tuple[int, DeferredRecord]]:
-        """`read_records` with each image read when its sample is handed out (`StreamedSample`): the
-        walk reads headers and small members only, so a streaming worker's first batch reads ~1,100
-        headers and 64 images, where it read ~1,100 samples whole."""
+        """`read_records` for the streaming loader, each image read when its sample is handed out
+        (`StreamedSample`): the walk reads headers and small members only, so a streaming worker's
+        first batch reads ~1,100 headers and 64 images, where it read ~1,100 samples whole."""
         info = self.manifest.shards[shard]
         with self.files.lease(info) as path:
             try:
