@@ -32,7 +32,7 @@ from .base import DeferredRecord, Fields, PackedDataset, Record, sample_index
 from .cache import Ahead, CachedFile, Lease
 from .fields import FieldSpec
 from .manifest import DatasetError, ShardInfo
-from .order import LoaderMode, concat_ranges
+from .order import LoaderMode, concat_ranges, shuffle_windows
 from .remote import ShardFiles
 
 LabelMode = Literal["same", "merged", "per_source"]
@@ -166,16 +166,8 @@ class MixOrders:
         """The stream order with the samples shuffled within windows of `shuffle_window` runs (None: all)."""
         starts, lengths = self.runs(seed=seed, epoch=epoch, shuffle=shuffle, mode=mode)
         order = concat_ranges(starts, lengths)
-        if not shuffle:
-            return order
-        window = len(lengths) if shuffle_window is None else shuffle_window
-        ends = np.cumsum(lengths)
-        rng = _rng(seed, _WINDOWS, epoch)
-        begin = 0
-        for first in range(0, len(lengths), max(1, window)):
-            end = int(ends[min(first + window, len(lengths)) - 1])
-            rng.shuffle(order[begin:end])
-            begin = end
+        if shuffle:
+            shuffle_windows(order, lengths, shuffle_window, _rng(seed, _WINDOWS, epoch))
         return order
 
 

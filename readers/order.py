@@ -85,17 +85,23 @@ def epoch_order(
     offsets = np.concatenate(([0], np.cumsum(sizes)))
     if not shuffle:
         return np.arange(offsets[-1], dtype=np.int64)
-    window = len(sizes) if shuffle_window is None else shuffle_window
     rng = _epoch_rng(seed, epoch)
     shards = rng.permutation(len(sizes))  # the same draw as shard_order's, then the windows' shuffles
     order = concat_ranges(offsets[shards], sizes[shards])
-    ends = np.cumsum(sizes[shards])
+    shuffle_windows(order, sizes[shards], shuffle_window, rng)
+    return order
+
+
+def shuffle_windows(order: np.ndarray, lengths: np.ndarray, window: int | None, rng: np.random.Generator) -> None:
+    """Shuffle `order` (runs of `lengths`, in reading order) in place within each window of
+    `window` consecutive runs (None: one window, a global shuffle)."""
+    window = len(lengths) if window is None else window
+    ends = np.cumsum(lengths)
     start = 0
-    for first in range(0, len(shards), max(1, window)):
-        end = int(ends[min(first + window, len(shards)) - 1])
+    for first in range(0, len(lengths), max(1, window)):
+        end = int(ends[min(first + window, len(lengths)) - 1])
         rng.shuffle(order[start:end])
         start = end
-    return order
 
 
 def share_size(num_samples: int, *, world_size: int, batch_size: int, drop_last: bool, mode: LoaderMode) -> int:
