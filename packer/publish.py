@@ -98,8 +98,7 @@ def publish(out: Output, policy: ErrorPolicy, split: str, *,
     else:
         plan, done = known
     results = finished_results(out, plan, done)
-    rejects = sorted(plan.scan_rejects + [reject for result in results for reject in result.rejects],
-                     key=lambda reject: reject["path"])
+    rejects = all_rejects(plan, results)
     classes = plan.classes or implied_classes(results)
     manifest = Manifest(
         format=plan.options.format,
@@ -126,6 +125,12 @@ def finished_results(out: Output, plan: Plan, done: dict[int, ShardResult | None
         of = "shards of the append" if plan.first_shard else "shards"
         raise PackError(f"{out}: {len(missing)} of {plan.num_shards} {of} unfinished: {shown}")
     return [result for result in done.values() if result is not None]
+
+
+def all_rejects(plan: Plan, results: list[ShardResult]) -> list[dict[str, str]]:
+    """The scan-time rejects of `plan` and every shard's, sorted by path."""
+    return sorted(plan.scan_rejects + [reject for result in results for reject in result.rejects],
+                  key=lambda reject: reject["path"])
 
 
 def image_extensions(results: list[ShardResult]) -> list[str]:
@@ -172,8 +177,7 @@ def publish_part(out: Output, manifest: Manifest, parts: list[dict[str, Any]], p
     """Publish OUT with the part `plan` packed (every shard of it done) after what `manifest` lists:
     rejects.jsonl (earlier rows kept, this part's tagged), the loader descriptors, then index.json."""
     results = finished_results(out, plan, done)
-    rejects = sorted(plan.scan_rejects + [reject for result in results for reject in result.rejects],
-                     key=lambda reject: reject["path"])
+    rejects = all_rejects(plan, results)
     earlier = [line for line in (out.read_text(REJECTS_NAME) or "").splitlines(keepends=True)
                if not appended_by(line, plan.first_shard)]
     rejects_text = "".join(earlier) + "".join(json.dumps({**reject, PART_KEY: plan.first_shard}) + "\n"
