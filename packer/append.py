@@ -45,7 +45,7 @@ from .partition import Partition
 from .pipeline import (RunOptions, Summary, canonical_options, pack_shards, plan_differences, run_summary,
                        scan_source)
 from .plan import Plan, write_plan
-from .publish import next_shard, publish_part, recorded_parts
+from .publish import base_plan, next_shard, publish_part, recorded_parts
 from .shard import Progress
 from .sources.inputs import Source, resolve_source
 from .sources.listing import Listing
@@ -71,8 +71,9 @@ def append_into(src: str | os.PathLike[str], out: Output, options: PackOptions, 
     run.check(out, partition)
     manifest = published_manifest(out)
     check_compatible(out, manifest, options)
-    parts = recorded_parts(out, manifest)
-    plan = ensure_part_plan(src_path, out, options, manifest, parts, next_shard(out, manifest))
+    base = base_plan(out, manifest)
+    parts = recorded_parts(out, manifest, base)
+    plan = ensure_part_plan(src_path, out, options, manifest, parts, next_shard(out, manifest, base))
     if isinstance(plan, dict):
         return up_to_date_summary(out, manifest, plan, started)
     final, resumed = pack_shards(out, plan, run, partition, progress=progress, planned=planned)

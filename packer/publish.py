@@ -74,12 +74,13 @@ def merge_append(out: Output, policy: ErrorPolicy, split: str) -> Manifest | Non
             raise PackError(f"{exc}; OUT has appended parts (.pack/{PARTS_DIR}), so merge cannot rebuild it from "
                             "the first pack's plan: restore index.json from a copy") from None
         return None  # publish() writes a new one from the plan
-    first = next_shard(out, manifest)
+    base = base_plan(out, manifest)
+    first = next_shard(out, manifest, base)
     plan = out.stored_plan(first)
     if plan is None:
         return manifest if manifest.parts else None
     done = finished_shards(out, plan, list(range(plan.num_shards)), check_hash=False)
-    return publish_part(out, manifest, recorded_parts(out, manifest), plan, done, policy, split)
+    return publish_part(out, manifest, recorded_parts(out, manifest, base), plan, done, policy, split)
 
 
 # --- a pack -------------------------------------------------------------------------------------
@@ -97,8 +98,7 @@ def publish(out: Output, policy: ErrorPolicy, split: str, *,
     else:
         plan, done = known
     results = finished_results(out, plan, done)
-    rejects = sorted(plan.scan_rejects + [reject for result in results for reject in result.rejects],
-                     key=lambda reject: reject["path"])
+    rejects = all_rejects(plan, results)
     classes = plan.classes or implied_classes(results)
     manifest = Manifest(
         format=plan.options.format,
@@ -125,6 +125,12 @@ def finished_results(out: Output, plan: Plan, done: dict[int, ShardResult | None
         of = "shards of the append" if plan.first_shard else "shards"
         raise PackError(f"{out}: {len(missing)} of {plan.num_shards} {of} unfinished: {shown}")
     return [result for result in done.values() if result is not None]
+
+
+def all_rejects(plan: Plan, results: list[ShardResult]) -> list[dict[str, str]]:
+    """The scan-time rejects of `plan` and every shard's, sorted by path."""
+    return sorted(plan.scan_rejects + [reject for result in results for reject in result.rejects],
+                  key=lambda reject: reject["path"])
 
 
 def image_extensions(results: list[ShardResult]) -> list[str]:
@@ -171,8 +177,7 @@ def publish_part(out: Output, manifest: Manifest, parts: list[dict[str, Any]], p
     """Publish OUT with the part `plan` packed (every shard of it done) after what `manifest` lists:
     rejects.jsonl (earlier rows kept, this part's tagged), the loader descriptors, then index.json."""
     results = finished_results(out, plan, done)
-    rejects = sorted(plan.scan_rejects + [reject for result in results for reject in result.rejects],
-                     key=lambda reject: reject["path"])
+    rejects = all_rejects(plan, results)
     earlier = [line for line in (out.read_text(REJECTS_NAME) or "").splitlines(keepends=True)
                if not appended_by(line, plan.first_shard)]
     rejects_text = "".join(earlier) + "".join(json.dumps({**reject, PART_KEY: plan.first_shard}) + "\n"
@@ -239,37 +244,39 @@ def part_number(part: dict[str, Any], key: str, out: Output) -> int:
     return value
 
 
-def next_shard(out: Output, manifest: Manifest) -> int:
+def next_shard(out: Output, manifest: Manifest, base: Plan | None) -> int:
     """The first shard number an append to OUT gets: past every listed shard and every planned one
-    (a shard whose every sample was rejected is planned, numbered, and not listed)."""
+    (a shard whose every sample was rejected is planned, numbered, and not listed). `base`:
+    `base_plan(out, manifest)`."""
     listed = max(manifest.shard_numbers, default=-1) + 1
     if manifest.parts:
         last = manifest.parts[-1]
         return max(listed, part_number(last, "first_shard", out) + part_number(last, "num_shards", out))
-    plan = base_plan(out)
-    return max(listed, plan.num_shards if plan else 0)
+    return max(listed, base.num_shards if base else 0)
 
 
-def base_plan(out: Output) -> Plan | None:
-    """The plan OUT was first packed with, when OUT still holds it (its listing is not read)."""
+def base_plan(out: Output, manifest: Manifest) -> Plan | None:
+    """The plan OUT was first packed with, when OUT was packed once (no `parts`) and still holds
+    it (its listing is not read); read once per run, for `next_shard` and `recorded_parts`."""
+    if manifest.parts:
+        return None
     name = f"{WORK_DIR}/{PLAN_NAME}"
     text = out.read_text(name)
     return parse_plan(text, out / name) if text is not None else None
 
 
-def recorded_parts(out: Output, manifest: Manifest) -> list[dict[str, Any]]:
-    """OUT's `parts`; for a dataset packed once, the entry of its pack, made from its plan (when
-    OUT still holds it) and its markers."""
+def recorded_parts(out: Output, manifest: Manifest, base: Plan | None) -> list[dict[str, Any]]:
+    """OUT's `parts`; for a dataset packed once, the entry of its pack, made from its plan `base`
+    (`base_plan(out, manifest)`: when OUT still holds it) and its markers."""
     if manifest.parts:
         return list(manifest.parts)
-    plan = base_plan(out)
     return [{
         "first_shard": 0,
-        "num_shards": plan.num_shards if plan else max(manifest.shard_numbers, default=-1) + 1,
+        "num_shards": base.num_shards if base else max(manifest.shard_numbers, default=-1) + 1,
         "num_samples": manifest.num_samples,
-        "source": plan.source if plan else None,
+        "source": base.source if base else None,
         "options": manifest.options,
-        "fingerprint": plan.fingerprint if plan else None,
+        "fingerprint": base.fingerprint if base else None,
         "extensions": base_extensions(out, manifest),
     }]
 
