@@ -7,6 +7,7 @@ manifest names, so new formats are covered when they register.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import functools
 import hashlib
@@ -25,6 +26,7 @@ import torch
 import torch.multiprocessing as mp
 
 import readers
+import readers.prefetch
 from readers.loader import RESULT_PIPE_BYTES
 from readers.order import epoch_order, shard_order, split_for_rank
 
@@ -397,3 +399,35 @@ def test_batches_leave_the_workers_through_a_widened_pipe(packed: tuple[Path, di
     assert sum(len(batch[0]) for batch in loader) == len(loader.indices())
     pipe = loader.dataloader._iterator._worker_result_queue._reader  # torch's, as widen_result_pipe finds it
     assert fcntl.fcntl(pipe.fileno(), fcntl.F_GETPIPE_SZ) >= RESULT_PIPE_BYTES
+
+
+class _FakeStream:
+    """What CudaPrefetcher asks of a CUDA stream, for running its fetch-ahead path on the CPU."""
+
+    def wait_stream(self, stream: object) -> None:
+        pass
+
+
+def test_cuda_prefetcher_counts_no_batch_ahead_after_a_pass_stopped_early(
+        monkeypatch: pytest.MonkeyPatch, packed: tuple[Path, dict[str, bytes]]) -> None:
+    """The prefetcher fetches one batch ahead; a pass stopped early leaves that batch unhanded.
+    A new epoch, or a loaded state, starts from the loader's position, with nothing ahead."""
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: _FakeStream())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: _FakeStream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(readers.prefetch, "_record_stream", lambda data, stream: None)
+    loader = readers.make_loader(open_indexed(packed[0]), 2, num_workers=0)
+    prefetcher = readers.CudaPrefetcher(loader, "cpu")
+    prefetcher.enabled = True  # the fetch-ahead path, copying to the CPU
+    for number, _ in enumerate(prefetcher, start=1):
+        if number == 3:
+            break
+    assert prefetcher.state_dict()["batches"] == 3  # the loader handed out 4
+    prefetcher.set_epoch(1)
+    assert prefetcher.state_dict()["batches"] == 0
+    state = prefetcher.state_dict()
+    state["batches"] = 7
+    prefetcher.load_state_dict(state)
+    assert prefetcher.state_dict()["batches"] == 7
+    resumed = [batch[0].tolist() for batch in prefetcher]
+    assert resumed == flat(loader)[7:] and prefetcher.state_dict()["batches"] == len(loader)
