@@ -220,7 +220,7 @@ class PackedLoader:
         self.dataloader = self._dataloader(dataloader_args)
         self._consumed = 0
         self._resume: int | None = None
-        self._passes = 0  # passes begun: with persistent workers only the latest may take batches
+        self._passes = 0  # passes begun: only the latest may take batches
 
     def _dataloader(self, args: dict[str, Any]) -> DataLoader:
         return SettlingDataLoader(self.dataset, batch_sampler=self.sampler, generator=self._generator, **args)
@@ -276,14 +276,15 @@ class PackedLoader:
         batches = iter(self.dataloader)
         left = self.sampler.num_batches - start  # this pass's batches not yet taken
         while True:
-            if mine != self._passes and self.dataloader.persistent_workers:
+            if mine != self._passes:
                 if left <= 0:
                     return
-                # DataLoader restarted its one set of workers for the newer pass: a batch taken here
-                # would be one of that pass's, lost to it
+                # The position (state_dict) is the newer pass's now, so a batch taken here would be
+                # missing from a checkpoint; with persistent workers, DataLoader restarted its one
+                # set of them for the newer pass, and a batch taken here would be lost to that pass
                 raise RuntimeError(f"{self.dataset.root}: another pass over this loader began while this one was "
-                                   "under way, and persistent workers serve one pass at a time: finish or drop one "
-                                   "iterator first, or make the loader with persistent_workers=False")
+                                   "under way; the loader's position (state_dict) and its persistent workers "
+                                   "follow one pass at a time: finish or drop one iterator first")
             try:
                 batch = next(batches)
             except StopIteration:
