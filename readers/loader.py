@@ -24,7 +24,7 @@ from .base import PackedDataset
 from .cache import format_size
 from .cpus import THREAD_VARIABLES, default_num_workers
 from .handover import Handover, Scalars
-from .mixed import SOURCE_FIELD, MixedDataset, sources_of
+from .mixed import MIX_FIELDS, MixedDataset, sources_of
 from .order import DEFAULT_SHUFFLE_WINDOW, EpochOrders, LoaderMode, RankSplit, split_for_rank
 from .streaming import (
     DEFAULT_MIX_SHARDS,
@@ -122,7 +122,7 @@ class SampleCollate:
     """
 
     def __init__(self, dataset: PackedDataset | MixedDataset, *, scalars_as_lists: bool = False) -> None:
-        self.stack = [name in ("image", "label", "index", SOURCE_FIELD) or (spec is not None and spec.stackable)
+        self.stack = [name in ("image", "label", "index", *MIX_FIELDS) or (spec is not None and spec.stackable)
                       for name, spec in ((name, dataset.field_spec(name)) for name in dataset.fields)]
         self.image = dataset.fields.index("image") if "image" in dataset.fields else None
         self.scalars_as_lists = scalars_as_lists
