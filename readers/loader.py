@@ -36,10 +36,14 @@ from .streaming import (
 
 log = logging.getLogger(__name__)
 
-STATE_VERSION = 1
+STATE_VERSION = 2
+"""2: a state names its datasets and whether it streamed (`PackedLoader.state_dict`); version 1
+states load with a warning where they can be told apart, and streamed drop_last ones, whose order
+changed with version 2, are refused."""
 # What must match for a saved position to mean the same batches in a fresh loader.
 _STATE_KEYS = ("seed", "world_size", "batch_size", "num_samples", "shuffle", "shuffle_window",
                "drop_last", "mode", "sources")
+_LOADER_KEYS = ("streaming", "datasets")  # the loader's own, beside its sampler's state_keys
 
 
 class ShardWindowBatchSampler(Sampler[list[int]], RankSplit):
@@ -302,19 +306,30 @@ class PackedLoader:
         return batch, torch.arange(first, first + size) < self.sampler.num_real
 
     def state_dict(self) -> dict[str, Any]:
-        """Where this epoch stands: the same on every rank, so rank 0 alone may save it."""
+        """Where this epoch stands: the same on every rank, so rank 0 alone may save it. It names
+        what it was taken on: every setting that shapes the order, whether the loader streamed,
+        and the datasets read (each source's `Manifest.identity`, in order)."""
         return {
             "version": STATE_VERSION,
             "epoch": self.sampler.epoch,
             "batches": self._resume if self._resume is not None else self._consumed,
             **{key: getattr(self.sampler, key) for key in self.sampler.state_keys},
+            "streaming": isinstance(self.sampler, ShardStream),
+            "datasets": [source.manifest.identity for source in sources_of(self.dataset)],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Make the next iteration yield exactly the batches of `state`'s epoch not yet consumed."""
+        """Make the next iteration yield exactly the batches of `state`'s epoch not yet consumed;
+        a state taken on other datasets, or read otherwise, is a ValueError naming what differs."""
         mine = self.state_dict()
-        changed = [f"{key} {state.get(key)!r} (now {mine[key]!r})" for key in self.sampler.state_keys
+        if int(state.get("version", 1)) > STATE_VERSION:
+            raise ValueError(f"loader state version {state['version']} is newer than this loader's ({STATE_VERSION}): "
+                             "resume with the version that saved it")
+        state = self._from_version_1(state) if state.get("version", 1) == 1 else state
+        changed = [f"{key} {state.get(key)!r} (now {mine[key]!r})" for key in (*self.sampler.state_keys, "streaming")
                    if state.get(key) != mine[key]]
+        if "datasets" in state and state["datasets"] != mine["datasets"]:
+            changed.append(_datasets_changed(list(state["datasets"]), mine["datasets"]))
         if changed:
             raise ValueError("loader state was saved with a different setup, cannot resume exactly: " + ", ".join(changed))
         batches = int(state["batches"])
@@ -323,6 +338,20 @@ class PackedLoader:
         self.sampler.set_epoch(int(state["epoch"]))
         self._resume = batches
         self._consumed = batches
+
+    def _from_version_1(self, state: dict[str, Any]) -> dict[str, Any]:
+        """A state saved before states named their datasets: whether it streamed is told by its
+        keys (a streaming state's shuffle_buffer); its datasets cannot be checked (a warning); a
+        streamed epoch that dropped samples was read in the order version 2 changed (refused)."""
+        streaming = "shuffle_buffer" in state
+        if (streaming and isinstance(self.sampler, ShardStream) and state.get("drop_last") and state.get("shuffle")
+                and self.sampler.samples_per_rank * self.world_size < self.sampler.num_samples):
+            raise ValueError("loader state was saved by an older version, whose streaming order with drop_last=True "
+                             "this one changed (each epoch now drops other samples): it cannot resume exactly; "
+                             "start its epoch over (set_epoch) or the next one")
+        warnings.warn(f"{self.dataset.root}: this loader state (version 1) names no dataset, so it cannot be checked "
+                      "that it was taken on this one; resuming as saved", stacklevel=3)
+        return {**state, "streaming": streaming}
 
     def __repr__(self) -> str:
         s = self.sampler
@@ -342,6 +371,18 @@ class StreamingLoader(PackedLoader):
     def _with_mask(self, batch: Any, number: int) -> Any:
         # Streaming workers make the eval masks; DataLoader's default_convert made the pair a list.
         return tuple(batch) if self.sampler.mode == "eval" else batch
+
+
+def _datasets_changed(saved: list[str], now: list[str]) -> str:
+    """What differs between the datasets a state names and this loader's, in a few words."""
+    if len(saved) != len(now):
+        return f"{len(saved)} datasets (now {len(now)})"
+    if sorted(saved) == sorted(now):
+        return "the datasets in another order"
+    differ = [number for number, (before, after) in enumerate(zip(saved, now)) if before != after]
+    which = "the dataset" if len(now) == 1 else f"datasets[{differ[0]}]"
+    return (f"{which} {saved[differ[0]][:12]} (now {now[differ[0]][:12]}: another dataset, or the same samples "
+            "packed in other shards)")
 
 
 def warn_class_sorted(dataset: PackedDataset) -> None:

@@ -25,8 +25,12 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from imagefolders import make_image_folder
+
 import readers
 import readers.prefetch
+from packer.pipeline import pack
+from packer.plan import PackOptions
 from readers.loader import RESULT_PIPE_BYTES
 from readers.order import epoch_order, shard_order, split_for_rank
 
@@ -313,6 +317,69 @@ def test_state_dict_round_trip_rules(packed: tuple[Path, dict[str, bytes]]) -> N
     finished = readers.make_loader(dataset, 2, seed=1, num_workers=0)
     finished.load_state_dict({**state, "batches": len(finished)})
     assert flat(finished) == []
+
+
+@pytest.fixture(scope="module")
+def packed_twice(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """One image folder packed as WebDataset in shards of 4 and in shards of 6: the same 15
+    samples, other shards."""
+    root = tmp_path_factory.mktemp("packed-twice")
+    make_image_folder(root / "src", classes=3, per_class=4)
+    for size in (4, 6):
+        pack(root / "src", root / f"by{size}", PackOptions(format="wds", shard_size=size))
+    return root / "by4", root / "by6"
+
+
+def test_a_state_names_the_dataset_and_the_reading_it_was_taken_on(packed_twice: tuple[Path, Path]) -> None:
+    """A state saved on a dataset loaded into the same samples packed with another shard size
+    (300 samples read, 240 distinct), and a streaming state into a map-style loader with
+    shuffle_window=None (219 of 300): both were taken, neither can resume exactly. A state now
+    names its datasets (their manifest's identity) and whether it streamed."""
+    by4, by6 = (open_indexed(path) for path in packed_twice)
+    assert len(by4) == len(by6) == 15 and by4.manifest.identity != by6.manifest.identity
+    loader = readers.make_loader(by4, 2, seed=1, num_workers=0)
+    next(iter(loader))
+    state = loader.state_dict()
+    assert state["datasets"] == [by4.manifest.identity] and state["streaming"] is False
+    assert state["version"] == 2
+    assert state["datasets"] == [open_indexed(packed_twice[0]).manifest.identity]  # the same dataset opened again
+    with pytest.raises(ValueError, match=r"^loader state was saved with a different setup, cannot resume exactly: "
+                                         r"the dataset [0-9a-f]{12} \(now [0-9a-f]{12}: another dataset"):
+        readers.make_loader(by6, 2, seed=1, num_workers=0).load_state_dict(state)
+    streamed = readers.make_loader(by4, 2, seed=1, num_workers=0, streaming=True)
+    next(iter(streamed))
+    with pytest.raises(ValueError, match=r"streaming True \(now False\)"):
+        readers.make_loader(by4, 2, seed=1, num_workers=0, shuffle_window=None).load_state_dict(streamed.state_dict())
+    with pytest.raises(ValueError, match=r"streaming False \(now True\)"):
+        readers.make_loader(by4, 2, seed=1, num_workers=0, streaming=True).load_state_dict(state)
+
+
+def test_a_state_saved_before_states_named_their_dataset_loads_with_a_warning(packed_twice: tuple[Path, Path]) -> None:
+    """Version 1 states name no dataset: they load where they did, with a warning; whether one
+    streamed is told by its keys, and a streamed drop_last epoch (whose order changed since) is refused."""
+    by4 = open_indexed(packed_twice[0])
+
+    def old(state: dict) -> dict:
+        return {key: value for key, value in state.items() if key not in ("datasets", "streaming")} | {"version": 1}
+
+    loader = readers.make_loader(by4, 2, seed=1, num_workers=0)
+    loader.set_epoch(1)
+    next(iter(loader))
+    fresh = readers.make_loader(by4, 2, seed=1, num_workers=0)
+    with pytest.warns(UserWarning, match="names no dataset"):
+        fresh.load_state_dict(old(loader.state_dict()))
+    assert fresh.state_dict() == loader.state_dict()
+    streamed = readers.make_loader(by4, 2, seed=1, num_workers=0, streaming=True)
+    next(iter(streamed))
+    with pytest.raises(ValueError, match=r"streaming True \(now False\)"):
+        readers.make_loader(by4, 2, seed=1, num_workers=0, shuffle_window=None).load_state_dict(old(streamed.state_dict()))
+    dropping = readers.make_loader(by4, 2, seed=1, num_workers=0, streaming=True, drop_last=True)
+    next(iter(dropping))
+    with pytest.raises(ValueError, match="drop_last"):
+        readers.make_loader(by4, 2, seed=1, num_workers=0, streaming=True, drop_last=True).load_state_dict(
+            old(dropping.state_dict()))
+    with pytest.raises(ValueError, match=r"loader state version 3 is newer than this loader's \(2\)"):
+        fresh.load_state_dict({**loader.state_dict(), "version": 3})
 
 
 def test_bad_arguments(packed: tuple[Path, dict[str, bytes]]) -> None:

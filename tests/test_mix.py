@@ -225,6 +225,32 @@ def test_resume_mid_epoch_is_exact_across_sources(streaming: bool, workers: int,
             readers.make_loader(other, 4, seed=9, num_workers=0, streaming=streaming).state_dict())
 
 
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_state_is_refused_by_the_sources_in_another_order_or_another_source(streaming: bool, two: tuple,
+                                                                               packed_as: Callable) -> None:
+    """A mix's state loaded into the same datasets in another order, or with one replaced by
+    another of the same size (600 samples read, 440 distinct): the sizes and counts matched.
+    The state now names each source (its manifest's identity), in order."""
+    lmdb, wds = two
+    hdf5 = opened(packed_as("hdf5")[0])
+
+    def state_of(sources: list) -> dict:
+        loader = readers.make_loader(readers.mix(sources, fields=(*FIELDS, "source")), 4, seed=9, num_workers=0,
+                                     streaming=streaming)
+        next(iter(loader))
+        return loader.state_dict()
+
+    state = state_of([lmdb, wds])
+    assert state["datasets"] == [lmdb.manifest.identity, wds.manifest.identity]
+    assert state_of([wds, lmdb])["sources"] == state["sources"]  # what was checked before: it matched
+    for sources, message in (([wds, lmdb], r"the datasets in another order"),
+                             ([lmdb, hdf5], r"datasets\[1\] [0-9a-f]{12} \(now [0-9a-f]{12}: another dataset")):
+        loader = readers.make_loader(readers.mix(sources, fields=(*FIELDS, "source")), 4, seed=9, num_workers=0,
+                                     streaming=streaming)
+        with pytest.raises(ValueError, match=message):
+            loader.load_state_dict(state)
+
+
 def test_spawned_workers_read_a_mix(two: tuple) -> None:
     mixed = readers.mix(two, weights=[1, 1], fields=(*FIELDS, "source"))
     loader = readers.make_loader(mixed, 5, num_workers=1, streaming=True,
