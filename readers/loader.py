@@ -43,7 +43,6 @@ changed with version 2, are refused."""
 # What must match for a saved position to mean the same batches in a fresh loader.
 _STATE_KEYS = ("seed", "world_size", "batch_size", "num_samples", "shuffle", "shuffle_window",
                "drop_last", "mode", "sources")
-_LOADER_KEYS = ("streaming", "datasets")  # the loader's own, beside its sampler's state_keys
 
 
 class ShardWindowBatchSampler(Sampler[list[int]], RankSplit):

@@ -372,7 +372,8 @@ def test_a_state_saved_before_states_named_their_dataset_loads_with_a_warning(pa
     streamed = readers.make_loader(by4, 2, seed=1, num_workers=0, streaming=True)
     next(iter(streamed))
     with pytest.raises(ValueError, match=r"streaming True \(now False\)"):
-        readers.make_loader(by4, 2, seed=1, num_workers=0, shuffle_window=None).load_state_dict(old(streamed.state_dict()))
+        readers.make_loader(by4, 2, seed=1, num_workers=0, shuffle_window=None).load_state_dict(
+            old(streamed.state_dict()))
     dropping = readers.make_loader(by4, 2, seed=1, num_workers=0, streaming=True, drop_last=True)
     next(iter(dropping))
     with pytest.raises(ValueError, match="drop_last"):
