@@ -24,7 +24,7 @@ from .base import PackedDataset
 from .cache import format_size
 from .cpus import THREAD_VARIABLES, default_num_workers
 from .handover import Handover, Scalars
-from .mixed import SOURCE_FIELD, MixedDataset, sources_of
+from .mixed import MIX_FIELDS, MixedDataset, sources_of
 from .order import DEFAULT_SHUFFLE_WINDOW, EpochOrders, LoaderMode, RankSplit, split_for_rank
 from .streaming import (
     DEFAULT_MIX_SHARDS,
@@ -36,7 +36,10 @@ from .streaming import (
 
 log = logging.getLogger(__name__)
 
-STATE_VERSION = 1
+STATE_VERSION = 2
+"""2: a state names its datasets and whether it streamed (`PackedLoader.state_dict`); version 1
+states load with a warning where they can be told apart, and streamed drop_last ones, whose order
+changed with version 2, are refused."""
 # What must match for a saved position to mean the same batches in a fresh loader.
 _STATE_KEYS = ("seed", "world_size", "batch_size", "num_samples", "shuffle", "shuffle_window",
                "drop_last", "mode", "sources")
@@ -122,7 +125,7 @@ class SampleCollate:
     """
 
     def __init__(self, dataset: PackedDataset | MixedDataset, *, scalars_as_lists: bool = False) -> None:
-        self.stack = [name in ("image", "label", "index", SOURCE_FIELD) or (spec is not None and spec.stackable)
+        self.stack = [name in ("image", "label", "index", *MIX_FIELDS) or (spec is not None and spec.stackable)
                       for name, spec in ((name, dataset.field_spec(name)) for name in dataset.fields)]
         self.image = dataset.fields.index("image") if "image" in dataset.fields else None
         self.scalars_as_lists = scalars_as_lists
@@ -220,7 +223,7 @@ class PackedLoader:
         self.dataloader = self._dataloader(dataloader_args)
         self._consumed = 0
         self._resume: int | None = None
-        self._passes = 0  # passes begun: with persistent workers only the latest may take batches
+        self._passes = 0  # passes begun: only the latest may take batches
 
     def _dataloader(self, args: dict[str, Any]) -> DataLoader:
         return SettlingDataLoader(self.dataset, batch_sampler=self.sampler, generator=self._generator, **args)
@@ -276,14 +279,15 @@ class PackedLoader:
         batches = iter(self.dataloader)
         left = self.sampler.num_batches - start  # this pass's batches not yet taken
         while True:
-            if mine != self._passes and self.dataloader.persistent_workers:
+            if mine != self._passes:
                 if left <= 0:
                     return
-                # DataLoader restarted its one set of workers for the newer pass: a batch taken here
-                # would be one of that pass's, lost to it
+                # The position (state_dict) is the newer pass's now, so a batch taken here would be
+                # missing from a checkpoint; with persistent workers, DataLoader restarted its one
+                # set of them for the newer pass, and a batch taken here would be lost to that pass
                 raise RuntimeError(f"{self.dataset.root}: another pass over this loader began while this one was "
-                                   "under way, and persistent workers serve one pass at a time: finish or drop one "
-                                   "iterator first, or make the loader with persistent_workers=False")
+                                   "under way; the loader's position (state_dict) and its persistent workers "
+                                   "follow one pass at a time: finish or drop one iterator first")
             try:
                 batch = next(batches)
             except StopIteration:
@@ -301,19 +305,30 @@ class PackedLoader:
         return batch, torch.arange(first, first + size) < self.sampler.num_real
 
     def state_dict(self) -> dict[str, Any]:
-        """Where this epoch stands: the same on every rank, so rank 0 alone may save it."""
+        """Where this epoch stands: the same on every rank, so rank 0 alone may save it. It names
+        what it was taken on: every setting that shapes the order, whether the loader streamed,
+        and the datasets read (each source's `Manifest.identity`, in order)."""
         return {
             "version": STATE_VERSION,
             "epoch": self.sampler.epoch,
             "batches": self._resume if self._resume is not None else self._consumed,
             **{key: getattr(self.sampler, key) for key in self.sampler.state_keys},
+            "streaming": isinstance(self.sampler, ShardStream),
+            "datasets": [source.manifest.identity for source in sources_of(self.dataset)],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Make the next iteration yield exactly the batches of `state`'s epoch not yet consumed."""
+        """Make the next iteration yield exactly the batches of `state`'s epoch not yet consumed;
+        a state taken on other datasets, or read otherwise, is a ValueError naming what differs."""
         mine = self.state_dict()
-        changed = [f"{key} {state.get(key)!r} (now {mine[key]!r})" for key in self.sampler.state_keys
+        if int(state.get("version", 1)) > STATE_VERSION:
+            raise ValueError(f"loader state version {state['version']} is newer than this loader's ({STATE_VERSION}): "
+                             "resume with the version that saved it")
+        state = self._from_version_1(state) if state.get("version", 1) == 1 else state
+        changed = [f"{key} {state.get(key)!r} (now {mine[key]!r})" for key in (*self.sampler.state_keys, "streaming")
                    if state.get(key) != mine[key]]
+        if "datasets" in state and state["datasets"] != mine["datasets"]:
+            changed.append(_datasets_changed(list(state["datasets"]), mine["datasets"]))
         if changed:
             raise ValueError("loader state was saved with a different setup, cannot resume exactly: " + ", ".join(changed))
         batches = int(state["batches"])
@@ -322,6 +337,20 @@ class PackedLoader:
         self.sampler.set_epoch(int(state["epoch"]))
         self._resume = batches
         self._consumed = batches
+
+    def _from_version_1(self, state: dict[str, Any]) -> dict[str, Any]:
+        """A state saved before states named their datasets: whether it streamed is told by its
+        keys (a streaming state's shuffle_buffer); its datasets cannot be checked (a warning); a
+        streamed epoch that dropped samples was read in the order version 2 changed (refused)."""
+        streaming = "shuffle_buffer" in state
+        if (streaming and isinstance(self.sampler, ShardStream) and state.get("drop_last") and state.get("shuffle")
+                and self.sampler.samples_per_rank * self.world_size < self.sampler.num_samples):
+            raise ValueError("loader state was saved by an older version, whose streaming order with drop_last=True "
+                             "this one changed (each epoch now drops other samples): it cannot resume exactly; "
+                             "start its epoch over (set_epoch) or the next one")
+        warnings.warn(f"{self.dataset.root}: this loader state (version 1) names no dataset, so it cannot be checked "
+                      "that it was taken on this one; resuming as saved", stacklevel=3)
+        return {**state, "streaming": streaming}
 
     def __repr__(self) -> str:
         s = self.sampler
@@ -341,6 +370,18 @@ class StreamingLoader(PackedLoader):
     def _with_mask(self, batch: Any, number: int) -> Any:
         # Streaming workers make the eval masks; DataLoader's default_convert made the pair a list.
         return tuple(batch) if self.sampler.mode == "eval" else batch
+
+
+def _datasets_changed(saved: list[str], now: list[str]) -> str:
+    """What differs between the datasets a state names and this loader's, in a few words."""
+    if len(saved) != len(now):
+        return f"{len(saved)} datasets (now {len(now)})"
+    if sorted(saved) == sorted(now):
+        return "the datasets in another order"
+    differ = [number for number, (before, after) in enumerate(zip(saved, now)) if before != after]
+    which = "the dataset" if len(now) == 1 else f"datasets[{differ[0]}]"
+    return (f"{which} {saved[differ[0]][:12]} (now {now[differ[0]][:12]}: another dataset, or the same samples "
+            "packed in other shards)")
 
 
 def warn_class_sorted(dataset: PackedDataset) -> None:

@@ -14,6 +14,7 @@ and `sha256_name` guard the places that build paths from them.
 from __future__ import annotations
 
 import bisect
+import hashlib
 import json
 import os
 import re
@@ -127,6 +128,15 @@ class Manifest:
         skips the number of a shard whose every sample was rejected (never published)."""
         return [int(match.group(1)) if (match := SHARD_NUMBER.fullmatch(shard.name)) else position
                 for position, shard in enumerate(self.shards)]
+
+    @cached_property
+    def identity(self) -> str:
+        """What the samples are and in which shards (sha256 of the class list and of each shard's
+        name, count and sha256): a saved loader position names it, so that it resumes only on the
+        dataset it was taken on. The same dataset copied or served by URL keeps it; the same
+        files packed again in other shards, or another dataset of the same size, do not."""
+        shards = [[shard.name, shard.num_samples, shard.sha256] for shard in self.shards]
+        return hashlib.sha256(json.dumps([self.classes, shards]).encode()).hexdigest()
 
     def sample_key(self, shard: int, row: int) -> str:
         """The key of row `row` of `shards[shard]`."""

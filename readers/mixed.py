@@ -39,6 +39,9 @@ LabelMode = Literal["same", "merged", "per_source"]
 LABEL_MODES: tuple[str, ...] = ("same", "merged", "per_source")
 SOURCE_FIELD = "source"
 """The field that says which source a sample of a mix came from: its index in `datasets`."""
+SOURCE_INDEX_FIELD = "source_index"
+"""The field that says a mix's sample's index inside its source (its `index` field is the mix's)."""
+MIX_FIELDS = (SOURCE_FIELD, SOURCE_INDEX_FIELD)
 _MIX_KEY = 0x6D6978  # keeps a mix's draws apart from those of one dataset with the same seed
 _PASS, _MERGE, _WINDOWS = 0, 1, 2
 
@@ -226,8 +229,9 @@ class MixedDataset(Dataset):
     """Several datasets from `open_dataset` as one (made by `readers.mix`): map-style over every
     sample of every source (`len()`), read by `make_loader` in epochs of `epoch_size` samples
     with `counts[s]` from source s. Each source keeps its own files, cache, transform and
-    `on_error`; a sample is the source's, its label remapped by `labels="merged"` and the
-    `source` field inserted where `fields` puts it."""
+    `on_error`; a sample is the source's, its label remapped by `labels="merged"`, its `index`
+    the mix's (as `loader.indices()` counts) and the `source` and `source_index` fields inserted
+    where `fields` puts them."""
 
     def __init__(self, datasets: Sequence[PackedDataset], counts: Sequence[int], *, labels: LabelMode,
                  names: Sequence[str], fields: Sequence[str]) -> None:
@@ -249,9 +253,11 @@ class MixedDataset(Dataset):
         self.source_classes = [list(source.classes) for source in self.sources]
         self._classes, self._lookup = class_table(self.source_classes, labels, self.names)
         stored = self.sources[0].fields
-        self._source_at = self.fields.index(SOURCE_FIELD) if SOURCE_FIELD in self.fields else None
+        # (position in `fields`, mix field), in order: inserted one by one, each lands where `fields` puts it
+        self._inserts = [(at, name) for at, name in enumerate(self.fields) if name in MIX_FIELDS]
         self._label_at = stored.index("label") if self._lookup is not None and "label" in stored else None
-        self._changes = self._source_at is not None or self._label_at is not None  # else samples pass as they are
+        self._index_at = stored.index("index") if "index" in stored else None
+        self._changes = bool(self._inserts) or self._label_at is not None or self._index_at is not None
 
     @property
     def classes(self) -> list[str]:
@@ -266,7 +272,7 @@ class MixedDataset(Dataset):
         return self._orders
 
     def field_spec(self, name: str) -> FieldSpec | None:
-        return None if name == SOURCE_FIELD else self.sources[0].field_spec(name)
+        return None if name in MIX_FIELDS else self.sources[0].field_spec(name)
 
     def __len__(self) -> int:
         return int(self._starts[-1])
@@ -280,25 +286,31 @@ class MixedDataset(Dataset):
         source = bisect.bisect_right(self._first_shard, shard) - 1
         return self.sources[source], shard - self._first_shard[source]
 
-    def _finish(self, source: int, sample: tuple[Any, ...]) -> tuple[Any, ...]:
-        """A source's sample as the mix gives it: label remapped, `source` field inserted."""
+    def _finish(self, source: int, local: int, sample: tuple[Any, ...]) -> tuple[Any, ...]:
+        """Source `source`'s sample `local` as the mix gives it: label remapped, index made the
+        mix's, `source` and `source_index` inserted. A sample that stands in for an unreadable one
+        (on_error="skip") says its own index, where the source gives it."""
         if not self._changes:
             return sample
+        values = list(sample)
+        if self._index_at is not None:
+            local = values[self._index_at]
+            values[self._index_at] = self._starts[source] + local
         if self._label_at is not None and self._lookup is not None:
-            label, table = sample[self._label_at], self._lookup[source]
+            label, table = values[self._label_at], self._lookup[source]
             if label >= len(table):  # a dataset that names no classes may hold any label
                 raise DatasetError(f"{self.names[source]}: label {label} has no class name to merge (the dataset "
                                    f'names {len(table)} classes); mix it with labels="per_source"')
             if label >= 0:  # -1: unlabelled, in every class list
-                sample = (*sample[:self._label_at], table[label], *sample[self._label_at + 1:])
-        if self._source_at is not None:
-            sample = (*sample[:self._source_at], source, *sample[self._source_at:])
-        return sample
+                values[self._label_at] = table[label]
+        for at, name in self._inserts:
+            values.insert(at, source if name == SOURCE_FIELD else local)
+        return tuple(values)
 
     def __getitem__(self, index: int) -> tuple[Any, ...]:
         index = sample_index(index, len(self))
         source, local = self.locate_source(index)
-        return self._finish(source, self.sources[source][local])
+        return self._finish(source, local, self.sources[source][local])
 
     def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, ...]]:
         """A batch's samples, each source's asked for together (its read-ahead sees them all). In
@@ -317,15 +329,15 @@ class MixedDataset(Dataset):
         for source, (positions, local) in groups.items():
             samples = self.sources[source].__getitems__(local)
             if self._changes:
-                samples = [self._finish(source, sample) for sample in samples]
+                samples = [self._finish(source, index, sample) for index, sample in zip(local, samples)]
             for position, sample in zip(positions, samples):
                 out[position] = sample
         return out
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
         for number, source in enumerate(self.sources):
-            for sample in source:
-                yield self._finish(number, sample)
+            for local, sample in enumerate(source):
+                yield self._finish(number, local, sample)
 
     # What the streaming loader reads through (global shard numbers and sample indices).
 
@@ -340,7 +352,7 @@ class MixedDataset(Dataset):
 
     def decode_sample(self, index: int, meta: dict[str, Any], payload: memoryview, fields: Fields) -> tuple[Any, ...]:
         source, local = self.locate_source(index)
-        return self._finish(source, self.sources[source].decode_sample(local, meta, payload, fields))
+        return self._finish(source, local, self.sources[source].decode_sample(local, meta, payload, fields))
 
     def close(self) -> None:
         for source in self.sources:
@@ -404,8 +416,10 @@ def mix(
     `labels`: "same" (default) requires one class list; "merged" joins the class lists in order
     of first appearance and remaps each source's labels into it; "per_source" leaves every
     source's labels as they are (tell them apart by the source field). `fields`: the sources'
-    fields with "source" (the sample's index in `datasets`) inserted where it should come, e.g.
-    ("image", "label", "source"); `names` (default: each dataset's root) name the sources.
+    fields with "source" (the sample's index in `datasets`) and "source_index" (its index in
+    that dataset) inserted where they should come, e.g. ("image", "label", "source"); a mix's
+    "index" field counts the mix's samples (the sources one after another, as `mix[i]` and
+    `loader.indices()`). `names` (default: each dataset's root) name the sources.
     """
     sources = list(datasets)
     if not sources:
@@ -423,9 +437,10 @@ def mix(
     check_alike(sources, labels)
     stored = sources[0].fields
     mixed_fields = tuple(stored) if fields is None else tuple(fields)
-    if [name for name in mixed_fields if name != SOURCE_FIELD] != list(stored) or mixed_fields.count(SOURCE_FIELD) > 1:
+    if [name for name in mixed_fields if name not in MIX_FIELDS] != list(stored) or any(
+            mixed_fields.count(name) > 1 for name in MIX_FIELDS):
         raise ValueError(f"fields {mixed_fields} must be the datasets' fields {tuple(stored)} with "
-                         f"{SOURCE_FIELD!r} added where it should come")
+                         f"{SOURCE_FIELD!r} and {SOURCE_INDEX_FIELD!r} added (each once) where they should come")
     if labels == "per_source" and "label" in stored and SOURCE_FIELD not in mixed_fields:
         raise ValueError(f'labels="per_source" leaves label 0 of one dataset and of another apart only by the '
                          f'{SOURCE_FIELD!r} field: add it to fields, e.g. {(*stored, SOURCE_FIELD)}')

@@ -70,7 +70,8 @@ class CudaPrefetcher:
             with torch.cuda.stream(stream):
                 return True, _to_device(batch, self.device)
 
-        # Not reset when the caller stops early: the batch fetched ahead was never handed out.
+        # Not reset when the caller stops early: the batch fetched ahead was never handed out
+        # (until a new epoch or a loaded state moves the loader's position).
         self._ahead = 0
         more, upcoming = fetch()
         while more:
@@ -83,6 +84,10 @@ class CudaPrefetcher:
             yield batch
 
     def set_epoch(self, epoch: int) -> None:
+        """A new epoch starts from its beginning, with no batch fetched ahead (the loader keeps the
+        position of the epoch it is in, and so does this)."""
+        if epoch != getattr(self.loader, "epoch", None):
+            self._ahead = 0
         self.loader.set_epoch(epoch)
 
     def state_dict(self) -> dict[str, Any]:
@@ -91,4 +96,6 @@ class CudaPrefetcher:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The loader's next batch is the state's: none is fetched ahead of it."""
         self.loader.load_state_dict(state)
+        self._ahead = 0

@@ -2,7 +2,8 @@
 
 The order of an epoch is computed, never observed: shards in `shard_order(seed, epoch)`, each front
 to back (`readers.order.stream_order`); ranks take equal contiguous shares of it (`split_for_rank`,
-the padding rule of the map-style loader); each DataLoader worker streams a contiguous span of
+the padding rule of the map-style loader; with `drop_last`, from a point of the stream that moves
+every epoch, so that what is dropped changes); each DataLoader worker streams a contiguous span of
 its rank's share. A worker reads `mix_shards` shards at once, interleaved (`mixed_read_order`),
 each still front to back, through a shuffle buffer, so a batch mixes several shards even where
 each shard holds a few classes (a dataset packed in sorted order). DataLoader takes one batch
@@ -35,6 +36,7 @@ from .remote import ShardFiles
 
 log = logging.getLogger(__name__)
 
+_DROP_START_KEY = 0x64726F70  # keeps the draw of where dropping epochs start apart from the others
 DEFAULT_SHUFFLE_BUFFER = 1024
 """Samples each worker holds to mix the order within and across neighbouring shards."""
 DEFAULT_PREFETCH_SHARDS = 2
@@ -333,8 +335,18 @@ class ShardStream(IterableDataset, RankSplit):
         return self.samples_per_rank if self.collate_fn is None else self.num_batches
 
     def share(self, epoch: int) -> tuple[np.ndarray, int]:
-        """This rank's sample indices in stream order, padding included, and how many are real."""
+        """This rank's sample indices in stream order, padding included, and how many are real.
+
+        Where `drop_last` leaves samples out, the epoch's stream goes round from a point that
+        moves on by the samples dropped every epoch (from one drawn from the seed): the stretch
+        left out follows the last one's. Read from the start of the stream, the same tail was
+        left out every epoch (one shard: the same samples; many: the ends of shards, never their
+        beginnings)."""
         order = self.orders.stream_order(seed=self.seed, epoch=epoch, shuffle=self.shuffle, mode=self.mode)
+        dropped = len(order) - self.samples_per_rank * self.world_size
+        if self.shuffle and dropped > 0:
+            first = np.random.default_rng(np.random.SeedSequence([self.seed, _DROP_START_KEY])).integers(len(order))
+            order = np.roll(order, -((int(first) + epoch * dropped) % len(order)))
         return split_for_rank(order, rank=self.rank, world_size=self.world_size, batch_size=self.batch_size,
                               drop_last=self.drop_last, mode=self.mode)
 

@@ -7,6 +7,7 @@ manifest names, so new formats are covered when they register.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import functools
 import hashlib
@@ -24,7 +25,12 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from imagefolders import make_image_folder
+
 import readers
+import readers.prefetch
+from packer.pipeline import pack
+from packer.plan import PackOptions
 from readers.loader import RESULT_PIPE_BYTES
 from readers.order import epoch_order, shard_order, split_for_rank
 
@@ -183,8 +189,6 @@ def test_two_passes_at_once_over_persistent_workers_fail_instead_of_sharing_batc
     taking batches on, took half of the second's (silently, each pass lost half the epoch)."""
     make = functools.partial(readers.make_loader, open_indexed(packed_as("wds")[0]), 3, seed=2, num_workers=2,
                              streaming=streaming)
-    separate = make(persistent_workers=False)
-    assert [(a[0].tolist(), b[0].tolist()) for a, b in zip(separate, separate)] == [(x, x) for x in flat(separate)]
     loader = make()
     whole = flat(loader)
     with pytest.raises(RuntimeError, match="another pass over this loader began while this one was under way"):
@@ -196,6 +200,32 @@ def test_two_passes_at_once_over_persistent_workers_fail_instead_of_sharing_batc
         next(first)  # was: StopIteration, the rest of its epoch silently gone
     done = iter(loader)
     assert len(list(done)) == len(whole) and flat(loader) == whole
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_pass_taken_on_after_a_newer_one_began_fails_without_persistent_workers(
+        streaming: bool, workers: int, packed_as: Callable) -> None:
+    """The loader's position (state_dict) follows one pass. A peek (`next(iter(loader))`) in the
+    middle of an epoch restarted it; the first pass went on, and its position said 11 after 20
+    batches (a resume repeated 9). As with persistent workers, the older pass now refuses to go on;
+    a pass broken out of, then a new one, still reads whole epochs."""
+    loader = readers.make_loader(open_indexed(packed_as("wds")[0]), 2, seed=2, num_workers=workers,
+                                 persistent_workers=False if workers else None, streaming=streaming)
+    whole = flat(loader)
+    first = iter(loader)
+    head = [next(first)[0].tolist() for _ in range(4)]
+    assert head == whole[:4] and loader.state_dict()["batches"] == 4
+    assert next(iter(loader))[0].tolist() == whole[0] and loader.state_dict()["batches"] == 1
+    with pytest.raises(RuntimeError, match="another pass over this loader began while this one was under way"):
+        next(first)
+    assert loader.state_dict()["batches"] == 1
+    for number, _ in enumerate(loader, start=1):
+        if number == 3:
+            break
+    assert flat(loader) == whole
+    loader.set_epoch(1)
+    assert sorted(i for batch in flat(loader) for i in batch) == list(range(19))
 
 
 def test_a_timeout_without_workers_reads(packed_as: Callable) -> None:
@@ -287,6 +317,70 @@ def test_state_dict_round_trip_rules(packed: tuple[Path, dict[str, bytes]]) -> N
     finished = readers.make_loader(dataset, 2, seed=1, num_workers=0)
     finished.load_state_dict({**state, "batches": len(finished)})
     assert flat(finished) == []
+
+
+@pytest.fixture(scope="module")
+def packed_twice(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """One image folder packed as WebDataset in shards of 4 and in shards of 6: the same 15
+    samples, other shards."""
+    root = tmp_path_factory.mktemp("packed-twice")
+    make_image_folder(root / "src", classes=3, per_class=4)
+    for size in (4, 6):
+        pack(root / "src", root / f"by{size}", PackOptions(format="wds", shard_size=size))
+    return root / "by4", root / "by6"
+
+
+def test_a_state_names_the_dataset_and_the_reading_it_was_taken_on(packed_twice: tuple[Path, Path]) -> None:
+    """A state saved on a dataset loaded into the same samples packed with another shard size
+    (300 samples read, 240 distinct), and a streaming state into a map-style loader with
+    shuffle_window=None (219 of 300): both were taken, neither can resume exactly. A state now
+    names its datasets (their manifest's identity) and whether it streamed."""
+    by4, by6 = (open_indexed(path) for path in packed_twice)
+    assert len(by4) == len(by6) == 15 and by4.manifest.identity != by6.manifest.identity
+    loader = readers.make_loader(by4, 2, seed=1, num_workers=0)
+    next(iter(loader))
+    state = loader.state_dict()
+    assert state["datasets"] == [by4.manifest.identity] and state["streaming"] is False
+    assert state["version"] == 2
+    assert state["datasets"] == [open_indexed(packed_twice[0]).manifest.identity]  # the same dataset opened again
+    with pytest.raises(ValueError, match=r"^loader state was saved with a different setup, cannot resume exactly: "
+                                         r"the dataset [0-9a-f]{12} \(now [0-9a-f]{12}: another dataset"):
+        readers.make_loader(by6, 2, seed=1, num_workers=0).load_state_dict(state)
+    streamed = readers.make_loader(by4, 2, seed=1, num_workers=0, streaming=True)
+    next(iter(streamed))
+    with pytest.raises(ValueError, match=r"streaming True \(now False\)"):
+        readers.make_loader(by4, 2, seed=1, num_workers=0, shuffle_window=None).load_state_dict(streamed.state_dict())
+    with pytest.raises(ValueError, match=r"streaming False \(now True\)"):
+        readers.make_loader(by4, 2, seed=1, num_workers=0, streaming=True).load_state_dict(state)
+
+
+def test_a_state_saved_before_states_named_their_dataset_loads_with_a_warning(packed_twice: tuple[Path, Path]) -> None:
+    """Version 1 states name no dataset: they load where they did, with a warning; whether one
+    streamed is told by its keys, and a streamed drop_last epoch (whose order changed since) is refused."""
+    by4 = open_indexed(packed_twice[0])
+
+    def old(state: dict) -> dict:
+        return {key: value for key, value in state.items() if key not in ("datasets", "streaming")} | {"version": 1}
+
+    loader = readers.make_loader(by4, 2, seed=1, num_workers=0)
+    loader.set_epoch(1)
+    next(iter(loader))
+    fresh = readers.make_loader(by4, 2, seed=1, num_workers=0)
+    with pytest.warns(UserWarning, match="names no dataset"):
+        fresh.load_state_dict(old(loader.state_dict()))
+    assert fresh.state_dict() == loader.state_dict()
+    streamed = readers.make_loader(by4, 2, seed=1, num_workers=0, streaming=True)
+    next(iter(streamed))
+    with pytest.raises(ValueError, match=r"streaming True \(now False\)"):
+        readers.make_loader(by4, 2, seed=1, num_workers=0, shuffle_window=None).load_state_dict(
+            old(streamed.state_dict()))
+    dropping = readers.make_loader(by4, 2, seed=1, num_workers=0, streaming=True, drop_last=True)
+    next(iter(dropping))
+    with pytest.raises(ValueError, match="drop_last"):
+        readers.make_loader(by4, 2, seed=1, num_workers=0, streaming=True, drop_last=True).load_state_dict(
+            old(dropping.state_dict()))
+    with pytest.raises(ValueError, match=r"loader state version 3 is newer than this loader's \(2\)"):
+        fresh.load_state_dict({**loader.state_dict(), "version": 3})
 
 
 def test_bad_arguments(packed: tuple[Path, dict[str, bytes]]) -> None:
@@ -397,3 +491,35 @@ def test_batches_leave_the_workers_through_a_widened_pipe(packed: tuple[Path, di
     assert sum(len(batch[0]) for batch in loader) == len(loader.indices())
     pipe = loader.dataloader._iterator._worker_result_queue._reader  # torch's, as widen_result_pipe finds it
     assert fcntl.fcntl(pipe.fileno(), fcntl.F_GETPIPE_SZ) >= RESULT_PIPE_BYTES
+
+
+class _FakeStream:
+    """What CudaPrefetcher asks of a CUDA stream, for running its fetch-ahead path on the CPU."""
+
+    def wait_stream(self, stream: object) -> None:
+        pass
+
+
+def test_cuda_prefetcher_counts_no_batch_ahead_after_a_pass_stopped_early(
+        monkeypatch: pytest.MonkeyPatch, packed: tuple[Path, dict[str, bytes]]) -> None:
+    """The prefetcher fetches one batch ahead; a pass stopped early leaves that batch unhanded.
+    A new epoch, or a loaded state, starts from the loader's position, with nothing ahead."""
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: _FakeStream())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: _FakeStream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(readers.prefetch, "_record_stream", lambda data, stream: None)
+    loader = readers.make_loader(open_indexed(packed[0]), 2, num_workers=0)
+    prefetcher = readers.CudaPrefetcher(loader, "cpu")
+    prefetcher.enabled = True  # the fetch-ahead path, copying to the CPU
+    for number, _ in enumerate(prefetcher, start=1):
+        if number == 3:
+            break
+    assert prefetcher.state_dict()["batches"] == 3  # the loader handed out 4
+    prefetcher.set_epoch(1)
+    assert prefetcher.state_dict()["batches"] == 0
+    state = prefetcher.state_dict()
+    state["batches"] = 7
+    prefetcher.load_state_dict(state)
+    assert prefetcher.state_dict()["batches"] == 7
+    resumed = [batch[0].tolist() for batch in prefetcher]
+    assert resumed == flat(loader)[7:] and prefetcher.state_dict()["batches"] == len(loader)

@@ -65,8 +65,8 @@ def source_counts(loader: readers.PackedLoader) -> collections.Counter:
 
 
 def keys(loader: readers.PackedLoader) -> list[list[tuple[int, int]]]:
-    """Each batch as (source, index in the source) pairs."""
-    return [list(zip(batch[3].tolist(), batch[0].tolist())) for batch in loader]
+    """Each batch as (source, index in the source) pairs (the index field is the mix's)."""
+    return [[loader.dataset.locate_source(index) for index in batch[0].tolist()] for batch in loader]
 
 
 # Counts and orders, without data -----------------------------------------------------------
@@ -150,19 +150,34 @@ def test_proportions_over_an_epoch_are_the_weights(streaming: bool, two: tuple) 
 
 @pytest.mark.parametrize("streaming", [False, True])
 def test_samples_are_their_sources_with_the_source_field(streaming: bool, two: tuple) -> None:
-    mixed = readers.mix(two, repeat=[1, 2], fields=("index", "image", "source", "label"), names=["a", "b"])
+    mixed = readers.mix(two, repeat=[1, 2], fields=("index", "image", "source", "label", "source_index"),
+                        names=["a", "b"])
     assert mixed.names == ["a", "b"] and mixed.epoch_size == 57 and mixed.classes == two[0].classes
     batches = list(readers.make_loader(mixed, 5, seed=0, num_workers=0, streaming=streaming))
     seen = collections.Counter()
     for batch in batches:
-        for index, image, source, label in zip(batch[0].tolist(), batch[1], batch[2].tolist(), batch[3].tolist()):
-            assert (index, image, label) == two[source][index]
-            seen[source, index] += 1
+        for index, image, source, label, local in zip(batch[0].tolist(), batch[1], batch[2].tolist(),
+                                                      batch[3].tolist(), batch[4].tolist()):
+            assert (local, image, label) == two[source][local] and index == 19 * source + local
+            seen[source, local] += 1
     assert {n for (source, _), n in seen.items() if source == 1} == {2} and len(seen) == 38
-    assert mixed[20] == (1, two[1][1][1], 1, two[1][1][2])  # ds[i]: source 1 starts at 19
+    assert mixed[20] == (20, two[1][1][1], 1, two[1][1][2], 1)  # ds[i]: source 1 starts at 19
     assert mixed.__getitems__([20, 0, -1]) == [mixed[20], mixed[0], mixed[37]]  # a batch, as DataLoader asks
     with pytest.raises(IndexError, match="sample index 38 out of range for 38 samples"):
         mixed.__getitems__([0, 38])
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_the_index_field_is_the_mixes_and_source_index_the_sources(streaming: bool, two: tuple) -> None:
+    """`index` in a mix was the index inside its source: m[2] and m[21] both said 2, while
+    loader.indices() counts the mix's samples; now it is the mix's, the source's is `source_index`."""
+    mixed = readers.mix(two, fields=("source_index", *FIELDS))
+    assert (mixed[2][:2], mixed[21][:2]) == ((2, 2), (2, 21))
+    loader = readers.make_loader(mixed, 4, seed=1, num_workers=0, streaming=streaming)
+    batches = list(loader)
+    assert [i for batch in batches for i in batch[1].tolist()] == loader.indices().tolist()
+    assert [mixed.locate_source(i)[1] for batch in batches for i in batch[1].tolist()] == \
+        [i for batch in batches for i in batch[0].tolist()]
 
 
 def test_ranks_get_equal_batches_and_eval_reads_every_sample_once(two: tuple) -> None:
@@ -174,8 +189,8 @@ def test_ranks_get_equal_batches_and_eval_reads_every_sample_once(two: tuple) ->
             items = [list(loader) for loader in loaders]
             assert len({len(loader) for loader in loaders}) == 1 and [len(i) for i in items] == [len(loaders[0])] * 3
             if mode == "eval":  # weights ignored: every sample of every source exactly once
-                real = [(s, i) for rank in items for batch, mask in rank
-                        for s, i in zip(batch[3][mask].tolist(), batch[0][mask].tolist())]
+                real = [mixed.locate_source(i) for rank in items for batch, mask in rank
+                        for i in batch[0][mask].tolist()]
                 assert sorted(real) == [(s, i) for s in (0, 1) for i in range(19)]
             else:
                 total = sum(len(batch[0]) for rank in items for batch in rank)
@@ -196,7 +211,7 @@ def test_resume_mid_epoch_is_exact_across_sources(streaming: bool, workers: int,
     interrupted.set_epoch(1)
     head = []
     for batch in interrupted:
-        head.append(list(zip(batch[3].tolist(), batch[0].tolist())))
+        head.append([mixed.locate_source(index) for index in batch[0].tolist()])
         if len(head) == 3:
             break
     state = interrupted.state_dict()
@@ -208,6 +223,32 @@ def test_resume_mid_epoch_is_exact_across_sources(streaming: bool, workers: int,
     with pytest.raises(ValueError, match=r"sources \[\[19, 20\], \[19, 10\]\] \(now \[\[19, 10\], \[19, 20\]\]\)"):
         readers.make_loader(mixed, 4, seed=9, num_workers=0, streaming=streaming).load_state_dict(
             readers.make_loader(other, 4, seed=9, num_workers=0, streaming=streaming).state_dict())
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_state_is_refused_by_the_sources_in_another_order_or_another_source(streaming: bool, two: tuple,
+                                                                               packed_as: Callable) -> None:
+    """A mix's state loaded into the same datasets in another order, or with one replaced by
+    another of the same size (600 samples read, 440 distinct): the sizes and counts matched.
+    The state now names each source (its manifest's identity), in order."""
+    lmdb, wds = two
+    hdf5 = opened(packed_as("hdf5")[0])
+
+    def state_of(sources: list) -> dict:
+        loader = readers.make_loader(readers.mix(sources, fields=(*FIELDS, "source")), 4, seed=9, num_workers=0,
+                                     streaming=streaming)
+        next(iter(loader))
+        return loader.state_dict()
+
+    state = state_of([lmdb, wds])
+    assert state["datasets"] == [lmdb.manifest.identity, wds.manifest.identity]
+    assert state_of([wds, lmdb])["sources"] == state["sources"]  # what was checked before: it matched
+    for sources, message in (([wds, lmdb], r"the datasets in another order"),
+                             ([lmdb, hdf5], r"datasets\[1\] [0-9a-f]{12} \(now [0-9a-f]{12}: another dataset")):
+        loader = readers.make_loader(readers.mix(sources, fields=(*FIELDS, "source")), 4, seed=9, num_workers=0,
+                                     streaming=streaming)
+        with pytest.raises(ValueError, match=message):
+            loader.load_state_dict(state)
 
 
 def test_spawned_workers_read_a_mix(two: tuple) -> None:
@@ -247,7 +288,7 @@ def test_class_lists_that_differ_are_refused_merged_or_kept_per_source(packed_as
     for batch in readers.make_loader(merged, 6, num_workers=0):
         for index, label, source in zip(batch[0].tolist(), batch[2].tolist(), batch[3].tolist()):
             original = [first, second][source]
-            assert merged.classes[label] == original.classes[original[index][2]]
+            assert merged.classes[label] == original.classes[original[merged.locate_source(index)[1]][2]]
 
     per_source = readers.mix([first, second], labels="per_source", fields=(*FIELDS, "source"))
     assert per_source.source_classes == [first.classes, second.classes]
@@ -268,6 +309,8 @@ def test_bad_mixes_are_one_line_errors(two: tuple, packed_as: Callable) -> None:
         (lambda: readers.mix([lmdb, wds], weights=[1, 2, 3]), "weights has 3 values for 2 datasets"),
         (lambda: readers.mix([lmdb, wds], weights=[1, 1], epoch_size=0), "epoch_size must be"),
         (lambda: readers.mix([lmdb, wds], fields=("image", "index", "label", "source")), "must be the datasets' fields"),
+        (lambda: readers.mix([lmdb, wds], fields=(*FIELDS, "source_index", "source_index")),
+         "must be the datasets' fields"),
         (lambda: readers.mix([lmdb, wds], labels="union"), "labels must be one of"),
         (lambda: readers.mix([lmdb, wds], labels="per_source"), "add it to fields"),
         (lambda: readers.mix([lmdb, wds], names=["a"]), "names has 1 names for 2 datasets"),

@@ -21,6 +21,8 @@ from loopback import LoopbackHTTP
 
 import readers
 import readers.cache
+from packer.pipeline import pack
+from packer.plan import PackOptions
 from packer.writers import WRITERS
 from readers.order import shard_order, stream_order
 from readers.streaming import batches_before, buffer_order, mixed_read_order, worker_spans
@@ -159,6 +161,46 @@ def test_streaming_ranks_get_equal_batches(packed_as: Callable) -> None:
         else:
             everything = [i for rank in items for batch in rank for i in batch[0].tolist()]
             assert set(everything) == set(range(19)) if not drop_last else len(set(everything)) == len(everything) == 18
+
+
+@pytest.fixture(scope="module")
+def one_shard(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """300 images packed in one shard (the default shard size)."""
+    root = tmp_path_factory.mktemp("one-shard")
+    make_image_folder(root / "src", classes=2, per_class=150)
+    pack(root / "src", root / "out", PackOptions(format="lmdb"))
+    assert len(readers.load_manifest(root / "out").shards) == 1
+    return root / "out"
+
+
+@pytest.mark.filterwarnings("ignore:.*streaming workers share shard files")
+def test_drop_last_drops_other_samples_every_epoch(one_shard: Path) -> None:
+    """One shard streams front to back, and ranks took equal slices of it from its start: with
+    drop_last the same tail (indexes 256-299 of 300, 4 ranks x batch 16) was never read in any
+    epoch. The stream now starts at a point that moves on by the 44 dropped every epoch: ranks
+    still get equal batches, each epoch drops other samples, and 7 epochs drop every sample once."""
+    ds = open_indexed(one_shard)
+    loaders = [streaming(ds, batch_size=16, rank=rank, world_size=4, drop_last=True) for rank in range(4)]
+    assert {len(loader) for loader in loaders} == {4}
+    seen: set[int] = set()
+    dropped = []
+    for epoch in range(20):
+        read = []
+        for loader in loaders:
+            loader.set_epoch(epoch)
+            read += loader.indices().tolist()
+        assert len(read) == len(set(read)) == 256
+        seen.update(read)
+        dropped.append(frozenset(range(300)) - frozenset(read))
+    assert seen == set(range(300)) and len(set(dropped)) == 20
+    assert frozenset().union(*dropped[:7]) == frozenset(range(300))
+    loaders[1].set_epoch(3)
+    whole = [batch[0].tolist() for batch in loaders[1]]
+    assert [i for batch in whole for i in batch] == loaders[1].indices().tolist()
+    head, state = interrupted(streaming(ds, batch_size=16, rank=1, world_size=4, drop_last=True), 3, 2)
+    resumed = streaming(ds, batch_size=16, rank=1, world_size=4, drop_last=True)
+    resumed.load_state_dict(state)
+    assert head + [batch[0].tolist() for batch in resumed] == whole
 
 
 @pytest.mark.parametrize("workers", [0, 2])
