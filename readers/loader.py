@@ -441,11 +441,10 @@ def check_picklable(dataset: PackedDataset | MixedDataset, method: str, function
     Say which function, before any worker starts."""
     if method == "fork":
         return
-    named = dict(functions)
-    for source in sources_of(dataset):
-        named.setdefault("transform", source.transform)
-        named.setdefault("target_transform", source.target_transform)
-    for role, function in named.items():
+    named = list(functions.items())
+    for source in sources_of(dataset):  # each of a mix's sources has its own
+        named += [("transform", source.transform), ("target_transform", source.target_transform)]
+    for role, function in named:
         if function is None:
             continue
         try:

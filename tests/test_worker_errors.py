@@ -103,6 +103,11 @@ def test_a_lambda_under_spawn_is_one_line_before_any_worker(packed_as: PackedAs)
     with pytest.raises(ValueError, match=rf"^collate_fn {here}.<lambda> can't be pickled"):
         readers.make_loader(readers.open_dataset(packed_as("lmdb")[0], decode="tensor"), batch_size=2, num_workers=1,
                             multiprocessing_context="spawn", collate_fn=lambda batch: batch)
+    # a mix: the second source's transform is checked too
+    plain = readers.open_dataset(packed_as("lmdb")[0], decode="tensor", transform=readers.RandomResizedCrop(8))
+    lambdas = readers.open_dataset(packed_as("wds")[0], decode="tensor", transform=lambda image: image)
+    with pytest.raises(ValueError, match=rf"^transform {here}.<lambda> can't be pickled"):
+        readers.make_loader(readers.mix([plain, lambdas]), batch_size=2, num_workers=1, multiprocessing_context="spawn")
     # fork copies the process: a lambda works there, and without workers anywhere
     for context, workers in (("fork", 1), ("spawn", 0)):
         ds = readers.open_dataset(packed_as("lmdb")[0], decode="tensor", transform=lambda image: image[:, :8, :8])
