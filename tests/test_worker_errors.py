@@ -117,18 +117,27 @@ def test_a_lambda_under_spawn_is_one_line_before_any_worker(packed_as: PackedAs)
 
 
 def test_random_resized_crop_makes_one_size_under_spawn(packed_as: PackedAs) -> None:
-    """Photos of 16..64 pixels, batches of one size, through spawned workers; the crops are the
-    same for the same seed and epoch."""
+    """Photos of 16..64 pixels, batches of one size, through spawned workers."""
     out, files = packed_as("wds")
     ds = readers.open_dataset(out, decode="tensor", transform=readers.RandomResizedCrop(24))
     loader = readers.make_loader(ds, batch_size=8, num_workers=2, seed=3, multiprocessing_context="spawn",
                                  persistent_workers=False)
-    first = [(images, labels) for images, labels in loader]
-    assert [tuple(images.shape) for images, _ in first] == [(8, 3, 24, 24)] * 2 + [(3, 3, 24, 24)]
-    assert all(images.dtype == torch.uint8 for images, _ in first)
-    again = [(images, labels) for images, labels in loader]
+    batches = list(loader)
+    assert [tuple(images.shape) for images, _ in batches] == [(8, 3, 24, 24)] * 2 + [(3, 3, 24, 24)]
+    assert all(images.dtype == torch.uint8 for images, _ in batches)
+    assert sorted(label for _, labels in batches for label in labels.tolist()) == sorted(
+        label for _, label in readers.open_dataset(out, fields=("image", "label"), decode="bytes"))
+    assert sum(len(labels) for _, labels in batches) == len(files)
+
+
+def test_random_resized_crop_draws_from_the_workers_seed(packed_as: PackedAs) -> None:
+    """The same seed and epoch, the same crops (fork: cheap to start twice)."""
+    ds = readers.open_dataset(packed_as("lmdb")[0], decode="tensor", transform=readers.RandomResizedCrop(12))
+    loader = readers.make_loader(ds, batch_size=8, num_workers=1, seed=3, persistent_workers=False)
+    first, again = list(loader), list(loader)
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(first, again))
-    assert sum(len(labels) for _, labels in first) == len(files)
+    loader.set_epoch(1)
+    assert not all(torch.equal(a[0], b[0]) for a, b in zip(first, loader))
 
 
 def test_random_resized_crop_boxes() -> None:
