@@ -560,13 +560,13 @@ def slurm_script_command(fmt: str, src: Path, out: Path, tasks: int, cpus_per_ta
 @click.option("--batch-size", "batch_sizes", type=click.IntRange(min=1), multiple=True, default=(32, 128),
               show_default=True, help="Batch size to try; repeat the option for several.")
 @click.option("--max-workers", type=click.IntRange(min=0), default=None,
-              help="Highest num_workers to try; default: the CPUs this process may use.")
+              help="Highest num_workers to try; default: make_loader's, this rank's CPUs less one for training.")
 @click.option("--decode", type=click.Choice(DECODE_MODES), default="tensor", show_default=True,
               help="What each sample is decoded to, as in open_dataset (the README trains with tensor).")
 @click.option("--seconds", type=click.FloatRange(min=0.01), default=3.0, show_default=True,
               help="Time spent on each setting.")
 def bench(out: Path, batch_sizes: tuple[int, ...], max_workers: int | None, decode: str, seconds: float) -> None:
-    from readers.bench import MIN_GAIN, bench_loader  # torch loads only for this command
+    from readers.bench import MIN_GAIN, bench_loader, default_note  # torch loads only for this command
 
     rows: list[BenchResult] = []
 
@@ -587,6 +587,7 @@ def bench(out: Path, batch_sizes: tuple[int, ...], max_workers: int | None, deco
     best = report.best
     click.echo(f"recommended: batch {best.batch_size}, num_workers={best.num_workers} "
                f"({best.samples_per_second:.0f} samples/s, decode={decode!r})")
+    click.echo(default_note(best.num_workers))
 
 
 for _name in WRITERS:

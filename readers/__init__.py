@@ -30,6 +30,7 @@ _LAZY = {
     "epoch_order": "readers.order",
     "mix": "readers.mixed",
     "MixedDataset": "readers.mixed",
+    "RandomResizedCrop": "readers.transforms",
 }
 
 

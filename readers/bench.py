@@ -1,9 +1,11 @@
 """Loader throughput on this machine, for `pack bench`: which num_workers to train with.
 
-For each batch size, num_workers climbs 0, 1, 2, 4, ... while throughput keeps rising by at
-least `min_gain`; the first step that does not gain ends the climb and the best setting so far is
-the recommendation. Numbers reflect this machine's page cache as it is: the first settings may
-pay for cold reads that later ones do not.
+For each batch size, num_workers climbs 0, 1, 2, 4, ... up to make_loader's default (this rank's
+CPUs less one for the training loop: `default_num_workers`, one rule for both) while throughput
+keeps rising by at least `min_gain`; the first step that does not gain ends the climb and the best
+setting so far is the recommendation. The bench runs no training loop, so it may find fewer
+workers fastest than the default; `default_note` says so. Numbers reflect this machine's page
+cache as it is: the first settings may pay for cold reads that later ones do not.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from .cpus import cpus_per_rank
+from .cpus import default_num_workers, default_num_workers_reason
 from .datasets import open_dataset
 from .loader import make_loader
 
@@ -115,9 +117,10 @@ def bench_loader(
     max_samples: int = 20_000,
     on_result: Callable[[BenchResult], None] | None = None,
 ) -> BenchReport:
-    """Measure the packed dataset at `path` and recommend num_workers per batch size."""
+    """Measure the packed dataset at `path` and recommend num_workers per batch size; the climb
+    goes up to make_loader's default unless `max_workers` says otherwise."""
     dataset = open_dataset(path, decode=decode, fields=("image", "label"))
-    counts = worker_ladder(cpus_per_rank() if max_workers is None else max_workers)
+    counts = worker_ladder(default_num_workers() if max_workers is None else max_workers)
     results: list[BenchResult] = []
     recommended: dict[int, BenchResult] = {}
     untried: dict[int, list[int]] = {}
@@ -135,3 +138,17 @@ def bench_loader(
         recommended[batch_size] = best
         untried[batch_size] = counts[len(measured):]
     return BenchReport(dataset=str(path), decode=decode, results=results, recommended=recommended, untried=untried)
+
+
+def default_note(recommended: int) -> str:
+    """How a recommended num_workers stands to make_loader's default here, and why they differ."""
+    default = default_num_workers()
+    reason = default_num_workers_reason()
+    if recommended == default:
+        return f"make_loader's default here is the same: num_workers={default} ({reason})"
+    if recommended < default:
+        return (f"make_loader's default here is num_workers={default} ({reason}); bench ran no training loop: "
+                f"measured alone, reading was fastest with {recommended}, so pass num_workers={recommended} if your "
+                "loop leaves the CPU idle")
+    return (f"make_loader's default here is num_workers={default} ({reason}); --max-workers let bench climb past it: "
+            f"pass num_workers={recommended} to make_loader if your loop leaves CPUs idle")

@@ -35,6 +35,16 @@ def cpus_per_rank() -> int:
 
 
 def default_num_workers() -> int:
-    """One worker per CPU of this rank, less one for the training loop itself, at most 16."""
+    """One worker per CPU of this rank, less one for the training loop itself, at most 16: the
+    rule of make_loader's default and the top of `pack bench`'s climb."""
     cpus = cpus_per_rank()
     return min(MAX_DEFAULT_WORKERS, cpus - 1) if cpus > 1 else 0
+
+
+def default_num_workers_reason() -> str:
+    """Why `default_num_workers()` is what it is here, in words, for `pack bench` to say."""
+    cpus = cpus_per_rank()
+    if cpus == 1:
+        return "this rank's one CPU runs the training loop"
+    capped = f", at most {MAX_DEFAULT_WORKERS}" if cpus - 1 > MAX_DEFAULT_WORKERS else ""
+    return f"this rank's {cpus} CPUs less one for the training loop{capped}"

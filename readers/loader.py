@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import fcntl
 import logging
+import multiprocessing
 import os
+import pickle
+import re
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -191,9 +194,52 @@ class SettlingDataLoader(DataLoader):
 
 def _settled(batches: Any, handover: Handover, pin: bool) -> Iterator[Any]:
     """One pass's batches with the number columns made tensors and the ring columns bytes; the
-    rings live as long as the pass."""
-    for batch in batches:
+    rings live as long as the pass. An error readers raised in a worker comes out as its one line."""
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except Exception as error:
+            short = worker_error(error)
+            if short is None:
+                raise
+            log.debug("%s", error)
+            raise short from None
         yield handover.settle(batch, pin)
+
+
+READERS_DIR = os.path.dirname(os.path.abspath(__file__))
+_WORKER_ERROR = re.compile(
+    r"Caught \w+ in DataLoader worker process \d+\.\nOriginal Traceback \(most recent call last\):\n")
+_FRAME = re.compile(r'^  File "(?P<file>[^"]+)", line \d+, in .*$', re.M)
+
+
+def worker_error(error: BaseException) -> BaseException | None:
+    """The error a DataLoader worker raised, as its own type and one-line message, when readers
+    raised it on purpose (its last frame is in readers: a batch of two sizes, a damaged sample);
+    None for any other error, whose worker traceback shows where a transform went wrong.
+
+    torch sends a worker's error as the text of its traceback (`ExceptionWrapper`) and raises
+    `type(error)("Caught ... in DataLoader worker process N. Original Traceback ...")`; the
+    message is the traceback's last lines, after the raising frame's source excerpt."""
+    text = error.args[0] if len(error.args) == 1 and isinstance(error.args[0], str) else ""
+    frames = list(_FRAME.finditer(text))
+    if not _WORKER_ERROR.match(text) or not frames:
+        return None
+    last = frames[-1]
+    if not os.path.abspath(last.group("file")).startswith(READERS_DIR + os.sep):
+        return None
+    lines = text[last.end():].strip("\n").split("\n")
+    while lines and lines[0].startswith("    "):  # the source line and its ^^^ markers
+        lines.pop(0)
+    name, _, message = "\n".join(lines).partition(": ")
+    if name.rsplit(".", 1)[-1] != type(error).__name__ or not message or "\n" in message.strip():
+        return None
+    try:
+        return type(error)(message.strip())
+    except Exception:  # an error type that takes other arguments: torch's text stays
+        return None
 
 
 def _pins(dataloader: DataLoader) -> bool:
@@ -420,6 +466,36 @@ def check_cache_room(dataset: PackedDataset | MixedDataset, mix_shards: int, wor
                 f"{format_size(needed * largest)}; raise cache_limit, or lower mix_shards or num_workers")
 
 
+def start_method(context: Any) -> str:
+    """How DataLoader will start workers: `multiprocessing_context` as a name or a context, else
+    this process's start method (the platform's default, first in get_all_start_methods, if unset)."""
+    if isinstance(context, str):
+        return context
+    if context is not None:
+        return context.get_start_method()
+    return multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
+
+
+def check_picklable(dataset: PackedDataset | MixedDataset, method: str, functions: dict[str, Any]) -> None:
+    """Workers started by spawn or forkserver receive the dataset pickled: a lambda or a function
+    defined inside another cannot be, and DataLoader would fail in a worker with a PicklingError.
+    Say which function, before any worker starts."""
+    if method == "fork":
+        return
+    named = list(functions.items())
+    for source in sources_of(dataset):  # each of a mix's sources has its own
+        named += [("transform", source.transform), ("target_transform", source.target_transform)]
+    for role, function in named:
+        if function is None:
+            continue
+        try:
+            pickle.dumps(function)
+        except Exception:
+            name = getattr(function, "__qualname__", None) or type(function).__qualname__
+            raise ValueError(f"{role} {name} can't be pickled for multiprocessing_context={method!r}: use a function "
+                             "defined at module top level (def ...) or readers.RandomResizedCrop") from None
+
+
 def make_loader(
     dataset: PackedDataset | MixedDataset,
     batch_size: int,
@@ -519,6 +595,8 @@ def make_loader(
     if timeout < 0:
         raise ValueError(f"timeout must be >= 0, not {timeout}")
     if workers > 0:  # the wait for a worker's batch: DataLoader refuses it (an assert) without workers
+        check_picklable(dataset, start_method(multiprocessing_context),
+                        {"collate_fn": collate_fn, "worker_init_fn": worker_init_fn})
         args["timeout"] = timeout
         args["persistent_workers"] = True if persistent_workers is None else persistent_workers
         args["prefetch_factor"] = prefetch_factor

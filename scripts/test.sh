@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Set up .venv and run the whole test suite. Extra arguments go to pytest.
+# Set up .venv for the tests (setup-tests.sh) and run the whole test suite. Extra arguments go to pytest.
 set -euo pipefail
-source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/setup-tests.sh"
 cd "$ROOT"
 exec "$PY" -m pytest "$@"

@@ -1,12 +1,16 @@
 """`pack show`: each cell of the sheet is the reader's sample, as few shards as possible are read,
-and the page escapes what the dataset says and shows its images (parsed; in chromium where present)."""
+and the page escapes what the dataset says and shows its images (parsed, and drawn by headless chromium,
+which scripts/setup-tests.sh installs)."""
 
 from __future__ import annotations
 
 import base64
+import html
 import html.parser
 import io
+import math
 import random
+import re
 import shutil
 import subprocess
 import urllib.parse
@@ -153,18 +157,44 @@ def test_the_page_escapes_the_dataset_and_embeds_the_sheet(hostile_page: tuple[P
     assert np.array_equal(pixels(embedded), pixels(Image.open(sheet)))
 
 
-@pytest.mark.skipif(shutil.which("chromium") is None, reason="no chromium here (apt-get install chromium)")
+CHROMIUM = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars",
+            "--force-device-scale-factor=1", "--window-size=1000,1400", "--virtual-time-budget=10000"]
+"""Headless Chromium that reaches nothing outside the page, at one pixel per CSS pixel."""
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None,
+                    reason="no chromium here: scripts/setup-tests.sh installs it (apt-get, as root)")
 def test_the_page_loads_in_a_headless_browser(hostile_page: tuple[Path, Path], tmp_path: Path) -> None:
-    _, page_path = hostile_page
-    probe = tmp_path / "probe.html"  # the page, plus a script that says whether its images decoded
+    """The page as a user opens it: its sheet decodes and is drawn, pixel for pixel, where the
+    page lays it out; the hostile class name and reject are text, no element."""
+    sheet, page_path = hostile_page
+    probe = tmp_path / "probe.html"  # the page, plus a script that says whether its images decoded, and where
     probe.write_text(page_path.read_text(encoding="utf-8").replace("</body>", (
-        "<script>addEventListener('load', () => { const all = [...document.images]; document.title = 'loaded ' "
-        "+ all.filter(image => image.complete && image.naturalWidth > 0).length + '/' + all.length; });"
+        "<script>addEventListener('load', () => { const all = [...document.images]; const box = "
+        "all[0].getBoundingClientRect(); document.title = 'loaded ' + all.filter(image => image.complete && "
+        "image.naturalWidth > 0).length + '/' + all.length + ' at ' + box.left + ',' + box.top; });"
         "</script></body>")), encoding="utf-8")
-    result = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom",
-                             "--virtual-time-budget=10000", probe.as_uri()], capture_output=True, text=True, timeout=120)
-    assert "<title>loaded 1/1</title>" in result.stdout, result.stderr[-2000:]
-    assert "<img src=\"x\"" not in result.stdout and "<b onclick" not in result.stdout  # no element made of them
+
+    def chromium(*args: str) -> str:
+        result = subprocess.run([*CHROMIUM, f"--user-data-dir={tmp_path / 'profile'}", *args, probe.as_uri()],
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr[-2000:]
+        return result.stdout
+
+    dom = chromium("--dump-dom")
+    loaded = re.search(r"<title>loaded 1/1 at ([\d.]+),([\d.]+)</title>", dom)
+    assert loaded, dom[:2000]
+    assert "<img src=\"x\"" not in dom and "<b onclick" not in dom  # no element made of them
+    assert html.escape(HOSTILE_CLASS, quote=False) in dom and "class_01" in dom  # the bars name the classes
+    chromium(f"--screenshot={tmp_path / 'shot.png'}")
+    shot = pixels(Image.open(tmp_path / "shot.png"))
+    drawn = pixels(Image.open(sheet))
+    x, y = float(loaded.group(1)), float(loaded.group(2))
+    assert shot.shape == (1400, 1000, 3)
+    # an image is drawn on whole pixels, at its box's place rounded one way or the other
+    assert any(np.array_equal(shot[top:top + drawn.shape[0], left:left + drawn.shape[1]], drawn)
+               for top in {math.floor(y), math.ceil(y)} for left in {math.floor(x), math.ceil(x)})
 
 
 def test_errors_are_one_line(tmp_path: Path, packed_as: PackedAs) -> None:
