@@ -6,11 +6,12 @@ import hashlib
 import os
 import tempfile
 from pathlib import Path
+from collections import Counter
 from typing import Any, Callable
 
 from readers.base import PackedDataset
 from readers.datasets import open_dataset
-from readers.manifest import DatasetError, FileInfo, Manifest, load_manifest
+from readers.manifest import MANIFEST_NAME, DatasetError, FileInfo, Manifest, load_manifest
 from readers.remote import RemoteStore, is_url, listed_files
 
 from .fsutil import sha256_file
@@ -103,7 +104,7 @@ def verify(out: str | os.PathLike[str], *, full: bool = False, progress: Callabl
             files, remote = LocalFiles(out), {}
         # Every stored field too: reading one parses it, so a damaged or missing value is named.
         dataset = open_dataset(out, decode="pil" if full else "bytes",
-                               fields=("image", *(spec.name for spec in manifest.fields)), **remote)
+                               fields=("image", "label", "path", *(spec.name for spec in manifest.fields)), **remote)
         try:
             return check_shards(dataset, manifest, files, full=full, progress=progress, shard_hashed=not remote)
         finally:
@@ -113,6 +114,9 @@ def verify(out: str | os.PathLike[str], *, full: bool = False, progress: Callabl
 def check_shards(dataset: PackedDataset, manifest: Manifest, files: LocalFiles, *, full: bool,
                  progress: Callable[[int], None] | None, shard_hashed: bool) -> list[str]:
     problems = [problem for info in manifest.descriptors if (problem := files.problem(info))]
+    if manifest.rejects is not None:
+        problems += [problem for problem in (files.problem(manifest.rejects),) if problem]
+    told = ShardsTell(manifest, files, every_sample=full)
     start = 0
     for shard, info in enumerate(manifest.shards):
         samples = range(start, start + info.num_samples)
@@ -122,39 +126,115 @@ def check_shards(dataset: PackedDataset, manifest: Manifest, files: LocalFiles, 
                             if (problem := files.problem(sidecar))}
         problems += [problem for problem in (shard_problem, *sidecar_problems.values()) if problem]
         if shard_problem and shard_problem.endswith(": missing"):
+            told.every_sample = False
             continue
         try:
-            problems += shard_content_problems(dataset, shard, samples, files, full=full or bool(shard_problem),
+            problems += shard_content_problems(dataset, shard, samples, files, told, full=full or bool(shard_problem),
                                                sidecar_problems=sidecar_problems)
         finally:
             dataset.close_shard(shard)  # one shard at a time: a URL's cache holds only a few
         if progress:
             progress(info.num_samples)
-    return problems
+    return problems + told.problems()
 
 
-def shard_content_problems(dataset: PackedDataset, shard: int, samples: range, files: LocalFiles, *, full: bool,
-                           sidecar_problems: dict[str, str]) -> list[str]:
-    """The shard's sample count against the manifest's, and with `full` each of its `samples` read."""
+def shard_content_problems(dataset: PackedDataset, shard: int, samples: range, files: LocalFiles, told: ShardsTell,
+                           *, full: bool, sidecar_problems: dict[str, str]) -> list[str]:
+    """The shard's sample count against the manifest's, and with `full` each of its `samples` read
+    (else its first), what they hold noted in `told`."""
     info = dataset.manifest.shards[shard]
     try:
         stored = dataset.stored_samples(shard)
     except Exception as exc:  # noqa: BLE001 - a damaged file may fail to open at all
+        told.every_sample = False
         return [str(exc) if isinstance(exc, DatasetError) else f"{files.where(info.name)}: unreadable ({exc})"]
     problems = []
     if stored != info.num_samples:
         problems.append(f"{files.where(info.name)}: holds {stored} samples, the manifest says {info.num_samples}")
     readable = not any(sidecar.name in sidecar_problems for sidecar in dataset.read_sidecars(shard))
-    if full and readable:
-        problems += damaged_samples(dataset, samples)
+    if not readable:
+        told.every_sample = False
+    elif full:
+        problems += damaged_samples(dataset, samples, told)
+    elif samples:
+        try:
+            told.note(shard, 0, dataset.record(samples.start)[0])
+        except DatasetError as exc:
+            problems.append(str(exc))
     return problems
 
 
-def damaged_samples(dataset: PackedDataset, samples: range) -> list[str]:
+def damaged_samples(dataset: PackedDataset, samples: range, told: ShardsTell) -> list[str]:
     found = []
     for index in samples:
         try:
-            dataset.load(index)
+            meta, _ = dataset.load_with_meta(index)
         except DatasetError as exc:
             found.append(str(exc))
+            told.every_sample = False
+        else:
+            told.note(*dataset.locate(index), meta)
     return found
+
+
+class ShardsTell:
+    """What the samples read say that index.json also says: their labels (`class_counts`, where
+    every sample was read), the class folders of their paths (`classes`, for a dataset labelled by
+    its folders) and their codecs (`store`). Each disagreement is one line naming index.json."""
+
+    def __init__(self, manifest: Manifest, files: LocalFiles, *, every_sample: bool) -> None:
+        self.manifest = manifest
+        self.files = files
+        self.every_sample = every_sample
+        self.labels: Counter[int] = Counter()
+        self.folders: set[str] = set()
+        self.agreeing = False
+        self.misplaced: dict[int, str] = {}  # label -> where a sample of it lies in another class's folder
+        self.wrong_store: list[str] = []  # per shard, the first sample whose codec is not the store's
+
+    def note(self, shard: int, row: int, meta: dict[str, Any]) -> None:
+        where = f"{self.files.where(self.manifest.shards[shard].name)} sample {row}"
+        label, path = meta["label"], meta.get("path", "")
+        self.labels[label] += 1
+        if label >= 0 and label < len(self.manifest.classes) and "/" in path:
+            folder = path.split("/", 1)[0]
+            self.folders.add(folder)
+            if folder == self.manifest.classes[label]:
+                self.agreeing = True
+            else:
+                self.misplaced.setdefault(label, f"lie in {folder}/ ({where}: {path})")
+        decoded = "shape" in meta
+        if (self.manifest.store == "original") == decoded or (decoded and meta["format"] != self.manifest.store):
+            if not self.wrong_store or not self.wrong_store[-1].startswith(f"{where.rsplit(' sample ', 1)[0]} "):
+                held = f"{meta['format']} pixels decoded at pack time" if decoded else f"a {meta['format']} file as packed"
+                self.wrong_store.append(f"{where} holds {held}")
+
+    def problems(self) -> list[str]:
+        index = self.files.where(MANIFEST_NAME)
+        found = []
+        if self.misplaced and labelled_by_folders(self.manifest) and (
+                self.agreeing or self.folders <= set(self.manifest.classes)):
+            said = [f"label {label} is named {self.manifest.classes[label]!r}, its samples {where}"
+                    for label, where in sorted(self.misplaced.items())]
+            found.append(f"{index}: classes disagree with the folders of the samples' paths: " + "; ".join(said))
+        if self.every_sample and self.manifest.class_counts:
+            counted = [self.labels.get(label, 0) for label in range(len(self.manifest.classes))]
+            wrong = [f"{name!r} {count} (index.json {listed})" for name, count, listed
+                     in zip(self.manifest.classes, counted, self.manifest.class_counts) if count != listed]
+            if wrong:
+                found.append(f"{index}: class_counts disagree with the labels the shards hold: " + ", ".join(wrong))
+        if self.wrong_store:
+            more = f" (and {len(self.wrong_store) - 1} more shards)" if len(self.wrong_store) > 1 else ""
+            found.append(f"{index}: store {self.manifest.store!r} disagrees with the payloads: "
+                         f"{self.wrong_store[0]}{more}")
+        return found
+
+
+def labelled_by_folders(manifest: Manifest) -> bool:
+    """Whether every part was packed with labels from class folders (no metadata file, not
+    --no-classes), so a sample's label names its path's top folder. Container inputs (tars,
+    RecordIO) are also packed so; `ShardsTell` tells them apart by paths that lie in no class's folder."""
+    every = [manifest.options, *(part.get("options") or {} for part in manifest.parts)]
+    return bool(manifest.classes) and all(
+        isinstance(options, dict) and options.get("metadata") is None and not options.get("no_classes")
+        for options in every)

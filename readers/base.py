@@ -274,6 +274,12 @@ class PackedDataset(Dataset):
         meta, payload, _ = self._checked_read(index)
         return meta, payload
 
+    def load_with_meta(self, index: int) -> tuple[dict[str, Any], tuple[Any, ...]]:
+        """`load`, with the stored meta beside the sample: for `pack verify`, which checks the labels,
+        paths and codecs the shards hold against index.json."""
+        record = self._checked_read(index)
+        return record[0], self.decode_sample(index, *record)
+
     def _checked_read(self, index: int) -> Record:
         """The sample's record (meta, payload and wanted fields), the payload checked against its CRC-32."""
         shard, local = self.locate(index)
