@@ -80,6 +80,11 @@ class MissingFile(DatasetError):
     packed dataset, or an unfinished one): unlike other damage, a caller may look elsewhere."""
 
 
+class DatasetChanged(DatasetError):
+    """A file of a local dataset is not the one its loader found beside index.json (packed again in
+    place): reading on would mix two datasets, so no `on_error` skips it."""
+
+
 @dataclass(frozen=True)
 class FileInfo:
     """A file index.json names beside the shards: a shard's sidecar, or a loader descriptor."""
