@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
+import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from collections import Counter
@@ -11,9 +14,10 @@ from typing import Any, Callable
 
 from readers.base import PackedDataset
 from readers.datasets import open_dataset
-from readers.manifest import MANIFEST_NAME, DatasetError, FileInfo, Manifest, load_manifest
+from readers.manifest import CARD_NAME, MANIFEST_NAME, TIMM_INFO_NAME, DatasetError, FileInfo, Manifest, load_manifest
 from readers.remote import RemoteStore, is_url, listed_files
 
+from .descriptors import timm_info, wids_descriptor
 from .fsutil import sha256_file
 
 
@@ -30,6 +34,9 @@ class LocalFiles:
 
     def where(self, name: str) -> str:
         return str(self.out / name)
+
+    def read_bytes(self, name: str) -> bytes:
+        return (self.out / name).read_bytes()
 
     def problem(self, info: FileInfo, *, hashed: bool = True) -> str | None:
         """One line naming `info`'s file if it is missing or differs in size or sha256 from the manifest."""
@@ -63,6 +70,9 @@ class RemoteFiles(LocalFiles):
 
     def where(self, name: str) -> str:
         return f"{self.url}/{name}"
+
+    def read_bytes(self, name: str) -> bytes:
+        return self.fs.cat_file(f"{self.base}/{name}")
 
     def problem(self, info: FileInfo, *, hashed: bool = True) -> str | None:
         url, size = self.where(info.name), self.sizes.get(info.name)
@@ -114,6 +124,9 @@ def verify(out: str | os.PathLike[str], *, full: bool = False, progress: Callabl
 def check_shards(dataset: PackedDataset, manifest: Manifest, files: LocalFiles, *, full: bool,
                  progress: Callable[[int], None] | None, shard_hashed: bool) -> list[str]:
     problems = [problem for info in manifest.descriptors if (problem := files.problem(info))]
+    problems += [problem for info in manifest.descriptors if not any(line.startswith(f"{files.where(info.name)}: ")
+                                                                     for line in problems)
+                 if (problem := descriptor_problem(manifest, info.name, files))]
     if manifest.rejects is not None:
         problems += [problem for problem in (files.problem(manifest.rejects),) if problem]
     told = ShardsTell(manifest, files, every_sample=full)
@@ -190,7 +203,7 @@ class ShardsTell:
         self.folders: set[str] = set()
         self.agreeing = False
         self.misplaced: dict[int, str] = {}  # label -> where a sample of it lies in another class's folder
-        self.wrong_store: list[str] = []  # per shard, the first sample whose codec is not the store's
+        self.wrong_store: dict[int, str] = {}  # shard -> its first sample whose codec is not the store's
 
     def note(self, shard: int, row: int, meta: dict[str, Any]) -> None:
         where = f"{self.files.where(self.manifest.shards[shard].name)} sample {row}"
@@ -205,9 +218,8 @@ class ShardsTell:
                 self.misplaced.setdefault(label, f"lie in {folder}/ ({where}: {path})")
         decoded = "shape" in meta
         if (self.manifest.store == "original") == decoded or (decoded and meta["format"] != self.manifest.store):
-            if not self.wrong_store or not self.wrong_store[-1].startswith(f"{where.rsplit(' sample ', 1)[0]} "):
-                held = f"{meta['format']} pixels decoded at pack time" if decoded else f"a {meta['format']} file as packed"
-                self.wrong_store.append(f"{where} holds {held}")
+            held = f"{meta['format']} pixels decoded at pack time" if decoded else f"a {meta['format']} file as packed"
+            self.wrong_store.setdefault(shard, f"{where} holds {held}")
 
     def problems(self) -> list[str]:
         index = self.files.where(MANIFEST_NAME)
@@ -224,17 +236,53 @@ class ShardsTell:
             if wrong:
                 found.append(f"{index}: class_counts disagree with the labels the shards hold: " + ", ".join(wrong))
         if self.wrong_store:
-            more = f" (and {len(self.wrong_store) - 1} more shards)" if len(self.wrong_store) > 1 else ""
-            found.append(f"{index}: store {self.manifest.store!r} disagrees with the payloads: "
-                         f"{self.wrong_store[0]}{more}")
+            first, *others = self.wrong_store.values()
+            more = f" (and {len(others)} more shards)" if others else ""
+            found.append(f"{index}: store {self.manifest.store!r} disagrees with the payloads: {first}{more}")
         return found
 
 
 def labelled_by_folders(manifest: Manifest) -> bool:
     """Whether every part was packed with labels from class folders (no metadata file, not
-    --no-classes), so a sample's label names its path's top folder. Container inputs (tars,
-    RecordIO) are also packed so; `ShardsTell` tells them apart by paths that lie in no class's folder."""
+    --no-classes), so a sample's label names its path's top folder. index.json does not say
+    whether SRC was a folder: container inputs (tars, RecordIO), labelled by their own integers,
+    have the same options, and `ShardsTell` tells them apart by paths none of which lies in a
+    class's folder (so a dataset whose every class was renamed is told by its card only)."""
     every = [manifest.options, *(part.get("options") or {} for part in manifest.parts)]
     return bool(manifest.classes) and all(
         isinstance(options, dict) and options.get("metadata") is None and not options.get("no_classes")
         for options in every)
+
+
+CARD_HEADING = re.compile(r"^# (.+): (\d+) samples in (\d+) (\w+) shards\n\nPacked by .* \(store `(\w+)`\)",
+                          re.MULTILINE)
+"""The heading of a dataset card (`packer.descriptors.dataset_card`)."""
+CARD_CLASS = re.compile(r'^ +"(\d+)": (".*")$', re.MULTILINE)
+"""A class name of the card's class_label, as `packer.descriptors.to_yaml` writes it."""
+
+
+def descriptor_problem(manifest: Manifest, name: str, files: LocalFiles) -> str | None:
+    """One line if the loader descriptor `name` (intact: the one published) describes other shards,
+    counts, classes or store than index.json now does: index.json was changed after publishing."""
+    text = files.read_bytes(name).decode("utf-8", "replace")
+    if name == CARD_NAME:
+        heading = CARD_HEADING.search(text)
+        said = "{} samples in {} {} shards, store {}".format(*heading.group(2, 3, 4, 5)) if heading else "nothing"
+        listed = f"{manifest.num_samples} samples in {len(manifest.shards)} {manifest.format} shards, store {manifest.store}"
+        if said != listed:
+            return f"{files.where(name)}: says {said}, index.json {listed}"
+        classes = [json.loads(found) for _, found in CARD_CLASS.findall(text)]
+        if classes != manifest.classes:
+            first = next(i for i, (a, b) in enumerate(itertools.zip_longest(classes, manifest.classes)) if a != b)
+            card, listed = (names[first] if first < len(names) else None for names in (classes, manifest.classes))
+            return f"{files.where(name)}: names class {first} {card!r}, index.json {listed!r}"
+        return None
+    try:
+        data = json.loads(text)
+        split = next(iter(data["splits"])) if name == TIMM_INFO_NAME else data["name"]
+    except (ValueError, KeyError, TypeError, StopIteration):
+        return f"{files.where(name)}: not the {name} pack writes"
+    expected = timm_info(manifest, split) if name == TIMM_INFO_NAME else wids_descriptor(manifest, split)
+    if data != expected:
+        return f"{files.where(name)}: lists other shards or sample counts than index.json"
+    return None

@@ -235,11 +235,35 @@ def test_verify_checks_index_json_against_what_the_shards_hold(packed_copy: tupl
     counts = [sum(path.startswith(f"{name}/") for path in files) for name in manifest.classes]
     damage(out)
     code, output = run("verify", out, "-q", *(["--full"] if full else []))
-    line = expected.format(index=out / "index.json", rejects=out / "rejects.jsonl", shard0=out / manifest.shards[0].name,
+    line = expected.format(index=out / "index.json", rejects=out / "rejects.jsonl",
+                           shard0=out / manifest.shards[0].name,
                            ext=manifest.shards[0].name.split(".")[1], c0=counts[0], c0m1=counts[0] - 1,
                            c1=counts[1], c1p1=counts[1] + 1)
     assert code == 1, output
     lines = output.strip().splitlines()
     assert any(line in printed for printed in lines), output
     assert lines[-1].startswith("Error: ")  # each problem names the file that is wrong
-    assert all(printed.startswith((f"{out / 'index.json'}: ", f"{out / 'rejects.jsonl'}: ")) for printed in lines[:-1])
+    named = ("index.json", "rejects.jsonl", "README.md", "_info.json", "wids.json")
+    assert all(printed.startswith(tuple(f"{out / name}: " for name in named)) for printed in lines[:-1]), output
+
+
+def test_verify_checks_the_loader_descriptors_against_index_json(packed_as: Callable, tmp_path: Path) -> None:
+    """Every class renamed in index.json (no path lies in a folder of the new names, so the paths
+    cannot tell), or its shard counts moved: the published descriptors, intact, say otherwise."""
+    out = tmp_path / "out"
+    shutil.copytree(packed_as("wds")[0], out)
+    edit_manifest(out, lambda data: data.__setitem__("classes", ["cat", "dog", "fox"]))
+    code, output = run("verify", out, "-q")
+    assert code == 1
+    assert output.strip().splitlines() == [f"{out / 'README.md'}: names class 0 'class_00', index.json 'cat'",
+                                           f"Error: {out}: 1 problems found"]
+
+    def move_a_sample(data: dict[str, Any]) -> None:
+        data["shards"][0]["num_samples"] -= 1
+        data["shards"][1]["num_samples"] += 1
+
+    edit_manifest(out, move_a_sample)
+    code, output = run("verify", out, "-q")
+    assert code == 1
+    assert f"{out / '_info.json'}: lists other shards or sample counts than index.json" in output
+    assert f"{out / 'wids.json'}: lists other shards or sample counts than index.json" in output
