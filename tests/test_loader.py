@@ -447,3 +447,23 @@ def test_a_shard_replaced_by_a_file_of_its_size_is_no_sample_to_skip(packed_as: 
         dataset[4]
     assert dataset.skipped == 0
     assert len(readers.open_dataset(out, decode="bytes")[4]) == 2  # opened again: read
+
+
+def test_index_json_replaced_while_a_dataset_is_opened_is_refused(packed_as: Callable, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shards' identities are noted after index.json is read: a dataset packed again in between
+    would pair the old manifest with the new files."""
+    out = tmp_path / "out"
+    shutil.copytree(packed_as("wds")[0], out)
+    read = readers.remote.load_manifest
+
+    def read_then_replace(root: Path) -> readers.Manifest:
+        manifest = read(root)
+        shutil.copy(out / "index.json", tmp_path / "index.json")
+        os.replace(tmp_path / "index.json", out / "index.json")
+        return manifest
+
+    monkeypatch.setattr(readers.remote, "load_manifest", read_then_replace)
+    with pytest.raises(readers.DatasetChanged, match=f"{out / 'index.json'}: replaced while the dataset was opened; "
+                                                     "open it again"):
+        readers.open_dataset(out)
