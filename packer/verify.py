@@ -94,8 +94,10 @@ def verify(out: str | os.PathLike[str], *, full: bool = False, progress: Callabl
            storage_options: dict[str, Any] | None = None) -> list[str]:
     """Problems found, one line each naming the file (and sample where it can); empty if sound.
 
-    Checks every file index.json names (shards, their sidecars, the loader descriptors) for
-    presence, size and sha256, each damaged file once, and every shard's sample count. A shard
+    Checks every file index.json names (shards, their sidecars, the loader descriptors,
+    rejects.jsonl) for presence, size and sha256, each damaged file once, every shard's sample
+    count, and what index.json says of the samples against what they hold (`ShardsTell`,
+    `descriptor_problem`). A shard
     whose hash is wrong is read sample by sample to name the damaged ones (each record carries a
     CRC-32); `full` also decodes every sample of every shard and parses each of its fields against
     index.json's types. Samples are only read through sidecars that are intact: a broken index
