@@ -297,7 +297,7 @@ class LocalFiles:
             return  # unreadable: opening it says why
         if now != known:
             change = ("removed" if now is None else f"size {known[2]} -> {now[2]}" if now[2] != known[2]
-                      else "same size, another file")
+                      else "same size, rewritten")
             raise DatasetChanged(f"{path}: changed since the loader opened {MANIFEST_NAME} ({change}); "
                                  "re-open the dataset")
 

@@ -423,7 +423,7 @@ def test_a_dataset_packed_again_in_place_stops_its_loader_with_one_line(
     (src / "class_00").rename(src / "class_000")  # another dataset: each label one class further
     pack(src, out, options, overwrite=True)
     with pytest.raises(readers.DatasetError, match=r"shard-0000\d\d\.\w+: changed since the loader opened "
-                                                   r"index.json \((size \d+ -> \d+|same size, another file|removed)\); "
+                                                   r"index.json \((size \d+ -> \d+|same size, rewritten|removed)\); "
                                                    r"re-open the dataset"):
         seen += list(batches)
     handed = [(bytes(image), classes[int(label)], path) for images, labels, paths in seen
@@ -443,7 +443,7 @@ def test_a_shard_replaced_by_a_file_of_its_size_is_no_sample_to_skip(packed_as: 
     os.replace(tmp_path / name, out / name)
     dataset[1]  # shard 0, opened before: still the file it opened
     with pytest.raises(readers.DatasetChanged, match=rf"{name}: changed since the loader opened index.json "
-                                                     r"\(same size, another file\); re-open the dataset"):
+                                                     r"\(same size, rewritten\); re-open the dataset"):
         dataset[4]
     assert dataset.skipped == 0
     assert len(readers.open_dataset(out, decode="bytes")[4]) == 2  # opened again: read
