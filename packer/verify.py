@@ -164,6 +164,10 @@ def shard_content_problems(dataset: PackedDataset, shard: int, samples: range, f
         told.every_sample = False
         return [str(exc) if isinstance(exc, DatasetError) else f"{files.where(info.name)}: unreadable ({exc})"]
     problems = []
+    try:
+        told.shard_classes(shard, dataset.stored_classes(shard))
+    except DatasetError as exc:
+        problems.append(str(exc))
     if stored != info.num_samples:
         problems.append(f"{files.where(info.name)}: holds {stored} samples, the manifest says {info.num_samples}")
     readable = not any(sidecar.name in sidecar_problems for sidecar in dataset.read_sidecars(shard))
@@ -206,6 +210,18 @@ class ShardsTell:
         self.agreeing = False
         self.misplaced: dict[int, str] = {}  # label -> where a sample of it lies in another class's folder
         self.wrong_store: dict[int, str] = {}  # shard -> its first sample whose codec is not the store's
+        self.renamed: list[str] = []  # per shard whose file names other classes, the first of them
+
+    def shard_classes(self, shard: int, named: list[str] | None) -> None:
+        """The class names the shard file records (None: its format keeps none): index.json's
+        begin with them (an append adds classes at the end only)."""
+        listed = self.manifest.classes
+        if named is None or named == listed[:len(named)]:
+            return
+        first = next(i for i, (a, b) in enumerate(itertools.zip_longest(named, listed)) if a != b)
+        there, here = (names[first] if first < len(names) else None for names in (named, listed))
+        self.renamed.append(f"{self.files.where(self.manifest.shards[shard].name)} names class {first} {there!r}, "
+                            f"index.json {here!r}")
 
     def note(self, shard: int, row: int, meta: dict[str, Any]) -> None:
         where = f"{self.files.where(self.manifest.shards[shard].name)} sample {row}"
@@ -231,6 +247,9 @@ class ShardsTell:
             said = [f"label {label} is named {self.manifest.classes[label]!r}, its samples {where}"
                     for label, where in sorted(self.misplaced.items())]
             found.append(f"{index}: classes disagree with the folders of the samples' paths: " + "; ".join(said))
+        if self.renamed:
+            more = f" (and {len(self.renamed) - 1} more shards)" if len(self.renamed) > 1 else ""
+            found.append(f"{index}: classes disagree with the shards': {self.renamed[0]}{more}")
         if self.every_sample and self.manifest.class_counts:
             counted = [self.labels.get(label, 0) for label in range(len(self.manifest.classes))]
             wrong = [f"{name!r} {count} (index.json {listed})" for name, count, listed

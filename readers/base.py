@@ -384,3 +384,8 @@ class PackedDataset(Dataset):
     def stored_samples(self, shard: int) -> int:
         """How many samples the shard file itself holds (for `pack verify`), read from the file."""
         raise NotImplementedError
+
+    def stored_classes(self, shard: int) -> list[str] | None:
+        """The class names the shard file itself records, where its format keeps them (HDF5), for
+        `pack verify` to hold index.json's against; None where it does not."""
+        return None

@@ -267,3 +267,17 @@ def test_verify_checks_the_loader_descriptors_against_index_json(packed_as: Call
     assert code == 1
     assert f"{out / '_info.json'}: lists other shards or sample counts than index.json" in output
     assert f"{out / 'wids.json'}: lists other shards or sample counts than index.json" in output
+
+
+def test_verify_holds_index_json_classes_against_those_hdf5_shards_record(packed_as: Callable,
+                                                                          tmp_path: Path) -> None:
+    """Every class renamed: no path lies in a folder of the new names and flat HDF5 has no card,
+    but each HDF5 shard records the class names it was packed with."""
+    out = tmp_path / "out"
+    shutil.copytree(packed_as("hdf5")[0], out)
+    edit_manifest(out, lambda data: data.__setitem__("classes", ["cat", "dog", "fox"]))
+    code, output = run("verify", out, "-q")
+    assert code == 1
+    assert output.strip().splitlines() == [
+        f"{out / 'index.json'}: classes disagree with the shards': {out / 'shard-000000.h5'} names class 0 "
+        "'class_00', index.json 'cat' (and 4 more shards)", f"Error: {out}: 1 problems found"]
