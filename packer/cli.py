@@ -410,7 +410,7 @@ def merge_command(out: Path | str, on_error: str, max_errors: int | None, split:
 @click.option("--full", is_flag=True, help="Also decode every sample.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def verify_command(out: Path | str, full: bool, quiet: bool) -> None:
-    """Check OUT's shards against index.json: presence, size, sha256, sample counts."""
+    """Check OUT's shards against index.json (presence, size, sha256, sample counts) and index.json against them."""
     from .verify import (  # reads through `readers`, which imports torch: only when asked
         read_manifest,
         verify,

@@ -23,7 +23,7 @@ from dataclasses import asdict
 from typing import Any
 
 from readers.layouts.wds import image_extension
-from readers.manifest import CARD_NAME, MANIFEST_NAME, REJECTS_NAME, DatasetError, Manifest, parse_manifest
+from readers.manifest import CARD_NAME, MANIFEST_NAME, REJECTS_NAME, DatasetError, FileInfo, Manifest, parse_manifest
 
 from .descriptors import DEFAULT_SPLIT, descriptor_texts, write_descriptors
 from .errors import PackError
@@ -155,6 +155,8 @@ def release(out: Output, plan: Plan, manifest: Manifest, rejects: list[dict[str,
     rejects.jsonl is made visible (so the bad files can be looked at) and index.json is not."""
     folder = out.staging
     atomic_write_text(folder / REJECTS_NAME, rejects_text)
+    rejects_bytes = rejects_text.encode("utf-8")
+    manifest.rejects = FileInfo(REJECTS_NAME, len(rejects_bytes), hashlib.sha256(rejects_bytes).hexdigest())
     try:
         check_rejects(out, plan, rejects, policy)
     except PackError:

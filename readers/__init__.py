@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .manifest import DatasetError, Manifest, load_manifest
+from .manifest import DatasetChanged, DatasetError, Manifest, load_manifest
 
 _LAZY = {
     "DATASETS": "readers.datasets",
@@ -42,4 +42,4 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-__all__ = ["DatasetError", "Manifest", "load_manifest", *_LAZY]
+__all__ = ["DatasetChanged", "DatasetError", "Manifest", "load_manifest", *_LAZY]

@@ -15,7 +15,8 @@ from torch.utils.data import Dataset
 from .cache import Lease
 from .decode import get_decoder
 from .fields import BUILTIN_FIELDS, FieldSpec
-from .manifest import ON_ERROR_MODES, DatasetError, FileInfo, Manifest, ShardInfo, load_manifest, payload_crc32
+from .manifest import (ON_ERROR_MODES, DatasetChanged, DatasetError, FileInfo, Manifest, ShardInfo, load_manifest,
+                       payload_crc32)
 from .order import ShardOrders
 from .remote import LocalFiles, ShardFiles
 
@@ -118,6 +119,8 @@ class PackedDataset(Dataset):
         self.files = files if files is not None else LocalFiles(root)
         self.root = self.files.root
         self.manifest = manifest if manifest is not None else load_manifest(self.root)
+        if files is None:
+            self.files.sizes(self.manifest)  # the files' identities: a lease on a replaced one fails
         self.decode = decode
         self.decode_size = decode_size
         self._decoder = get_decoder(decode, decode_size)
@@ -239,6 +242,8 @@ class PackedDataset(Dataset):
         index = sample_index(index, len(self))
         try:
             return self.load(index)
+        except DatasetChanged:
+            raise
         except DatasetError:
             if self.on_error == "fail":
                 raise
@@ -246,6 +251,8 @@ class PackedDataset(Dataset):
         for step in range(1, len(self)):
             try:
                 sample = self.load((index + step) % len(self))
+            except DatasetChanged:
+                raise
             except DatasetError:
                 continue
             self.skipped += step
@@ -273,6 +280,12 @@ class PackedDataset(Dataset):
         """The stored meta and payload of one sample, checked against its CRC-32."""
         meta, payload, _ = self._checked_read(index)
         return meta, payload
+
+    def load_with_meta(self, index: int) -> tuple[dict[str, Any], tuple[Any, ...]]:
+        """`load`, with the stored meta beside the sample: for `pack verify`, which checks the labels,
+        paths and codecs the shards hold against index.json."""
+        record = self._checked_read(index)
+        return record[0], self.decode_sample(index, *record)
 
     def _checked_read(self, index: int) -> Record:
         """The sample's record (meta, payload and wanted fields), the payload checked against its CRC-32."""
@@ -371,3 +384,8 @@ class PackedDataset(Dataset):
     def stored_samples(self, shard: int) -> int:
         """How many samples the shard file itself holds (for `pack verify`), read from the file."""
         raise NotImplementedError
+
+    def stored_classes(self, shard: int) -> list[str] | None:
+        """The class names the shard file itself records, where its format keeps them (HDF5), for
+        `pack verify` to hold index.json's against; None where it does not."""
+        return None

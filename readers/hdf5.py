@@ -20,6 +20,7 @@ import numpy as np
 from .base import PackedDataset, Record, read_as_span
 from .fields import FieldSpec, from_json
 from .layouts.hdf5 import (
+    CLASSES_ATTRIBUTE,
     LAYOUT_FIXED,
     LAYOUT_FLAT,
     RAW_PATHS_ATTRIBUTE,
@@ -410,3 +411,22 @@ class HDF5Dataset(PackedDataset):
             return int(file.attrs["num_samples"])
         with h5py.File(self.shard_path(shard), "r", locking=False) as file:
             return int(file.attrs["num_samples"])
+
+    def stored_classes(self, shard: int) -> list[str] | None:
+        file = self.handle(shard).file
+        if file is not None:
+            return self._classes_attribute(shard, file)
+        with h5py.File(self.shard_path(shard), "r", locking=False) as file:
+            return self._classes_attribute(shard, file)
+
+    def _classes_attribute(self, shard: int, file: h5py.File) -> list[str] | None:
+        text = file.attrs.get(CLASSES_ATTRIBUTE)
+        if text is None:  # format version 1 kept them in a dataset
+            return None
+        try:
+            names = json.loads(text)
+        except (TypeError, ValueError):
+            names = None
+        if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+            raise DatasetError(f"{self.shard_path(shard)}: damaged {CLASSES_ATTRIBUTE} attribute")
+        return names

@@ -81,6 +81,11 @@ class MissingFile(DatasetError):
     packed dataset, or an unfinished one): unlike other damage, a caller may look elsewhere."""
 
 
+class DatasetChanged(DatasetError):
+    """A file of a local dataset is not the one its loader found beside index.json (packed again in
+    place): reading on would mix two datasets, so no `on_error` skips it."""
+
+
 @dataclass(frozen=True)
 class FileInfo:
     """A file index.json names beside the shards: a shard's sidecar, or a loader descriptor."""
@@ -118,6 +123,8 @@ class Manifest:
     fields: list[FieldSpec] = field(default_factory=list)
     # Files written for other loaders (timm, wids, Hugging Face) beside index.json; FORMAT.md.
     descriptors: list[FileInfo] = field(default_factory=list)
+    # rejects.jsonl as published, so that `pack verify` knows it (None in manifests that predate it).
+    rejects: FileInfo | None = None
     # How the shards were packed, once a dataset has grown by `pack --append`: one object per
     # pack or append, in shard order (FORMAT.md "Parts"); informative, like `options`. Empty: one pack.
     parts: list[dict[str, Any]] = field(default_factory=list)
@@ -168,6 +175,8 @@ class Manifest:
         data["fields"] = [spec.to_dict() for spec in self.fields]
         if not self.parts:  # a dataset packed once reads as it did before appends existed
             del data["parts"]
+        if self.rejects is None:
+            del data["rejects"]
         ordered = {key: data[key] for key in ("format", "version", "store", "num_samples")}
         ordered.update(data)
         return json.dumps(ordered, indent=2, sort_keys=False) + "\n"
@@ -340,6 +349,7 @@ class _ManifestCheck:
             source_bytes=self.count(data, "source_bytes", "source_bytes", None, most=MAX_BYTES << 12),
             fields=self.items(data, "fields", "fields", self.field, []),
             descriptors=self.items(data, "descriptors", "descriptors", self.descriptor, []),
+            rejects=self.rejects(data.get("rejects")),
             parts=self.items(data, "parts", "parts", self.part, []),
         )
         self.agree(manifest)
@@ -400,6 +410,14 @@ class _ManifestCheck:
             raise self.fail(f"{where}.name", f"{info.name!r} is not a loader descriptor ({', '.join(DESCRIPTOR_NAMES)})")
         return info
 
+    def rejects(self, value: Any) -> FileInfo | None:
+        if value is None:
+            return None
+        info = self.file(value, "rejects")
+        if info.name != REJECTS_NAME:
+            raise self.fail("rejects.name", f"{info.name!r} is not {REJECTS_NAME}")
+        return info
+
     def field(self, value: Any, where: str) -> FieldSpec:
         data = self.object(value, where)
         name = self.get(data, "name", f"{where}.name", str)
@@ -443,6 +461,12 @@ class _ManifestCheck:
         files += [(f"shards[{i}].sidecars[{k}]", sidecar) for i, shard in enumerate(manifest.shards)
                   for k, sidecar in enumerate(shard.sidecars)]
         files += [(f"descriptors[{i}]", info) for i, info in enumerate(manifest.descriptors)]
+        numbers = manifest.shard_numbers
+        for i in range(1, len(numbers)):
+            if numbers[i] <= numbers[i - 1]:
+                raise self.fail(f"shards[{i}].name", f"{manifest.shards[i].name!r} is listed after "
+                                                     f"{manifest.shards[i - 1].name!r} (shards are listed in the "
+                                                     "order of their numbers)")
         self.agree_parts(manifest)
         names = {}
         for where, info in files:

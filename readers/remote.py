@@ -20,6 +20,7 @@ from typing import Any, Callable, Protocol
 from .cache import Ahead, CachedFile, Lease, ShardCache
 from .manifest import (
     MANIFEST_NAME,
+    DatasetChanged,
     DatasetError,
     Manifest,
     MissingFile,
@@ -225,28 +226,53 @@ class ShardFiles(Protocol):
               ahead: Ahead | None = None) -> Lease: ...
 
 
+FileIdentity = tuple[int, int, int, int]
+"""What tells a local file from its replacement: device, inode, size and mtime (ns)."""
+
+
+def file_identity(stat: os.stat_result) -> FileIdentity:
+    return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
+
+
+def identity_or_none(path: Path) -> FileIdentity | None:
+    try:
+        return file_identity(path.stat())
+    except OSError:
+        return None
+
+
 class LocalFiles:
-    """A dataset in a local directory: files are read in place, leases hold nothing."""
+    """A dataset in a local directory: files are read in place, leases hold nothing.
+
+    Each file of the manifest is known by its identity when the dataset was opened (`sizes`);
+    a lease on one that is another file since (the dataset packed again in place under a running
+    loader) is a DatasetChanged, so a loader never reads the new files with the old manifest. One
+    stat per shard opened; the samples read cost nothing more.
+    """
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = local_root(root)
+        self.opened: dict[str, FileIdentity] = {}
 
     def path(self, file: CachedFile) -> Path:
         return self.root / plain_name(file.name)
 
     def sizes(self, manifest: Manifest) -> dict[str, int]:
-        """The size of each shard file there is; DatasetError for one that is not a regular file (a
-        FIFO would block the reader that opens it)."""
+        """The size of each shard file there is, each file's identity noted; DatasetError for one
+        that is not a regular file (a FIFO would block the reader that opens it)."""
         sizes = {}
         for shard in manifest.shards:
-            path = self.path(shard)
-            try:
-                stat = path.stat()
-            except OSError:
-                continue  # missing: reading it says so, and `pack verify` lists it
-            if not S_ISREG(stat.st_mode):
-                raise DatasetError(f"{path}: not a regular file")
-            sizes[shard.name] = stat.st_size
+            for file in (shard, *shard.sidecars):
+                path = self.path(file)
+                try:
+                    stat = path.stat()
+                except OSError:
+                    continue  # missing: reading it says so, and `pack verify` lists it
+                if not S_ISREG(stat.st_mode):
+                    raise DatasetError(f"{path}: not a regular file")
+                self.opened[file.name] = file_identity(stat)
+            if shard.name in self.opened:
+                sizes[shard.name] = self.opened[shard.name][2]
         return sizes
 
     def present(self, file: CachedFile) -> bool:
@@ -254,7 +280,26 @@ class LocalFiles:
 
     def lease(self, file: CachedFile, *, make_room: Callable[[], bool] | None = None,
               ahead: Ahead | None = None) -> Lease:
-        return Lease(self.path(file))
+        path = self.path(file)
+        self.check_unchanged(file.name, path)
+        return Lease(path)
+
+    def check_unchanged(self, name: str, path: Path) -> None:
+        """DatasetChanged if the file `name` is not the one found when the dataset was opened."""
+        known = self.opened.get(name)
+        if known is None:
+            return
+        try:
+            now: FileIdentity | None = file_identity(path.stat())
+        except FileNotFoundError:
+            now = None
+        except OSError:
+            return  # unreadable: opening it says why
+        if now != known:
+            change = ("removed" if now is None else f"size {known[2]} -> {now[2]}" if now[2] != known[2]
+                      else "same size, rewritten")
+            raise DatasetChanged(f"{path}: changed since the loader opened {MANIFEST_NAME} ({change}); "
+                                 "re-open the dataset")
 
 
 class CachedFiles:
@@ -281,8 +326,12 @@ def open_files(path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str
     """The files of the dataset at `path` (a directory or URL) and its manifest, read first."""
     if not is_url(path):
         local = LocalFiles(path)
+        index = local.root / MANIFEST_NAME
+        before = identity_or_none(index)
         manifest = load_manifest(local.root)
         check_shard_sizes(manifest, local.sizes(manifest), lambda name: str(local.root / name))
+        if identity_or_none(index) != before:  # the shards' identities may be the new dataset's
+            raise DatasetChanged(f"{index}: replaced while the dataset was opened; open it again")
         return local, manifest
     url = str(path)
     store = RemoteStore(url, storage_options)

@@ -13,6 +13,7 @@ import functools
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import warnings
@@ -31,6 +32,7 @@ import readers
 import readers.prefetch
 from packer.pipeline import pack
 from packer.plan import PackOptions
+from packer.writers import WRITERS
 from readers.loader import RESULT_PIPE_BYTES
 from readers.order import epoch_order, shard_order, split_for_rank
 
@@ -523,3 +525,69 @@ def test_cuda_prefetcher_counts_no_batch_ahead_after_a_pass_stopped_early(
     assert prefetcher.state_dict()["batches"] == 7
     resumed = [batch[0].tolist() for batch in prefetcher]
     assert resumed == flat(loader)[7:] and prefetcher.state_dict()["batches"] == len(loader)
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+@pytest.mark.parametrize("fmt", sorted(WRITERS))
+def test_a_dataset_packed_again_in_place_stops_its_loader_with_one_line(
+        fmt: str, streaming: bool, image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
+    """`pack --overwrite` under a running loader: its workers opened the new shards with the old
+    manifest (map-style mixed old and new samples, streaming gave every label of a renamed class
+    folder another class's name). Every sample handed out is the old dataset's, then one error."""
+    src, files = image_folder
+    out = tmp_path / "out"
+    options = PackOptions(format=fmt, shard_size=4, order="sorted")
+    pack(src, out, options)
+    dataset = readers.open_dataset(out, decode="bytes", fields=("image", "label", "path"))
+    classes = list(dataset.classes)
+    loader = readers.make_loader(dataset, 2, shuffle=False, num_workers=1, persistent_workers=True,
+                                 streaming=streaming, shuffle_buffer=2, mix_shards=1, prefetch_shards=1)
+    batches = iter(loader)
+    seen = [next(batches)]
+    (src / "class_00").rename(src / "class_000")  # another dataset: each label one class further
+    pack(src, out, options, overwrite=True)
+    with pytest.raises(readers.DatasetError, match=r"shard-0000\d\d\.\w+: changed since the loader opened "
+                                                   r"index.json \((size \d+ -> \d+|same size, rewritten|removed)\); "
+                                                   r"re-open the dataset"):
+        seen += list(batches)
+    handed = [(bytes(image), classes[int(label)], path) for images, labels, paths in seen
+              for image, label, path in zip(images, labels, paths)]
+    assert handed and all(image == files[path] and path.startswith(name + "/") for image, name, path in handed)
+
+
+def test_a_shard_replaced_by_a_file_of_its_size_is_no_sample_to_skip(packed_as: Callable, tmp_path: Path) -> None:
+    """The identity is the file's, not its size: a copy put in place (same bytes even) stops the
+    reads of a dataset opened before, and on_error="skip" does not step over it to other shards."""
+    out = tmp_path / "out"
+    shutil.copytree(packed_as("lmdb")[0], out)
+    dataset = readers.open_dataset(out, decode="bytes", on_error="skip")
+    dataset[0]
+    name = dataset.shards[1].name
+    shutil.copy(out / name, tmp_path / name)
+    os.replace(tmp_path / name, out / name)
+    dataset[1]  # shard 0, opened before: still the file it opened
+    with pytest.raises(readers.DatasetChanged, match=rf"{name}: changed since the loader opened index.json "
+                                                     r"\(same size, rewritten\); re-open the dataset"):
+        dataset[4]
+    assert dataset.skipped == 0
+    assert len(readers.open_dataset(out, decode="bytes")[4]) == 2  # opened again: read
+
+
+def test_index_json_replaced_while_a_dataset_is_opened_is_refused(packed_as: Callable, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shards' identities are noted after index.json is read: a dataset packed again in between
+    would pair the old manifest with the new files."""
+    out = tmp_path / "out"
+    shutil.copytree(packed_as("wds")[0], out)
+    read = readers.remote.load_manifest
+
+    def read_then_replace(root: Path) -> readers.Manifest:
+        manifest = read(root)
+        shutil.copy(out / "index.json", tmp_path / "index.json")
+        os.replace(tmp_path / "index.json", out / "index.json")
+        return manifest
+
+    monkeypatch.setattr(readers.remote, "load_manifest", read_then_replace)
+    with pytest.raises(readers.DatasetChanged, match=f"{out / 'index.json'}: replaced while the dataset was opened; "
+                                                     "open it again"):
+        readers.open_dataset(out)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 from clirun import run
@@ -166,3 +167,117 @@ def test_a_damaged_dali_index_does_not_hide_a_damaged_sample(packed_as, tmp_path
     assert code == 1
     assert f"{out / dali.name}: missing" in output
     assert f"{out / shard.name}: sample 1: damaged (checksum mismatch)" in output
+
+
+def edit_manifest(out: Path, change: Callable[[dict[str, Any]], None]) -> None:
+    data = json.loads((out / "index.json").read_text())
+    change(data)
+    (out / "index.json").write_text(json.dumps(data, indent=2))
+
+
+def swap_class_names(data: dict[str, Any]) -> None:
+    data["classes"][0], data["classes"][1] = data["classes"][1], data["classes"][0]
+    data["class_counts"][0], data["class_counts"][1] = data["class_counts"][1], data["class_counts"][0]
+
+
+def shift_class_counts(data: dict[str, Any]) -> None:
+    data["class_counts"][0] -= 1
+    data["class_counts"][1] += 1
+
+
+def rename_class(data: dict[str, Any]) -> None:
+    data["classes"][0] = "kitten"
+
+
+def store_raw(data: dict[str, Any]) -> None:
+    data["store"] = "raw"
+
+
+def swap_shards(data: dict[str, Any]) -> None:
+    data["shards"][0], data["shards"][1] = data["shards"][1], data["shards"][0]
+
+
+FORGED_REJECT = '{"path": "class_00/img 000.jpg", "reason": "not an image"}\n'
+# (id, damage to OUT, whether plain `verify` (not --full) must see it too, what the line says)
+LIES: list[tuple[str, Callable[[Path], None], bool, str]] = [
+    ("class-names-swapped", lambda out: edit_manifest(out, swap_class_names), True,
+     "{index}: classes disagree with the folders of the samples' paths: label 0 is named 'class_01', its samples "
+     "lie in class_00/"),
+    ("class-renamed", lambda out: edit_manifest(out, rename_class), True,
+     "{index}: classes disagree with the folders of the samples' paths: label 0 is named 'kitten', its samples "
+     "lie in class_00/"),
+    ("class-counts-shifted", lambda out: edit_manifest(out, shift_class_counts), False,
+     "{index}: class_counts disagree with the labels the shards hold: 'class_00' {c0} (index.json {c0m1}), "
+     "'class_01' {c1} (index.json {c1p1})"),
+    ("store-raw", lambda out: edit_manifest(out, store_raw), True,
+     "{index}: store 'raw' disagrees with the payloads: {shard0} sample 0 holds a jpeg file as packed"),
+    ("shards-reordered", lambda out: edit_manifest(out, swap_shards), True,
+     "{index}: shards[1].name: 'shard-000000.{ext}' is listed after 'shard-000001.{ext}' (shards are listed in the "
+     "order of their numbers)"),
+    ("rejects-grown", lambda out: (out / "rejects.jsonl").write_text(FORGED_REJECT), True,
+     "{rejects}: %d bytes, the manifest says 0" % len(FORGED_REJECT)),
+    ("rejects-deleted", lambda out: (out / "rejects.jsonl").unlink(), True, "{rejects}: missing"),
+]
+
+
+LIE_CASES = [(lie, full) for lie in LIES for full in (False, True) if lie[2] or full]
+
+
+@pytest.mark.parametrize(("lie", "full"), LIE_CASES, ids=[f"{lie[0]}-{'full' if full else 'quick'}"
+                                                          for lie, full in LIE_CASES])
+def test_verify_checks_index_json_against_what_the_shards_hold(packed_copy: tuple[Path, dict[str, bytes]],
+                                                                lie: tuple, full: bool) -> None:
+    """A manifest edited to say something else of the shards (class names, counts, the store, the
+    shard order) or a rejects.jsonl that is not the one published is one line naming the file."""
+    out, files = packed_copy
+    _, damage, _, expected = lie
+    manifest = readers.load_manifest(out)
+    counts = [sum(path.startswith(f"{name}/") for path in files) for name in manifest.classes]
+    damage(out)
+    code, output = run("verify", out, "-q", *(["--full"] if full else []))
+    line = expected.format(index=out / "index.json", rejects=out / "rejects.jsonl",
+                           shard0=out / manifest.shards[0].name,
+                           ext=manifest.shards[0].name.split(".")[1], c0=counts[0], c0m1=counts[0] - 1,
+                           c1=counts[1], c1p1=counts[1] + 1)
+    assert code == 1, output
+    lines = output.strip().splitlines()
+    assert any(line in printed for printed in lines), output
+    assert lines[-1].startswith("Error: ")  # each problem names the file that is wrong
+    named = ("index.json", "rejects.jsonl", "README.md", "_info.json", "wids.json")
+    assert all(printed.startswith(tuple(f"{out / name}: " for name in named)) for printed in lines[:-1]), output
+
+
+def test_verify_checks_the_loader_descriptors_against_index_json(packed_as: Callable, tmp_path: Path) -> None:
+    """Every class renamed in index.json (no path lies in a folder of the new names, so the paths
+    cannot tell), or its shard counts moved: the published descriptors, intact, say otherwise."""
+    out = tmp_path / "out"
+    shutil.copytree(packed_as("wds")[0], out)
+    edit_manifest(out, lambda data: data.__setitem__("classes", ["cat", "dog", "fox"]))
+    code, output = run("verify", out, "-q")
+    assert code == 1
+    assert output.strip().splitlines() == [f"{out / 'README.md'}: names class 0 'class_00', index.json 'cat'",
+                                           f"Error: {out}: 1 problems found"]
+
+    def move_a_sample(data: dict[str, Any]) -> None:
+        data["shards"][0]["num_samples"] -= 1
+        data["shards"][1]["num_samples"] += 1
+
+    edit_manifest(out, move_a_sample)
+    code, output = run("verify", out, "-q")
+    assert code == 1
+    assert f"{out / '_info.json'}: lists other shards or sample counts than index.json" in output
+    assert f"{out / 'wids.json'}: lists other shards or sample counts than index.json" in output
+
+
+def test_verify_holds_index_json_classes_against_those_hdf5_shards_record(packed_as: Callable,
+                                                                          tmp_path: Path) -> None:
+    """Every class renamed: no path lies in a folder of the new names and flat HDF5 has no card,
+    but each HDF5 shard records the class names it was packed with."""
+    out = tmp_path / "out"
+    shutil.copytree(packed_as("hdf5")[0], out)
+    edit_manifest(out, lambda data: data.__setitem__("classes", ["cat", "dog", "fox"]))
+    code, output = run("verify", out, "-q")
+    assert code == 1
+    assert output.strip().splitlines() == [
+        f"{out / 'index.json'}: classes disagree with the shards': {out / 'shard-000000.h5'} names class 0 "
+        "'class_00', index.json 'cat' (and 4 more shards)", f"Error: {out}: 1 problems found"]

@@ -132,11 +132,11 @@ def test_unsafe_member_names_are_refused(wds_copy: tuple[Path, dict[str, bytes]]
 
 def test_damaged_shards_name_the_file(wds_copy: tuple[Path, dict[str, bytes]]) -> None:
     out, _ = wds_copy
-    ds = readers.open_dataset(out, decode="bytes")
     shard = out / "shard-000001.tar"
     data = bytearray(shard.read_bytes())
     data[0] ^= 0x01  # first header's name: checksum no longer matches
     shard.write_bytes(bytes(data))
+    ds = readers.open_dataset(out, decode="bytes")  # opened after the damage (before: the file changed since)
     with pytest.raises(readers.DatasetError, match=f"{shard}: bad tar header"):
         list(ds.iter_shard(1))
     with pytest.raises(readers.DatasetError, match=f"{shard}: sample 0: tar index does not match"):
@@ -144,10 +144,12 @@ def test_damaged_shards_name_the_file(wds_copy: tuple[Path, dict[str, bytes]]) -
     data[0] ^= 0x01
     data[124:136] = b"%011o\0" % 7  # first header's size field
     shard.write_bytes(bytes(data))
+    ds = readers.open_dataset(out, decode="bytes")
     with pytest.raises(readers.DatasetError, match=f"{shard}: sample 0: tar index does not match"):
         ds[4]
     shard = out / "shard-000002.tar"
     shard.write_bytes(shard.read_bytes()[:2000])
+    ds = readers.open_dataset(out, decode="bytes")
     with pytest.raises(readers.DatasetError, match=f"{shard}: tar shard is truncated"):
         list(ds.iter_shard(2))
     with pytest.raises(readers.DatasetError, match=f"{shard}: sample 3: tar shard is truncated"):
@@ -171,9 +173,9 @@ def test_index_that_does_not_match_is_refused(wds_copy: tuple[Path, dict[str, by
 
 def test_sample_count_must_match_manifest(wds_copy: tuple[Path, dict[str, bytes]]) -> None:
     out, _ = wds_copy
-    ds = readers.open_dataset(out, decode="bytes")
     first = (out / "shard-000000.tar").read_bytes()
     (out / "shard-000001.tar").write_bytes(first[: first.index(b"000000_0000000003.jpg")] + bytes(1024))
+    ds = readers.open_dataset(out, decode="bytes")
     with pytest.raises(readers.DatasetError, match="holds 3 samples, index.json says 4"):
         list(ds.iter_shard(1))
 
@@ -254,7 +256,8 @@ def test_a_streamed_image_that_does_not_match_its_checksum_is_that_samples_error
     data[data.index(victim) + len(victim) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
     loaded = []
-    for _, record in ds.stream_records(1, 0, 4):  # loaded while the shard is open, as a stream does
+    damaged = readers.open_dataset(out, decode="bytes")
+    for _, record in damaged.stream_records(1, 0, 4):  # loaded while the shard is open, as a stream does
         try:
             loaded.append(record.load()[1].tobytes())
         except readers.DatasetError as exc:
