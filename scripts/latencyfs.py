@@ -94,9 +94,13 @@ def operations(root: Path, link: Link, read_cap: int | None) -> Any:
             attrs.update({name: getattr(stat, name + "_ns") for name in TIME_FIELDS})
             return attrs
 
-        def readdir(self, path: str, fh: int) -> list[str]:
+        def readdir(self, path: str, fh: int) -> list[str | tuple[str, dict[str, int], int]]:
+            """Names with their types (the kernel's d_type, so `find -type f` needs no stat), as NFS's
+            READDIR; sizes and times cost a getattr per entry (no READDIRPLUS: mfusepy cannot fill one)."""
             link.round_trip()
-            return [".", "..", *os.listdir(self._real(path))]
+            with os.scandir(self._real(path)) as entries:
+                return [".", "..", *((entry.name, {"st_mode": entry.stat(follow_symlinks=False).st_mode}, 0)
+                                     for entry in entries)]
 
         def readlink(self, path: str) -> str:
             link.round_trip()
