@@ -16,8 +16,9 @@ interleaved rounds, medians of --repeat. Needs /dev/fuse, fusermount3 and mfusep
    workers have shards of their own), placed on the mount; one shuffled epoch through a DataLoader
    of --workers workers, batches of --batch-size, decode="bytes" (no JPEG decoding), timed from
    opening the dataset to the last batch, and to the first batch: the loose files (a plain torch
-   Dataset: listing, then open + read per sample; its streaming read is the same reads) against
-   each format map-style (`make_loader`) and streaming (`make_loader(streaming=True)`).
+   Dataset as torchvision's ImageFolder: listing, then open + read per sample; streaming them would
+   be the same reads) against each format map-style (`make_loader`) and streaming
+   (`make_loader(streaming=True)`). `--latency-ms 0` shows what the harness itself costs.
 
     python scripts/bench_netfs.py                                # 0.2, 1 and 5 ms; 4000 files
     python scripts/bench_netfs.py --latency-ms 1 --files 2000 --repeat 1 --json netfs.json
@@ -31,6 +32,7 @@ import gc
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -41,10 +43,9 @@ from typing import Any, Callable, Iterable
 import benchlib
 import torch
 from bench_pack import copies, jpeg_pool
-from bench_read import LooseFiles
 from bench_scale import link_farm
 from latencyfs import missing_requirements, mounted
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 import readers
 from packer.writers import WRITERS
@@ -52,6 +53,7 @@ from readers.bench import keep_list
 
 PARTS = ("pack", "plan", "read")
 DISTINCT_IMAGES = 256
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 
 
 def photo_source(work: Path, files: int, classes: int) -> Path:
@@ -92,7 +94,9 @@ def packing_commands(work: Path, jobs: int, pack_args: list[str]) -> dict[str, C
 
     def parallel_copy(mount: Path) -> float:
         fresh().mkdir(parents=True)
-        return run_command(f"find . -type f -print0 | xargs -0 -P {jobs} -n 64 cp --parents -t '{out}'", cwd=mount)
+        # The folders first: parallel `cp --parents` race to make them.
+        return run_command(f"find . -type d -print0 | (cd '{out}' && xargs -0 mkdir -p) && "
+                           f"find . -type f -print0 | xargs -0 -P {jobs} -n 64 cp --parents -t '{out}'", cwd=mount)
 
     def pack(fmt: str) -> Callable[[Path], float]:
         return lambda mount: run_command(pack_cli(fmt, mount, fresh(), "--quiet", *pack_args))
@@ -110,6 +114,25 @@ def planning_commands(work: Path) -> dict[str, Callable[[Path], float]]:
     return {"find -type f": lambda mount: run_command(f"find '{mount}' -type f > /dev/null"),
             "find -printf %s": lambda mount: run_command(f"find '{mount}' -type f -printf '%s\\n' > /dev/null"),
             "pack plan": pack_plan}
+
+
+class LooseFolder(Dataset):
+    """The baseline a user writes, as torchvision's ImageFolder does it: list the class folders
+    (names and types from the listing, no stat per file), then open + read one file per sample."""
+
+    def __init__(self, root: Path) -> None:
+        classes = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
+        self.samples = [(os.path.join(folder, name), label) for label, cls in enumerate(classes)
+                        for folder, _, names in sorted(os.walk(root / cls))
+                        for name in sorted(names) if name.lower().endswith(IMAGE_EXTENSIONS)]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[bytes, int]:
+        path, label = self.samples[index]
+        with open(path, "rb") as handle:
+            return handle.read(), label
 
 
 def epoch(make: Callable[[], tuple[Any, Iterable[Any]]]) -> tuple[float, float]:
@@ -132,7 +155,7 @@ def epoch(make: Callable[[], tuple[Any, Iterable[Any]]]) -> tuple[float, float]:
 def reading_cases(args: argparse.Namespace) -> dict[str, tuple[str, Callable[[Path], tuple[Any, Iterable[Any]]]]]:
     """name -> (what to mount: "loose" or "packed", the dataset and loader over that mount)."""
     def loose(mount: Path) -> tuple[Any, Iterable[Any]]:
-        dataset = LooseFiles(mount)
+        dataset = LooseFolder(mount)
         return dataset, DataLoader(dataset, batch_size=args.batch_size, shuffle=True, num_workers=args.workers,
                                    collate_fn=keep_list, generator=torch.Generator().manual_seed(0))
 
@@ -250,6 +273,7 @@ def main() -> None:
     why = missing_requirements()
     if why:
         sys.exit(f"bench_netfs: {why}")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("bench_netfs: terminated"))  # unmount on the way out
     args.work.mkdir(parents=True, exist_ok=True)
     cpus = len(os.sched_getaffinity(0))
     print(f"latencyfs at {', '.join(f'{latency:g}' for latency in args.latency_ms)} ms per call; {args.files} JPEGs "
