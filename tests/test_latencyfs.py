@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from clirun import run
 from imagefolders import make_image_folder
-from latencyfs import missing_requirements, mounted
+from latencyfs import Link, missing_requirements, mounted, operations
 
 import readers
 
@@ -56,6 +56,32 @@ def test_mount_shows_the_source_read_only_and_unmounts(source: tuple[Path, dict[
             assert raised.value.errno == errno.EROFS
     assert not os.path.ismount(mount) and not mount.exists()
     assert tree(root)["class_00/pic.PNG"] == source[1]["class_00/pic.PNG"]
+
+
+class CountingLink(Link):
+    def __init__(self) -> None:
+        super().__init__(latency_s=0.0, bandwidth_bps=None)
+        self.trips: list[int] = []
+
+    def round_trip(self, nbytes: int = 0) -> None:
+        self.trips.append(nbytes)
+
+
+def test_reads_over_the_cap_pay_a_round_trip_per_piece(source: tuple[Path, dict[str, bytes]]) -> None:
+    root, _ = source
+    link = CountingLink()
+    ops = operations(root, link, read_cap=64 * 1024)
+    handle = ops.open("/class_00/big.bin", os.O_RDONLY)
+    assert link.trips == [0]
+    assert ops.read("/class_00/big.bin", 200_000, 50_000, handle) == (root / "class_00" / "big.bin").read_bytes()[
+        50_000:250_000]
+    assert link.trips[1:] == [65536, 65536, 65536, 200_000 - 3 * 65536]
+    del link.trips[:]
+    assert ops.read("/class_00/big.bin", 131072, 250_000, handle) == (root / "class_00" / "big.bin").read_bytes()[
+        250_000:]
+    assert link.trips == [50_000]  # a short piece is the end of the file: no call past it
+    ops.release("/class_00/big.bin", handle)
+    assert len(link.trips) == 2
 
 
 def test_unmounts_when_the_block_fails(source: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
