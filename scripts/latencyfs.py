@@ -122,10 +122,11 @@ def operations(root: Path, link: Link, read_cap: int | None) -> Any:
             piece = read_cap or size
             parts = []
             for start in range(offset, offset + size, piece):
-                data = os.pread(fh, min(piece, offset + size - start), start)
+                wanted = min(piece, offset + size - start)
+                data = os.pread(fh, wanted, start)
                 link.round_trip(len(data))
                 parts.append(data)
-                if len(data) < piece:  # end of file
+                if len(data) < wanted:  # the end of the file: no call past it
                     break
             return b"".join(parts)
 
