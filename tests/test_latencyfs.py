@@ -1,0 +1,106 @@
+"""scripts/latencyfs.py, the network-storage stand-in of scripts/bench_netfs.py: a faithful, read-only
+view of its source, and a pack through it that round-trips byte for byte."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+from clirun import run
+from imagefolders import make_image_folder
+from latencyfs import Link, missing_requirements, mounted, operations
+
+import readers
+
+pytestmark = pytest.mark.skipif(missing_requirements() is not None, reason=str(missing_requirements()))
+
+
+def tree(root: Path) -> dict[str, bytes | str]:
+    """Every entry under root: file bytes, a symlink's target, or "dir"."""
+    entries: dict[str, bytes | str] = {}
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = Path(folder, name)
+            rel = path.relative_to(root).as_posix()
+            entries[rel] = (os.readlink(path) if path.is_symlink() else "dir" if path.is_dir()
+                            else path.read_bytes())
+    return entries
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, bytes]]:
+    root = tmp_path_factory.mktemp("netfs-src")
+    files = make_image_folder(root, classes=3, per_class=4)
+    (root / "class_00" / "big.bin").write_bytes(os.urandom(300_000))  # several reads, each split by the cap
+    (root / "latest").symlink_to("class_01")
+    return root, files
+
+
+def test_mount_shows_the_source_read_only_and_unmounts(source: tuple[Path, dict[str, bytes]]) -> None:
+    root, _ = source
+    with mounted(root, latency_ms=1, read_cap_kb=64) as mount:
+        assert os.path.ismount(mount)
+        assert tree(mount) == tree(root)
+        assert sorted(os.listdir(mount / "class_01")) == sorted(os.listdir(root / "class_01"))
+        with open(mount / "class_00" / "big.bin", "rb") as handle:
+            handle.seek(100_000)
+            assert handle.read(70_000) == (root / "class_00" / "big.bin").read_bytes()[100_000:170_000]
+        for attempt in (lambda: open(mount / "class_00" / "new.jpg", "wb"),
+                        lambda: open(mount / "class_00" / "pic.PNG", "r+b"),
+                        lambda: os.mkdir(mount / "more"),
+                        lambda: os.unlink(mount / "class_00" / "pic.PNG")):
+            with pytest.raises(OSError) as raised:
+                attempt()
+            assert raised.value.errno == errno.EROFS
+    assert not os.path.ismount(mount) and not mount.exists()
+    assert tree(root)["class_00/pic.PNG"] == source[1]["class_00/pic.PNG"]
+
+
+class CountingLink(Link):
+    def __init__(self) -> None:
+        super().__init__(latency_s=0.0, bandwidth_bps=None)
+        self.trips: list[int] = []
+
+    def round_trip(self, nbytes: int = 0) -> None:
+        self.trips.append(nbytes)
+
+
+def test_reads_over_the_cap_pay_a_round_trip_per_piece(source: tuple[Path, dict[str, bytes]]) -> None:
+    root, _ = source
+    link = CountingLink()
+    ops = operations(root, link, read_cap=64 * 1024)
+    handle = ops.open("/class_00/big.bin", os.O_RDONLY)
+    assert link.trips == [0]
+    assert ops.read("/class_00/big.bin", 200_000, 50_000, handle) == (root / "class_00" / "big.bin").read_bytes()[
+        50_000:250_000]
+    assert link.trips[1:] == [65536, 65536, 65536, 200_000 - 3 * 65536]
+    del link.trips[:]
+    assert ops.read("/class_00/big.bin", 131072, 250_000, handle) == (root / "class_00" / "big.bin").read_bytes()[
+        250_000:]
+    assert link.trips == [50_000]  # a short piece is the end of the file: no call past it
+    ops.release("/class_00/big.bin", handle)
+    assert len(link.trips) == 2
+
+
+def test_unmounts_when_the_block_fails(source: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
+    where = tmp_path / "mnt"
+    with pytest.raises(KeyError), mounted(source[0], latency_ms=1, mountpoint=where) as mount:
+        handle = open(mount / "class_00" / "pic.PNG", "rb")  # still open when the block fails
+        raise KeyError("boom")
+    handle.close()
+    assert where.is_dir() and not os.path.ismount(where) and os.listdir(where) == []
+
+
+def test_pack_through_the_mount_round_trips(source: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
+    root, files = source
+    (tmp_path / "src").mkdir()
+    for rel, data in files.items():  # the images alone, without the test's extra files
+        (tmp_path / "src" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "src" / rel).write_bytes(data)
+    with mounted(tmp_path / "src", latency_ms=1) as mount:
+        code, output = run("wds", mount, tmp_path / "out", "--quiet")
+    assert code == 0, output
+    dataset = readers.open_dataset(tmp_path / "out", decode="bytes", fields=("image", "path"))
+    assert {path: image for image, path in (dataset[i] for i in range(len(dataset)))} == files
