@@ -38,7 +38,7 @@ from readers.remote import location
 
 from .encode import ENCODE_OPTIONS
 from .errors import PackError
-from .options import PackOptions
+from .options import PackOptions, differing_options, option_flag, shown_value
 from .outdir import part_dir
 from .output import Output, opened_output
 from .partition import Partition
@@ -113,8 +113,8 @@ def check_compatible(out: Output, manifest: Manifest, options: PackOptions) -> N
         raise PackError(f"{out}: holds {manifest.format} shards; append to it with `pack {manifest.format} ... "
                         "--append`")
     now = asdict(options)
-    differences = [f"--{name.replace('_', '-')} {manifest.options.get(name)} in OUT, {now[name]} now"
-                   for name in ENCODE_OPTIONS if manifest.options.get(name) != now[name]]
+    differences = [f"{option_flag(name)} {shown_value(manifest.options.get(name))} in OUT, {shown_value(now[name])} now"
+                   for name in differing_options(manifest.options, now, ENCODE_OPTIONS)]
     if differences:
         raise PackError(f"{out}: an append stores samples as OUT does; {'; '.join(differences)}")
 
