@@ -32,7 +32,7 @@ from readers.fields import FieldSpec, encode_value
 
 from ..errors import RejectedFile
 from .classes import read_classes
-from .inputs import InputFiles, Record, RecordError, ShardPlan, Source, index_lines
+from .inputs import InputFiles, RangeFile, Record, RecordError, ShardPlan, Source, fsspec_errors, index_lines
 from .listing import UNLABELLED, Listing, ScanError
 
 if TYPE_CHECKING:
@@ -231,8 +231,8 @@ def scan(source: Source, options: PackOptions) -> Listing:
 def scan_file(listing: Listing, number: int, path: str, name: str) -> int | None:
     """List one file's image records; returns its label-array length (None: no image record read)."""
     try:
-        with open(path, "rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
+        with RangeFile(path) as file, fsspec_errors():
+            handle, size = file.handle, file.size
             keys, offsets, lengths = list_records(listing, handle, path, name, size)
             if not keys:
                 return None

@@ -34,7 +34,7 @@ from readers.tar import TarDamage, read_members, split_name
 from ..errors import RejectedFile
 from ..options import PackOptions
 from .classes import read_classes
-from .inputs import InputFiles, Record, ShardPlan, Source
+from .inputs import InputFiles, RangeFile, Record, ShardPlan, Source
 from .listing import IMAGE_EXTENSIONS, UNLABELLED, Listing, ScanError
 from .sidecars import JSON_EXTENSION, checked_text
 
@@ -141,16 +141,15 @@ def scan_tar(number: int, path: str, name: str) -> tuple[Listing, dict[str, int]
     part = Listing(root="", classes=[], locations=array("q"))
     seen: dict[str, int] = {}
     try:
-        fd = os.open(path, os.O_RDONLY)
+        file = RangeFile(path)
     except OSError as exc:
         raise ScanError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    try:
-        size = os.fstat(fd).st_size
+    with file:
+        size = file.size
         group: Group | None = None
         last = ""
         try:
-            for member in read_members(SpanReader(lambda offset, length: os.pread(fd, length, offset)), 0, size,
-                                       archive=True):
+            for member in read_members(SpanReader(file.read), 0, size, archive=True):
                 last = member.name
                 parts = sample_parts(member.name) if member.is_file else None
                 if parts is None:
@@ -174,8 +173,6 @@ def scan_tar(number: int, path: str, name: str) -> tuple[Listing, dict[str, int]
             raise ScanError(f"{path}: cannot read ({exc.strerror or exc})") from None
         if group is not None:
             add_sample(part, number, name, group, seen, size)
-    finally:
-        os.close(fd)
     return part, seen
 
 

@@ -38,7 +38,7 @@ from readers.fields import FieldSpec, check_field_name, encode_value
 from ..errors import RejectedFile
 from ..options import PackOptions
 from .classes import read_classes
-from .inputs import InputFiles, Record, RecordError, ShardPlan, Source, index_lines
+from .inputs import InputFiles, RangeFile, Record, RecordError, ShardPlan, Source, fsspec_errors, index_lines
 from .listing import UNLABELLED, Listing, ScanError
 
 log = logging.getLogger(__name__)
@@ -258,17 +258,16 @@ def scan(source: Source, options: PackOptions) -> Listing:
 def file_ranges(listing: Listing, path: str, name: str) -> tuple[array, array]:
     """Offsets and lengths of a file's records, from its `.tfindex` or one pass over the headers."""
     try:
-        size = os.path.getsize(path)
         index = index_path(path)
         if index is not None:
             try:
-                return read_index(index, size, name)
+                return read_index(index, os.path.getsize(path), name)
             except RecordError as exc:
                 raise ScanError(str(exc)) from None
         offsets, lengths = array("q"), array("q")
-        with open(path, "rb") as handle:
+        with RangeFile(path) as file, fsspec_errors():
             try:
-                for offset, length in record_ranges(handle, size):
+                for offset, length in record_ranges(file.handle, file.size):
                     offsets.append(offset)
                     lengths.append(length)
             except RecordError as exc:
