@@ -196,11 +196,14 @@ def warn_shared_paths(out: Output, parts: list[dict[str, Any]], plan: Plan, path
     shared: set[str] = set()
     for part in parts:
         first = part.get("first_shard")
-        earlier = out.stored_plan(first) if isinstance(first, int) and first < plan.first_shard else None
-        if earlier is None or earlier.input_kind != "folder":
-            continue
-        with open(listing_path(out.staging, first), "rb") as handle:
-            shared.update(path for path in (json.loads(line)[0] for line in handle) if path in appended)
+        try:
+            earlier = out.stored_plan(first) if isinstance(first, int) and first < plan.first_shard else None
+            if earlier is None or earlier.input_kind != "folder":
+                continue
+            with open(listing_path(out.staging, first), "rb") as handle:
+                shared.update(path for path in (json.loads(line)[0] for line in handle) if path in appended)
+        except (OSError, ValueError, PackError) as exc:  # OUT copied without its .pack, or it is damaged
+            log.info("%s: the paths of the part from shard %s are not compared (%s)", out, first, exc)
     if shared:
         shared -= rejected_paths(out)
     if shared:

@@ -461,3 +461,6 @@ def test_appended_paths_that_outs_samples_have_are_counted_in_a_warning(sources:
     with caplog.at_level("WARNING", logger="packer.append"):
         code, output = run("wds", old / "class_02", out, "--append", "-q")  # sub/deeper/img 003.jpg: not OUT's
     assert code == 0 and "share a path" not in caplog.text, output
+    (out / ".pack" / "listing.jsonl").unlink()  # a listing gone: its paths are not compared, the append goes on
+    code, output = run("wds", new / "class_03", out, "--append", "-q")
+    assert code == 0 and output.startswith("appended 3 samples"), output
