@@ -429,7 +429,8 @@ def read_back(out: Path) -> list[tuple[bytes, int, str]]:
 
 def test_a_url_that_is_one_tar_rec_or_tfrecord_is_read_as_that_kind(tmp_path: Path, http_server: LoopbackHTTP) -> None:
     """A URL naming one input file packs what the same file packs locally (over fsspec ranged
-    reads); a URL that is none of the things a URL SRC may be says what those are."""
+    reads), with the .idx or .tfindex beside it; a URL that is none of the things a URL SRC may be
+    says what those are."""
     from recordfiles import example, write_tfrecord
 
     rng = random.Random(36)
@@ -438,16 +439,17 @@ def test_a_url_that_is_one_tar_rec_or_tfrecord_is_read_as_that_kind(tmp_path: Pa
     make_image_folder(tmp_path / "src", classes=2, per_class=6)
     assert run("wds", tmp_path / "src", tmp_path / "s.wds", "--shard-size", 8, "-q")[0] == 0
     (served / "shard-000000.tar").write_bytes((tmp_path / "s.wds" / "shard-000000.tar").read_bytes())
-    write_recordio(served / "train.rec", [recordio_payload(image_bytes(rng), float(k % 3)) for k in range(9)],
-                   index=False)
+    offsets = write_recordio(served / "train.rec", [recordio_payload(image_bytes(rng), float(k % 3)) for k in range(9)])
+    (served / "train.idx").write_text("".join(f"{100 + key}\t{offset}\n" for key, offset in enumerate(offsets)))
     write_tfrecord(served / "train.tfrecord", [example({"image/encoded": image_bytes(rng), "image/class/label": k % 2})
-                                               for k in range(7)])
+                                               for k in range(7)], index=True)
     for name, count in (("shard-000000.tar", 8), ("train.rec", 9), ("train.tfrecord", 7)):
         local, remote = tmp_path / f"local-{name}", tmp_path / f"remote-{name}"
         assert run("lmdb", served / name, local, "--order", "sorted", "-q")[0] == 0
         code, output = run("lmdb", f"{http_server.url}/one-file/{name}", remote, "--order", "sorted", "-q")
         assert code == 0 and output.startswith(f"packed {count} samples"), output
         assert read_back(remote) == read_back(local) and len(read_back(local)) == count
+    assert read_back(tmp_path / "remote-train.rec")[0][2] == "train.rec/100"  # the keys of the .idx beside it
     code, output = run("hdf5", f"{http_server.url}/one-file/train.zip", tmp_path / "x.h5", "-q")
     assert code == 1 and output == (f"Error: {http_server.url}/one-file/train.zip: not a packed dataset (no index.json), "
                                     "a folder of images or a tar, .rec or .tfrecord file: a URL SRC is one of those\n")

@@ -23,6 +23,7 @@ and provides:
 from __future__ import annotations
 
 import glob
+import io
 import os
 import re
 import stat
@@ -219,15 +220,21 @@ URL_SOURCES = "a URL SRC is a packed dataset, a folder of images or one tar, .re
 
 
 def _is_url_file(url: str) -> bool:
-    """Whether the store holds a file (an object) at `url`."""
-    from .remote import filesystem
-
     try:
-        with fsspec_errors():
-            fs, key = filesystem(url)
-            return bool(fs.isfile(key))
+        return is_file(url)
     except OSError as exc:
         raise ScanError(f"{url}: cannot read ({exc})") from None
+
+
+def is_file(path: str) -> bool:
+    """Whether there is a file at `path`, local or a URL (an object of the store)."""
+    if not is_url(path):
+        return os.path.isfile(path)
+    from .remote import filesystem
+
+    with fsspec_errors():
+        fs, key = filesystem(path)
+        return bool(fs.isfile(key))
 
 
 def _directory(text: str, input_format: str | None) -> Source:
@@ -380,10 +387,11 @@ class RangeFile:
 
 @contextmanager
 def fsspec_errors() -> Iterator[None]:
-    """An fsspec back end's own exception types (aiohttp's, botocore's) as OSError."""
+    """An fsspec back end's own exception types (aiohttp's, botocore's) as OSError; pack's own
+    errors, raised by the code that reads through it, pass unchanged."""
     try:
         yield
-    except (OSError, ImportError):
+    except (OSError, ImportError, AssertionError, PackError, RejectedFile, ScanError, RecordError):
         raise
     except Exception as exc:  # noqa: BLE001 - each back end raises its own types
         raise OSError(f"{type(exc).__name__}: {exc}") from None
@@ -446,8 +454,9 @@ class InputFiles:
 def index_lines(path: str) -> Iterator[tuple[int, tuple[int, int] | None, str]]:
     """The non-blank lines of a text index beside an input (RecordIO's `.idx`, a `.tfindex`):
     (line number, its two integers or None where the line is not two integers, the line)."""
-    with open(path, encoding="ascii", errors="replace") as handle:
-        for number, line in enumerate(handle, 1):
+    with RangeFile(path) as file, fsspec_errors():
+        lines = io.TextIOWrapper(file.handle, encoding="ascii", errors="replace")
+        for number, line in enumerate(lines, 1):
             fields = line.split()
             if not fields:
                 continue
