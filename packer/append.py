@@ -24,22 +24,23 @@ reading OUT's parts live in `packer.publish`, beside the pack's `publish`, so th
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
 import time
 from array import array
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from readers.manifest import FORMAT_VERSION, MANIFEST_NAME, DatasetError, Manifest, parse_manifest
+from readers.manifest import FORMAT_VERSION, MANIFEST_NAME, REJECTS_NAME, DatasetError, Manifest, parse_manifest
 from readers.remote import location
 
 from .encode import ENCODE_OPTIONS
 from .errors import PackError
-from .options import PackOptions
-from .outdir import part_dir
+from .options import PackOptions, differing_options, option_flag, shown_value
+from .outdir import listing_path, part_dir
 from .output import Output, opened_output
 from .partition import Partition
 from .pipeline import (RunOptions, Summary, canonical_options, pack_shards, plan_differences, run_summary,
@@ -70,6 +71,7 @@ def append_into(src: str | os.PathLike[str], out: Output, options: PackOptions, 
     src_path = location(src)
     run.check(out, partition)
     manifest = published_manifest(out)
+    options = with_outs_defaults(options, manifest)
     check_compatible(out, manifest, options)
     base = base_plan(out, manifest)
     parts = recorded_parts(out, manifest, base)
@@ -106,6 +108,26 @@ def published_manifest(out: Output) -> Manifest:
     return manifest
 
 
+SIZE_OPTIONS = ("shard_size", "shard_bytes")
+RESIZING_OPTIONS = ("resize", "max_side", "center_crop")
+
+
+def with_outs_defaults(options: PackOptions, manifest: Manifest) -> PackOptions:
+    """The append's options, OUT's where not given: its shard size and bytes (a part cut at the
+    default 10,000 where OUT's shards hold 200 is not what anyone means; given, a part may have its
+    own), and its store options: all of them where no --store is given, the resizing where the
+    store is OUT's. A --mode or --quality a given --store fills in is not told from a given one,
+    so it must be OUT's (`check_compatible`)."""
+    recorded = manifest.options
+    taken = [name for name in SIZE_OPTIONS if not options.is_given(name)]
+    if not options.is_given("store"):
+        taken += ENCODE_OPTIONS
+    elif options.store == recorded.get("store"):
+        taken += [name for name in RESIZING_OPTIONS if getattr(options, name) is None]
+    inherited = {name: recorded[name] for name in taken if name in recorded}
+    return replace(options, **inherited) if inherited else options
+
+
 def check_compatible(out: Output, manifest: Manifest, options: PackOptions) -> None:
     """The format and encode options must be OUT's: a dataset's samples are all stored alike.
     Shard sizes, order, seed, validation and the way SRC is read may differ per part."""
@@ -113,8 +135,8 @@ def check_compatible(out: Output, manifest: Manifest, options: PackOptions) -> N
         raise PackError(f"{out}: holds {manifest.format} shards; append to it with `pack {manifest.format} ... "
                         "--append`")
     now = asdict(options)
-    differences = [f"--{name.replace('_', '-')} {manifest.options.get(name)} in OUT, {now[name]} now"
-                   for name in ENCODE_OPTIONS if manifest.options.get(name) != now[name]]
+    differences = [f"{option_flag(name)} {shown_value(manifest.options.get(name))} in OUT, {shown_value(now[name])} now"
+                   for name in differing_options(manifest.options, now, ENCODE_OPTIONS)]
     if differences:
         raise PackError(f"{out}: an append stores samples as OUT does; {'; '.join(differences)}")
 
@@ -133,7 +155,8 @@ def ensure_part_plan(src: Path | str, out: Output, options: PackOptions, manifes
             return unfinished(plan, source, out, options)
         folder = part_dir(out.staging, first)
         try:
-            plan = write_plan(out.staging, part_listing(src, source, out, options, manifest), options, first)
+            listing = part_listing(src, source, out, options, manifest)
+            plan = write_plan(out.staging, listing, options, first)
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
@@ -142,6 +165,7 @@ def ensure_part_plan(src: Path | str, out: Output, options: PackOptions, manifes
             shutil.rmtree(folder)
             return earlier
         warn_repacked(out, parts, plan)
+        warn_shared_paths(out, parts, plan, listing.paths)
         return out.publish_plan(plan)
 
 
@@ -156,6 +180,49 @@ def warn_repacked(out: Output, parts: list[dict[str, Any]], plan: Plan) -> None:
                         "twice; to add only new images, append a folder of them", out, plan.source, out,
                         part.get("first_shard"), part.get("num_samples"), out)
             return
+
+
+SHOWN_PATHS = 3
+
+
+def warn_shared_paths(out: Output, parts: list[dict[str, Any]], plan: Plan, paths: list[str]) -> None:
+    """Appended samples whose path a sample of OUT has (a folder of the same names holding other
+    images): `path` then names two images, which the user is told with a count and the first
+    names. OUT's paths are its parts' listings (read line by line, whatever OUT holds) less its
+    rejects; only folder listings are compared, the others name input records, not stored paths."""
+    if plan.input_kind != "folder":
+        return
+    appended = set(paths)
+    shared: set[str] = set()
+    for part in parts:
+        first = part.get("first_shard")
+        try:
+            earlier = out.stored_plan(first) if isinstance(first, int) and first < plan.first_shard else None
+            if earlier is None or earlier.input_kind != "folder":
+                continue
+            with open(listing_path(out.staging, first), "rb") as handle:
+                shared.update(path for path in (json.loads(line)[0] for line in handle) if path in appended)
+        except (OSError, ValueError, PackError) as exc:  # OUT copied without its .pack, or it is damaged
+            log.info("%s: the paths of the part from shard %s are not compared (%s)", out, first, exc)
+    if shared:
+        shared -= rejected_paths(out)
+    if shared:
+        names = sorted(shared)
+        log.warning("%s: %d appended samples share a path with samples already in OUT (%s%s)", out, len(names),
+                    ", ".join(names[:SHOWN_PATHS]), ", ..." if len(names) > SHOWN_PATHS else "")
+
+
+def rejected_paths(out: Output) -> set[str]:
+    """The paths OUT's rejects.jsonl names: listed, but not samples of OUT."""
+    paths: set[str] = set()
+    for line in (out.read_text(REJECTS_NAME) or "").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("path"), str):
+            paths.add(row["path"])
+    return paths
 
 
 def unfinished(plan: Plan, source: Source, out: Output, options: PackOptions) -> Plan:

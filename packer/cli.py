@@ -266,7 +266,8 @@ def make_pack_command(fmt: str) -> click.Command:
     @click.option("--overwrite", is_flag=True, help="Replace an existing packed dataset in OUT.")
     @click.option("--append", is_flag=True,
                   help="Add SRC's images to the packed dataset in OUT as new shards: OUT's files stay as they "
-                       "are, new classes get the next indexes, index.json is replaced last. Store options must be OUT's.")
+                       "are, new classes get the next indexes, index.json is replaced last. Shard sizes and store options "
+                       "are OUT's unless given.")
     @click.option("--task-index", type=click.IntRange(min=0), default=None,
                   help="Pack only the shards of this task (shard k belongs to task k mod N).")
     @click.option("--task-count", type=click.IntRange(min=1), default=None, help="N, the number of tasks.")

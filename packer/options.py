@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Iterable
 
 from .encode import DEFAULT_QUALITY, ENCODE_OPTIONS, PIXEL_MODES, STORES
 from .errors import PackError
@@ -150,8 +150,30 @@ class PackOptions:
         return (self.center_crop, self.center_crop, len(self.mode))
 
 
+STORE_FILLED = ("mode", "quality")
+"""Options `PackOptions` fills in from --store when not given (RGB, quality 90) and leaves unset for
+a store they do not apply to: where the stores differ, so do they, and the store names the change."""
+
+
+def option_flag(name: str) -> str:
+    return "format" if name == "format" else "--" + name.replace("_", "-")
+
+
+def shown_value(value: Any) -> str:
+    """An option's effective value as a message shows it: an option never set is `not set`, not None."""
+    return "not set" if value is None else str(value)
+
+
+def differing_options(old: dict[str, Any], new: dict[str, Any], names: Iterable[str]) -> list[str]:
+    """The options among `names` whose values differ, leaving out those that differ only because
+    --store does (`STORE_FILLED`)."""
+    stores_differ = old.get("store") != new.get("store")
+    return [name for name in names if old.get(name) != new.get(name)
+            and not (stores_differ and name in STORE_FILLED and None in (old.get(name), new.get(name)))]
+
+
 def option_differences(before: PackOptions, now: PackOptions) -> list[str]:
     """`--shard-size: 2 before, 4 now` for each option that differs, named as its flag."""
     old, new = asdict(before), asdict(now)
-    return [f"{'format' if name == 'format' else '--' + name.replace('_', '-')}: {old[name]} before, {new[name]} now"
-            for name in old if old[name] != new[name]]
+    return [f"{option_flag(name)}: {shown_value(old[name])} before, {shown_value(new[name])} now"
+            for name in differing_options(old, new, old)]

@@ -205,7 +205,8 @@ def load_manifest(root: str | os.PathLike[str]) -> Manifest:
     """Read `root/index.json`, raising DatasetError with the path on any problem."""
     path = Path(root) / MANIFEST_NAME
     if not Path(root).is_dir():
-        raise DatasetError(f"{root}: not a packed dataset directory")
+        raise DatasetError(f"{root}: " + ("not a packed dataset directory" if Path(root).exists()
+                                          else "no such file or directory"))
     try:
         with open(path, "rb") as handle:
             size = os.fstat(handle.fileno()).st_size

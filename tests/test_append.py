@@ -419,3 +419,48 @@ def test_labelled_samples_appended_to_an_unlabelled_pack_are_not_called_class_so
     assert not manifest.class_sorted()
     code, output = run("info", out)
     assert code == 0 and "class-sorted" not in output, output
+
+
+def test_an_append_takes_outs_shard_size_and_store_options_unless_given(sources: tuple[Path, Path],
+                                                                        tmp_path: Path) -> None:
+    old, new = sources
+    out = tmp_path / "out"
+    assert run("lmdb", old, out, "--shard-size", 4, "--store", "jpeg", "--quality", 80, "--resize", 24, "-q")[0] == 0
+    code, output = run("lmdb", new, out, "--append", "-q")  # no options: OUT's
+    assert code == 0 and "appended 15 samples" in output and "in 4 shards" in output, output
+    manifest = readers.load_manifest(out)
+    assert [shard.num_samples for shard in manifest.shards][5:] == [4, 4, 4, 3]
+    assert manifest.parts[1]["options"]["shard_size"] == 4
+    assert {name: manifest.parts[1]["options"][name] for name in ("store", "quality", "resize")} == \
+        {"store": "jpeg", "quality": 80, "resize": 24}
+    dataset = readers.open_dataset(out)
+    assert all(min(dataset[index][0].size) == 24 for index in range(len(dataset)))  # PIL images
+    dataset.close()
+    again = tmp_path / "again"
+    assert run("lmdb", old, again, "--shard-size", 4, "-q")[0] == 0
+    code, output = run("lmdb", new, again, "--append", "--shard-size", 6, "-q")  # given: a part's own shard size
+    assert code == 0 and "in 3 shards" in output, output
+    assert [shard.num_samples for shard in readers.load_manifest(again).shards][5:] == [6, 6, 3]
+
+
+def test_appended_paths_that_outs_samples_have_are_counted_in_a_warning(sources: tuple[Path, Path], tmp_path: Path,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """NEW's class_00..02 repeat OLD's names with other images: 12 samples would share a path
+    with another image of OUT; class_03 is new."""
+    old, new = sources
+    out = tmp_path / "out"
+    assert run("wds", old, out, "--shard-size", 4, "-q")[0] == 0
+    with caplog.at_level("WARNING", logger="packer.append"):
+        code, output = run("wds", new, out, "--append", "-q")
+    assert code == 0, output
+    assert f"{out}: 12 appended samples share a path with samples already in OUT (class_00/img 000.jpg, " \
+           "class_00/img 001.jpg, class_00/img 002.jpg, ...)" in caplog.text
+    shared = [path for _, _, path in samples(out)]
+    assert len(shared) - len(set(shared)) == 12
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="packer.append"):
+        code, output = run("wds", old / "class_02", out, "--append", "-q")  # sub/deeper/img 003.jpg: not OUT's
+    assert code == 0 and "share a path" not in caplog.text, output
+    (out / ".pack" / "listing.jsonl").unlink()  # a listing gone: its paths are not compared, the append goes on
+    code, output = run("wds", new / "class_03", out, "--append", "-q")
+    assert code == 0 and output.startswith("appended 3 samples"), output

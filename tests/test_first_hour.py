@@ -15,6 +15,7 @@ from clirun import run
 from recordfiles import recordio_payload, write_recordio
 
 import packer.cli
+import packer.pipeline
 import readers
 
 REPO = Path(__file__).resolve().parents[1]
@@ -198,3 +199,42 @@ def test_the_summary_names_what_it_ignored_and_v_names_all(image_folder: tuple[P
               if record.getMessage().startswith("ignored: ")]
     assert {".DS_Store", "notes.txt", "class_00/readme.md", "class_01/.hidden.jpg"} <= set(logged)
     assert summary.endswith(f", {len(logged)} non-image entries ignored ({', '.join(logged[:3])}, ... -v names them all)")
+
+
+# --- Issue #36, "what it says holds": the first-hour papercuts ---------------------------------
+
+
+@pytest.mark.parametrize("command", [["info"], ["verify"], ["show", "-o", "sheet.png"]])
+def test_inspecting_a_path_that_does_not_exist_says_so(command: list[str], tmp_path: Path) -> None:
+    code, output = run(*command, tmp_path / "nosuch")
+    assert code == 1 and output == f"Error: {tmp_path / 'nosuch'}: no such file or directory\n"
+
+
+def test_a_rerun_with_another_store_names_the_options_given_not_those_never_set(
+        image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root, _ = image_folder
+    out = tmp_path / "out"
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(packer.pipeline, "pack_shards", interrupted)  # the plan stays, unfinished
+    code, output = run("lmdb", root, out, "-q")
+    assert code == 130, output
+    monkeypatch.undo()
+    code, output = run("lmdb", root, out, "-q", "--store", "jpeg", "--resize", "32")
+    assert code == 1
+    assert "other options (--store: original before, jpeg now; --resize: not set before, 32 now)" in output, output
+    assert "None" not in output and "--mode" not in output and "--quality" not in output
+
+
+def test_a_pack_written_tar_as_src_keeps_its_paths_and_ignores_no_pack_json(
+        image_folder: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
+    root, files = image_folder
+    code, output = run("wds", root, tmp_path / "s.wds", "-q", "--order", "sorted")
+    assert code == 0, output
+    code, output = run("lmdb", tmp_path / "s.wds" / "shard-000000.tar", tmp_path / "out", "-q", "--order", "sorted")
+    assert code == 0 and output.rstrip().endswith(" 0 non-image entries ignored"), output
+    dataset = readers.open_dataset(tmp_path / "out")
+    records = [dataset.record(i) for i in range(len(dataset))]
+    assert {meta["path"]: bytes(payload) for meta, payload in records} == files

@@ -339,7 +339,8 @@ def test_a_packed_dataset_in_a_bucket_repacks_like_the_local_one(packed_as: Call
     pack(packed_as("wds")[0], tmp_path / "sorted", PackOptions(format="lmdb", shard_size=4, order="sorted"), workers=1)
     assert shard_bytes(tmp_path / "sorted") == shard_bytes(packed_as("lmdb")[0])
     code, output = run("lmdb", url, tmp_path / "tar-kind", "--input-format", "tar", "-q")
-    assert code == 1 and "tar inputs must be local files" in output, output
+    assert code == 1 and output == f"Error: {url}: not a tar file; a URL SRC is a packed dataset, a folder of " \
+        "images or one tar, .rec or .tfrecord file\n", output
 
 
 def test_a_label_beyond_int64_is_a_reject(tmp_path: Path) -> None:

@@ -417,3 +417,56 @@ def test_reading_without_credentials_is_one_error_without_retries(s3_options: di
                             timeout=120)
     assert result.returncode == 0 and "retry" not in result.stderr, result.stderr
     assert result.stdout.startswith("s3://pack-test/nocreds/index.json: no credentials"), result.stdout
+
+
+def read_back(out: Path) -> list[tuple[bytes, int, str]]:
+    dataset = readers.open_dataset(out, decode="bytes", fields=("image", "label", "path"))
+    try:
+        return [(bytes(image), int(label), path) for image, label, path in dataset]
+    finally:
+        dataset.close()
+
+
+def test_a_url_that_is_one_tar_rec_or_tfrecord_is_read_as_that_kind(tmp_path: Path, http_server: LoopbackHTTP) -> None:
+    """A URL naming one input file packs what the same file packs locally (over fsspec ranged
+    reads), with the .idx or .tfindex beside it; a URL that is none of the things a URL SRC may be
+    says what those are."""
+    from recordfiles import example, write_tfrecord
+
+    rng = random.Random(36)
+    served = http_server.directory / "one-file"
+    served.mkdir()
+    make_image_folder(tmp_path / "src", classes=2, per_class=6)
+    assert run("wds", tmp_path / "src", tmp_path / "s.wds", "--shard-size", 8, "-q")[0] == 0
+    (served / "shard-000000.tar").write_bytes((tmp_path / "s.wds" / "shard-000000.tar").read_bytes())
+    offsets = write_recordio(served / "train.rec", [recordio_payload(image_bytes(rng), float(k % 3)) for k in range(9)])
+    (served / "train.idx").write_text("".join(f"{100 + key}\t{offset}\n" for key, offset in enumerate(offsets)))
+    write_tfrecord(served / "train.tfrecord", [example({"image/encoded": image_bytes(rng), "image/class/label": k % 2})
+                                               for k in range(7)], index=True)
+    for name, count in (("shard-000000.tar", 8), ("train.rec", 9), ("train.tfrecord", 7)):
+        local, remote = tmp_path / f"local-{name}", tmp_path / f"remote-{name}"
+        assert run("lmdb", served / name, local, "--order", "sorted", "-q")[0] == 0
+        code, output = run("lmdb", f"{http_server.url}/one-file/{name}", remote, "--order", "sorted", "-q")
+        assert code == 0 and output.startswith(f"packed {count} samples"), output
+        assert read_back(remote) == read_back(local) and len(read_back(local)) == count
+    assert read_back(tmp_path / "remote-train.rec")[0][2] == "train.rec/100"  # the keys of the .idx beside it
+    code, output = run("hdf5", f"{http_server.url}/one-file/train.zip", tmp_path / "x.h5", "-q")
+    assert code == 1 and output == (f"Error: {http_server.url}/one-file/train.zip: not a packed dataset (no index.json), "
+                                    "a folder of images or a tar, .rec or .tfrecord file: a URL SRC is one of those\n")
+
+
+def test_a_bucket_tar_is_read_in_ranged_blocks_as_the_local_tar(tmp_path: Path, s3_conf: dict,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocks of 4 KiB: the scan's headers and the shard's samples come from many ranged GETs."""
+    import packer.sources.inputs
+
+    monkeypatch.setattr(packer.sources.inputs, "READ_AHEAD_BYTES", 4096)
+    make_image_folder(tmp_path / "src", classes=2, per_class=6)
+    assert run("wds", tmp_path / "src", tmp_path / "s.wds", "--shard-size", 8, "-q")[0] == 0
+    tar = tmp_path / "s.wds" / "shard-000000.tar"
+    assert tar.stat().st_size > 6 * 4096
+    s3fs_of(s3_conf).put(str(tar), f"{S3_BUCKET}/one-tar/shard-000000.tar")
+    assert run("hdf5", tar, tmp_path / "local", "-q")[0] == 0
+    code, output = run("hdf5", f"s3://{S3_BUCKET}/one-tar/shard-000000.tar", tmp_path / "remote", "-q")
+    assert code == 0 and output.startswith("packed 8 samples"), output
+    assert read_back(tmp_path / "remote") == read_back(tmp_path / "local")

@@ -104,8 +104,9 @@ def test_info_text_and_json(packed: tuple[Path, dict[str, bytes]]) -> None:
 def test_info_and_verify_on_something_else_are_one_line_errors(tmp_path: Path) -> None:
     code, output = run("info", tmp_path)
     assert code == 1 and output.strip() == f"Error: {tmp_path / 'index.json'}: no manifest (packing unfinished, or not a packed dataset)"
-    code, output = run("verify", tmp_path / "nope")
-    assert code == 1 and output.strip() == f"Error: {tmp_path / 'nope'}: not a packed dataset directory"
+    (tmp_path / "a-file").write_text("x")
+    code, output = run("verify", tmp_path / "a-file")
+    assert code == 1 and output.strip() == f"Error: {tmp_path / 'a-file'}: not a packed dataset directory"
 
 
 def damage_sidecar(path: Path, how: str) -> None:

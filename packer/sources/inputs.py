@@ -23,10 +23,12 @@ and provides:
 from __future__ import annotations
 
 import glob
+import io
 import os
 import re
 import stat
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Literal, Protocol
@@ -35,7 +37,7 @@ from readers.fields import FieldSpec
 from readers.manifest import MANIFEST_NAME, DatasetError, MissingFile
 from readers.remote import RemoteStore, is_url, location
 
-from ..errors import RejectedFile
+from ..errors import PackError, RejectedFile
 from .listing import ScanError, is_image_name
 
 
@@ -191,8 +193,15 @@ def resolve_source(src: str | os.PathLike[str], input_format: str | None = None)
 
 
 def _url_source(text: str, input_format: str | None) -> Source:
-    """A URL SRC: a packed dataset where an index.json answers there, else a folder of images."""
+    """A URL SRC: one input file where its name (or --input-format) says a file kind, read by
+    ranged requests as a local one is; else a packed dataset where an index.json answers there,
+    else a folder of images (`walk_url` says when it is none of these)."""
     url = text.rstrip("/")
+    kind = kind_of(url) if input_format is None else input_format
+    if kind is not None and INPUT_KINDS[kind].suffixes:
+        if kind_of(url) != kind and not _is_url_file(url):  # a folder, or nothing, given with --input-format
+            raise ScanError(f"{text}: not a {kind} file; {URL_SOURCES}")
+        return Source(kind, url.rsplit("/", 1)[0], (url,))
     if input_format in (None, "pack"):
         try:
             RemoteStore(url).manifest()
@@ -203,9 +212,29 @@ def _url_source(text: str, input_format: str | None) -> Source:
         except DatasetError as exc:  # an index.json that is not sound is never taken for a folder
             raise ScanError(str(exc)) from None
     elif input_format is not None:
-        raise ScanError(f"{text}: {input_format} inputs must be local files; a URL SRC is a folder of images "
-                        "or a packed dataset")
+        raise ScanError(f"{text}: {input_format} input must be local; {URL_SOURCES}")
     return Source("folder", text)
+
+
+URL_SOURCES = "a URL SRC is a packed dataset, a folder of images or one tar, .rec or .tfrecord file"
+
+
+def _is_url_file(url: str) -> bool:
+    try:
+        return is_file(url)
+    except OSError as exc:
+        raise ScanError(f"{url}: cannot read ({exc})") from None
+
+
+def is_file(path: str) -> bool:
+    """Whether there is a file at `path`, local or a URL (an object of the store)."""
+    if not is_url(path):
+        return os.path.isfile(path)
+    from .remote import filesystem
+
+    with fsspec_errors():
+        fs, key = filesystem(path)
+        return bool(fs.isfile(key))
 
 
 def _directory(text: str, input_format: str | None) -> Source:
@@ -316,6 +345,58 @@ def expand_pattern(text: str) -> list[str]:
 READ_AHEAD_BYTES = 8 << 20
 
 
+class RangeFile:
+    """One input file, read by byte range from any thread: a local file with pread (no shared
+    position); a URL through fsspec, whose file reads READ_AHEAD_BYTES blocks ahead with ranged
+    requests (its one position under a lock). `handle` is the file object, for walks front to
+    back; fsspec's own errors arrive as OSError, which the callers name the file in."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self.fd: int | None = None
+        if is_url(path):
+            from .remote import filesystem  # here: fsspec loads only for a URL input
+
+            with fsspec_errors():
+                fs, key = filesystem(path)
+                self.handle: Any = fs.open(key, "rb", block_size=READ_AHEAD_BYTES, cache_type="readahead")
+                self.size: int = self.handle.size
+        else:
+            self.handle = open(path, "rb")
+            self.fd = self.handle.fileno()
+            self.size = os.fstat(self.fd).st_size
+
+    def read(self, offset: int, length: int) -> bytes:
+        """`length` bytes at `offset`; fewer where the file ends first."""
+        if self.fd is not None:
+            return os.pread(self.fd, length, offset)
+        with self._lock, fsspec_errors():
+            self.handle.seek(offset)
+            return self.handle.read(length)
+
+    def close(self) -> None:
+        self.handle.close()
+
+    def __enter__(self) -> RangeFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@contextmanager
+def fsspec_errors() -> Iterator[None]:
+    """An fsspec back end's own exception types (aiohttp's, botocore's) as OSError; pack's own
+    errors, raised by the code that reads through it, pass unchanged."""
+    try:
+        yield
+    except (OSError, ImportError, AssertionError, PackError, RejectedFile, ScanError, RecordError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - each back end raises its own types
+        raise OSError(f"{type(exc).__name__}: {exc}") from None
+
+
 class InputFiles:
     """The input files of a shard, each opened once on first use and read with `pread`, which
     reader threads may call at once on one descriptor (no shared file position).
@@ -329,43 +410,53 @@ class InputFiles:
 
     def __init__(self, inputs: list[str]) -> None:
         self.inputs = inputs
-        self._fds: dict[int, int] = {}
+        self._files: dict[int, RangeFile] = {}
         self._announced: set[tuple[int, int]] = set()  # (input, block) announced so far
         self._lock = threading.Lock()
 
     def read(self, input: int, offset: int, length: int) -> bytes:
         """`length` bytes at `offset`; fewer where the file ends first (the caller names the damage)."""
-        fd = self._fds.get(input)
-        if fd is None:
+        file = self._files.get(input)
+        if file is None:
             with self._lock:
-                fd = self._fds.get(input)
-                if fd is None:
+                file = self._files.get(input)
+                if file is None:
                     try:
-                        fd = self._fds[input] = os.open(self.inputs[input], os.O_RDONLY)
+                        file = self._files[input] = RangeFile(self.inputs[input])
                     except OSError as exc:
-                        raise RejectedFile(f"{self.inputs[input]}: cannot open ({exc.strerror or exc})") from None
-        last = (offset + length) // READ_AHEAD_BYTES + 1
-        for block in range(offset // READ_AHEAD_BYTES, last + 1):
-            if (input, block) not in self._announced:
-                self._announced.add((input, block))
-                os.posix_fadvise(fd, block * READ_AHEAD_BYTES, READ_AHEAD_BYTES, os.POSIX_FADV_WILLNEED)
+                        raise self._error(input, "open", exc) from None
+        if file.fd is not None:
+            last = (offset + length) // READ_AHEAD_BYTES + 1
+            for block in range(offset // READ_AHEAD_BYTES, last + 1):
+                if (input, block) not in self._announced:
+                    self._announced.add((input, block))
+                    os.posix_fadvise(file.fd, block * READ_AHEAD_BYTES, READ_AHEAD_BYTES, os.POSIX_FADV_WILLNEED)
         try:
-            return os.pread(fd, length, offset)
+            return file.read(offset, length)
         except OSError as exc:
-            raise RejectedFile(f"{self.inputs[input]}: cannot read ({exc.strerror or exc})") from None
+            raise self._error(input, "read", exc) from None
+
+    def _error(self, input: int, what: str, exc: OSError) -> Exception:
+        """A local file that cannot be read rejects its sample; a URL's stops the run (the store is
+        unreachable or the object gone: every sample after it would be rejected too)."""
+        message = f"{self.inputs[input]}: cannot {what} ({exc.strerror or exc})"
+        if is_url(self.inputs[input]):
+            return PackError(f"{message}; finished shards are kept: rerun the same command to resume")
+        return RejectedFile(message)
 
     def close(self) -> None:
         with self._lock:
-            for fd in self._fds.values():
-                os.close(fd)
-            self._fds.clear()
+            for file in self._files.values():
+                file.close()
+            self._files.clear()
 
 
 def index_lines(path: str) -> Iterator[tuple[int, tuple[int, int] | None, str]]:
     """The non-blank lines of a text index beside an input (RecordIO's `.idx`, a `.tfindex`):
     (line number, its two integers or None where the line is not two integers, the line)."""
-    with open(path, encoding="ascii", errors="replace") as handle:
-        for number, line in enumerate(handle, 1):
+    with RangeFile(path) as file, fsspec_errors():
+        lines = io.TextIOWrapper(file.handle, encoding="ascii", errors="replace")
+        for number, line in enumerate(lines, 1):
             fields = line.split()
             if not fields:
                 continue

@@ -32,7 +32,7 @@ from readers.fields import FieldSpec, encode_value
 
 from ..errors import RejectedFile
 from .classes import read_classes
-from .inputs import InputFiles, Record, RecordError, ShardPlan, Source, index_lines
+from .inputs import InputFiles, RangeFile, Record, RecordError, ShardPlan, Source, fsspec_errors, index_lines, is_file
 from .listing import UNLABELLED, Listing, ScanError
 
 if TYPE_CHECKING:
@@ -231,8 +231,8 @@ def scan(source: Source, options: PackOptions) -> Listing:
 def scan_file(listing: Listing, number: int, path: str, name: str) -> int | None:
     """List one file's image records; returns its label-array length (None: no image record read)."""
     try:
-        with open(path, "rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
+        with RangeFile(path) as file, fsspec_errors():
+            handle, size = file.handle, file.size
             keys, offsets, lengths = list_records(listing, handle, path, name, size)
             if not keys:
                 return None
@@ -272,7 +272,7 @@ def list_records(listing: Listing, handle: BinaryIO, path: str, name: str, size:
     """Keys, offsets and lengths of every record: from the .idx (keys as it gives them), else from
     one pass over the part headers (keys 0, 1, ... in file order). Bad entries become rejects."""
     idx = index_path(path)
-    if os.path.isfile(idx):
+    if is_file(idx):
         (keys, offsets), problems = read_index(idx, size, name)
         listing.rejects += [(name, problem) for problem in problems]
         ends = itertools.chain(itertools.islice(offsets, 1, None), [size])

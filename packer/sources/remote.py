@@ -44,7 +44,8 @@ def walk_url(url: str, *, folders_are_classes: bool = True, companions: frozense
     files = sorted((name[len(base) + 1:], int(info.get("size") or 0)) for name, info in found.items()
                    if info.get("type") != "directory" and name.startswith(base + "/"))
     if not files:
-        raise ScanError(f"{url}: does not exist or holds no files")
+        raise ScanError(f"{url}: not a packed dataset (no index.json), a folder of images or a tar, .rec or "
+                        ".tfrecord file: a URL SRC is one of those")
     hidden: set[str] = set()
     visible = []
     for rel, size in files:

@@ -6,7 +6,9 @@ with an image extension; `cls`, `class` or `label` holds an integer label; every
 whose extension is a valid field name is a field (`json`: JSON, others: UTF-8 text, as
 `--sidecars`), except the extensions WebDataset decodes as binary (pickles, tensors, audio,
 video: BINARY_EXTENSIONS), which no field type stores: those members are left out, named in a
-warning. Shards are read in name order, samples in tar order.
+warning. A tar pack wrote has a `<key>.pack.json` per sample (its label, path, crc32): the
+sample keeps that path, as a packed dataset's samples keep theirs. Shards are read in name order,
+samples in tar order.
 
 The scan reads only the tar headers (PAX headers included) and lists each sample as the byte
 range from its first header to the end of its last member; the reader threads read the members
@@ -16,6 +18,7 @@ of that range with pread (the image in one read of its own), so nothing is extra
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 from array import array
@@ -25,12 +28,13 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from readers.fields import FieldSpec, check_field_name
+from readers.layouts.wds import META_EXTENSION
 from readers.tar import TarDamage, read_members, split_name
 
 from ..errors import RejectedFile
 from ..options import PackOptions
 from .classes import read_classes
-from .inputs import InputFiles, Record, ShardPlan, Source
+from .inputs import InputFiles, RangeFile, Record, ShardPlan, Source
 from .listing import IMAGE_EXTENSIONS, UNLABELLED, Listing, ScanError
 from .sidecars import JSON_EXTENSION, checked_text
 
@@ -79,8 +83,8 @@ def layout(extensions: tuple[str, ...]) -> Layout:
     image = next((k for k, extension in enumerate(extensions) if "." + extension in IMAGE_EXTENSIONS), None)
     twice = next((extension for k, extension in enumerate(extensions) if extension in extensions[:k]), None)
     fields = tuple(extension for extension in extensions if is_field(extension))
-    ignored = sum(1 for k, extension in enumerate(extensions)
-                  if k != image and extension not in LABEL_EXTENSIONS and extension not in fields)
+    ignored = sum(1 for k, extension in enumerate(extensions) if k != image and extension not in LABEL_EXTENSIONS
+                  and extension not in fields and extension != META_EXTENSION)
     binary = tuple(extension for extension in extensions if extension in BINARY_EXTENSIONS)
     return Layout(image, twice, fields, ignored, binary)
 
@@ -137,16 +141,15 @@ def scan_tar(number: int, path: str, name: str) -> tuple[Listing, dict[str, int]
     part = Listing(root="", classes=[], locations=array("q"))
     seen: dict[str, int] = {}
     try:
-        fd = os.open(path, os.O_RDONLY)
+        file = RangeFile(path)
     except OSError as exc:
         raise ScanError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    try:
-        size = os.fstat(fd).st_size
+    with file:
+        size = file.size
         group: Group | None = None
         last = ""
         try:
-            for member in read_members(SpanReader(lambda offset, length: os.pread(fd, length, offset)), 0, size,
-                                       archive=True):
+            for member in read_members(SpanReader(file.read), 0, size, archive=True):
                 last = member.name
                 parts = sample_parts(member.name) if member.is_file else None
                 if parts is None:
@@ -170,8 +173,6 @@ def scan_tar(number: int, path: str, name: str) -> tuple[Listing, dict[str, int]
             raise ScanError(f"{path}: cannot read ({exc.strerror or exc})") from None
         if group is not None:
             add_sample(part, number, name, group, seen, size)
-    finally:
-        os.close(fd)
     return part, seen
 
 
@@ -230,6 +231,7 @@ class TarReader:
         image: tuple[str, bytes] | None = None
         label = UNLABELLED
         fields: dict[str, bytes] = {}
+        path: str | None = None
         try:
             for member in read_members(read, offset, offset + length):
                 parts = sample_parts(member.name) if member.is_file else None
@@ -237,7 +239,8 @@ class TarReader:
                     continue
                 extension = parts[1]
                 is_image = image is None and "." + extension in IMAGE_EXTENSIONS
-                if not (is_image or extension in self.fields or (extension in LABEL_EXTENSIONS and label == UNLABELLED)):
+                if not (is_image or extension in self.fields or (extension in LABEL_EXTENSIONS and label == UNLABELLED)
+                        or extension == META_EXTENSION):
                     continue
                 content = read(member.data, member.size)
                 if len(content) < member.size:
@@ -246,16 +249,29 @@ class TarReader:
                     image = (member.name, content)
                 elif extension in self.fields:
                     fields[extension] = checked_text(member.name, extension, content)
+                elif extension == META_EXTENSION:
+                    path = stored_path(member.name, content)
                 else:
                     label = parse_label(member.name, content)
         except TarDamage as exc:
             raise RejectedFile(f"{self.files.inputs[input]}: {exc} (changed since the scan?)") from None
         if image is None:
             raise RejectedFile(f"{self.files.inputs[input]} at byte {offset}: no image member (changed since the scan?)")
-        return Record(image=image[1], label=label, fields=fields, image_name=image[0])
+        return Record(image=image[1], label=label, fields=fields, image_name=image[0], path=path)
 
     def close(self) -> None:
         self.files.close()
+
+
+def stored_path(name: str, content: bytes) -> str:
+    """The path in pack's record meta (`<key>.pack.json`); a member that does not hold one is a reject."""
+    try:
+        path = json.loads(content.decode("utf-8")).get("path")
+    except (ValueError, AttributeError):
+        path = None
+    if not isinstance(path, str) or not path:
+        raise RejectedFile(f"{name}: not pack's record meta (no path in it)")
+    return path
 
 
 def parse_label(name: str, content: bytes) -> int:

@@ -38,7 +38,7 @@ from readers.fields import FieldSpec, check_field_name, encode_value
 from ..errors import RejectedFile
 from ..options import PackOptions
 from .classes import read_classes
-from .inputs import InputFiles, Record, RecordError, ShardPlan, Source, index_lines
+from .inputs import InputFiles, RangeFile, Record, RecordError, ShardPlan, Source, fsspec_errors, index_lines, is_file
 from .listing import UNLABELLED, Listing, ScanError
 
 log = logging.getLogger(__name__)
@@ -119,7 +119,7 @@ def read_index(path: str, size: int, name: str) -> tuple[array, array]:
 def index_path(path: str) -> str | None:
     """The `.tfindex` beside a record file: `train.tfrecord.tfindex` or `train.tfindex`."""
     for candidate in (path + INDEX_SUFFIX, os.path.splitext(path)[0] + INDEX_SUFFIX):
-        if os.path.isfile(candidate):
+        if is_file(candidate):
             return candidate
     return None
 
@@ -258,17 +258,16 @@ def scan(source: Source, options: PackOptions) -> Listing:
 def file_ranges(listing: Listing, path: str, name: str) -> tuple[array, array]:
     """Offsets and lengths of a file's records, from its `.tfindex` or one pass over the headers."""
     try:
-        size = os.path.getsize(path)
-        index = index_path(path)
-        if index is not None:
-            try:
-                return read_index(index, size, name)
-            except RecordError as exc:
-                raise ScanError(str(exc)) from None
         offsets, lengths = array("q"), array("q")
-        with open(path, "rb") as handle:
+        with RangeFile(path) as file, fsspec_errors():
+            index = index_path(path)
+            if index is not None:
+                try:
+                    return read_index(index, file.size, name)
+                except RecordError as exc:
+                    raise ScanError(str(exc)) from None
             try:
-                for offset, length in record_ranges(handle, size):
+                for offset, length in record_ranges(file.handle, file.size):
                     offsets.append(offset)
                     lengths.append(length)
             except RecordError as exc:
