@@ -130,11 +130,12 @@ def stat_or_reason(path: str, fd: int) -> os.stat_result | str:
 
 def folder_labels(paths: list[str], class_dirs: list[str]) -> array:
     """Each sorted path's class: the index of its top-level folder. The paths of one class are
-    consecutive, so each class's range is found by bisection rather than per path."""
+    consecutive, so each class's range is found by bisection rather than per path, the classes
+    taken in path order ("sea lion/..." sorts before "sea/...", unlike the class names)."""
     if not class_dirs:
         return array("q", [UNLABELLED]) * len(paths)
     labels = array("q")
-    for label, name in enumerate(class_dirs):
+    for label, name in sorted(enumerate(class_dirs), key=lambda item: item[1] + "/"):
         first = bisect.bisect_left(paths, name + "/")
         end = bisect.bisect_left(paths, name + "0")  # "0" is the character after "/"
         labels += array("q", [UNLABELLED]) * (first - len(labels)) + array("q", [label]) * (end - first)
