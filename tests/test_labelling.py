@@ -4,9 +4,11 @@ summary's words for what was left out."""
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
+import pytest
 from clirun import run
 from imagefolders import image_bytes
 
@@ -43,3 +45,74 @@ def test_files_from_labels_a_class_whose_name_is_a_prefix_of_another(tmp_path: P
                        "--classes", tmp_path / "walked", "-q")
     assert code == 0 and "0 rejected" in output, output
     assert pairs(tmp_path / "fixed") == expected
+
+
+@pytest.fixture
+def numbered_classes(tmp_path: Path) -> Path:
+    """Train class folders '0'..'11' (sorted as strings: '0', '1', '10', '11', '2', ...), packed."""
+    rng = random.Random(3)
+    write_tree(tmp_path / "train", {f"{number}/t{number}.jpg": image_bytes(rng) for number in range(12)})
+    write_tree(tmp_path / "val", {f"v{number}.JPEG": image_bytes(rng) for number in range(12)})
+    code, output = run("lmdb", tmp_path / "train", tmp_path / "train.lmdb", "-q")
+    assert code == 0, output
+    assert readers.open_dataset(tmp_path / "train.lmdb").manifest.classes == sorted(str(n) for n in range(12))
+    return tmp_path
+
+
+@pytest.mark.parametrize("kind", ["txt", "csv", "jsonl"])
+def test_integer_looking_class_names_in_a_label_file_are_names(kind: str, numbered_classes: Path) -> None:
+    base = numbered_classes
+    rows = [(f"v{number}.JPEG", number) for number in range(12)]
+    labels = base / f"val.{kind}"
+    if kind == "txt":
+        labels.write_text("".join(f"{name} {label}\n" for name, label in rows))
+    elif kind == "csv":
+        labels.write_text("file_name,label\n" + "".join(f"{name},{label}\n" for name, label in rows))
+    else:
+        labels.write_text("".join(json.dumps({"file_name": name, "label": label}) + "\n" for name, label in rows))
+    expected = {(name, str(label)) for name, label in rows}
+    code, output = run("lmdb", base / "val", base / "val.lmdb", "--metadata", labels, "--classes",
+                       base / "train.lmdb" / "index.json", "-q")
+    assert code == 0 and "0 rejected" in output, output
+    assert pairs(base / "val.lmdb") == expected
+    code, output = run("lmdb", base / "val", base / "train.lmdb", "--append", "--metadata", labels, "--classes",
+                       base / "train.lmdb", "-q")
+    assert code == 0, output
+    appended = pairs(base / "train.lmdb")
+    assert {pair for pair in appended if pair[0].startswith("v")} == expected
+
+
+def test_a_label_file_mixing_class_names_and_indexes_is_refused(numbered_classes: Path) -> None:
+    base = numbered_classes
+    (base / "val.txt").write_text("v4.JPEG 4\nv5.JPEG 12\n")  # '4' is a class name, 12 is not: indexes or names?
+    code, output = run("lmdb", base / "val", base / "val.lmdb", "--metadata", base / "val.txt", "--classes",
+                       base / "train.lmdb", "-q")
+    assert code == 1 and not (base / "val.lmdb" / "index.json").exists()
+    assert output.strip().splitlines()[-1] == (
+        f"Error: {base / 'val.txt'}: labels are class names (4, line 1) and integers that are not (12, line 2); "
+        "a label file holds class names or class indexes, not both")
+
+
+def test_a_label_file_of_names_and_integers_without_a_class_list_is_refused(numbered_classes: Path) -> None:
+    base = numbered_classes
+    (base / "val.txt").write_text("v0.JPEG cat\nv1.JPEG 3\n")  # was: cat 0, and 3 an index beyond the 1 class
+    write_tree(base / "two", {"v0.JPEG": (base / "val" / "v0.JPEG").read_bytes(),
+                              "v1.JPEG": (base / "val" / "v1.JPEG").read_bytes()})
+    code, output = run("lmdb", base / "two", base / "two.lmdb", "--metadata", base / "val.txt", "-q")
+    assert code == 1, output
+    assert output.strip().splitlines()[-1] == (
+        f"Error: {base / 'val.txt'}: labels are class names (cat, line 1) and integers that are not (3, line 2); "
+        "a label file holds class names or class indexes, not both (--classes FILE says which integers are class "
+        "names)")
+
+
+def test_integer_labels_that_are_no_class_names_are_indexes(numbered_classes: Path) -> None:
+    base = numbered_classes
+    (base / "classes.txt").write_text("cat\ndog\n")
+    (base / "val.txt").write_text("v0.JPEG 1\nv1.JPEG 0\n")
+    write_tree(base / "two", {"v0.JPEG": (base / "val" / "v0.JPEG").read_bytes(),
+                              "v1.JPEG": (base / "val" / "v1.JPEG").read_bytes()})
+    code, output = run("lmdb", base / "two", base / "two.lmdb", "--metadata", base / "val.txt", "--classes",
+                       base / "classes.txt", "-q")
+    assert code == 0, output
+    assert pairs(base / "two.lmdb") == {("v0.JPEG", "dog"), ("v1.JPEG", "cat")}
