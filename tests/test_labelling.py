@@ -4,6 +4,7 @@ summary's words for what was left out."""
 
 from __future__ import annotations
 
+import io
 import json
 import random
 from pathlib import Path
@@ -11,8 +12,11 @@ from pathlib import Path
 import pytest
 from clirun import run
 from imagefolders import image_bytes
+from PIL import Image
 
 import readers
+from packer.errors import RejectedFile
+from packer.validate import check_image
 
 
 def write_tree(root: Path, files: dict[str, bytes]) -> None:
@@ -116,3 +120,25 @@ def test_integer_labels_that_are_no_class_names_are_indexes(numbered_classes: Pa
                        base / "classes.txt", "-q")
     assert code == 0, output
     assert pairs(base / "two.lmdb") == {("v0.JPEG", "dog"), ("v1.JPEG", "cat")}
+
+
+def test_a_jpeg_with_bytes_after_its_end_marker_is_packed_unchanged(tmp_path: Path) -> None:
+    rng = random.Random(6)
+    photo = image_bytes(rng) + b"\x00\x00ftypmp42" + bytes(range(256)) * 8  # a motion photo's video after EOI
+    truncated = image_bytes(rng)[:-40]
+    Image.open(io.BytesIO(photo)).load()  # Pillow decodes it
+    for validate in ("quick", "full"):
+        assert check_image(photo, validate=validate) == "jpeg"
+    whole = image_bytes(rng)
+    thumbnail = b"Exif\x00\x00" + image_bytes(rng, size=(8, 8))  # its own end marker, inside an APP1 segment
+    with_thumbnail = whole[:2] + b"\xff\xe1" + (len(thumbnail) + 2).to_bytes(2, "big") + thumbnail + whole[2:]
+    assert check_image(with_thumbnail) == "jpeg"
+    with pytest.raises(RejectedFile, match="truncated JPEG"):
+        check_image(with_thumbnail[:-40])
+    write_tree(tmp_path / "src", {"a/photo.jpg": photo, "a/truncated.jpg": truncated})
+    code, output = run("lmdb", tmp_path / "src", tmp_path / "out", "--validate", "full", "-q")
+    assert code == 0 and "1 rejected" in output, output
+    ds = readers.open_dataset(tmp_path / "out", decode="bytes", fields=("path", "image"))
+    assert list(ds) == [("a/photo.jpg", photo)]
+    rejected = [json.loads(line) for line in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
+    assert [reject["path"] for reject in rejected] == ["a/truncated.jpg"]
