@@ -122,6 +122,18 @@ def test_integer_labels_that_are_no_class_names_are_indexes(numbered_classes: Pa
     assert pairs(base / "two.lmdb") == {("v0.JPEG", "dog"), ("v1.JPEG", "cat")}
 
 
+@pytest.mark.parametrize("link", ["cat/see_also", "dog/see_also"])
+def test_a_class_folder_aliased_inside_another_class_keeps_its_own_label(link: str, tmp_path: Path) -> None:
+    rng = random.Random(5)
+    write_tree(tmp_path / "al", {f"{name}/{k}.jpg": image_bytes(rng) for name in ("cat", "dog") for k in range(2)})
+    target = "dog" if link.startswith("cat") else "cat"
+    (tmp_path / "al" / link).symlink_to(Path("..") / target)
+    code, output = run("lmdb", tmp_path / "al", tmp_path / "out")
+    assert code == 0, output
+    assert pairs(tmp_path / "out") == {(f"{name}/{k}.jpg", name) for name in ("cat", "dog") for k in range(2)}
+    assert f"{link} -> {target}: alias of class folder {target}, packed once under {target}" in output
+
+
 def test_a_jpeg_with_bytes_after_its_end_marker_is_packed_unchanged(tmp_path: Path) -> None:
     rng = random.Random(6)
     photo = image_bytes(rng) + b"\x00\x00ftypmp42" + bytes(range(256)) * 8  # a motion photo's video after EOI
@@ -142,3 +154,15 @@ def test_a_jpeg_with_bytes_after_its_end_marker_is_packed_unchanged(tmp_path: Pa
     assert list(ds) == [("a/photo.jpg", photo)]
     rejected = [json.loads(line) for line in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
     assert [reject["path"] for reject in rejected] == ["a/truncated.jpg"]
+
+
+def test_the_summary_names_an_image_outside_the_class_folders(tmp_path: Path) -> None:
+    rng = random.Random(7)
+    write_tree(tmp_path / "src", {"a/1.jpg": image_bytes(rng), "stray.jpg": image_bytes(rng), "notes.txt": b"x"})
+    for files_from in ([], ["--files-from", tmp_path / "list.txt"]):
+        (tmp_path / "list.txt").write_text("a/1.jpg\nstray.jpg\nnotes.txt\n")
+        code, output = run("lmdb", tmp_path / "src", tmp_path / "out", "--overwrite", *files_from)
+        assert code == 0, output
+        summary = output.strip().splitlines()[-1]
+        assert summary.endswith("1 image outside any class folder skipped (stray.jpg), "
+                                "1 non-image entry ignored (notes.txt)"), summary

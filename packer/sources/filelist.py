@@ -66,7 +66,7 @@ def list_files(src: str | os.PathLike[str], list_path: str, *, null: bool = Fals
     listing.ignore((path for path in names if path not in chosen and path[path.rfind("."):] not in companions),
                    hidden=False)
     if class_dirs:  # as in the walk: files beside the class folders are not samples
-        listing.ignore((path for path in images if "/" not in path), hidden=False)
+        listing.leave_out_unclassed(sorted({path for path in images if "/" not in path}))
         images = [path for path in images if "/" in path]
     unique = sorted(set(images))
     if len(unique) < len(images):
