@@ -166,3 +166,75 @@ def test_the_summary_names_an_image_outside_the_class_folders(tmp_path: Path) ->
         summary = output.strip().splitlines()[-1]
         assert summary.endswith("1 image outside any class folder skipped (stray.jpg), "
                                 "1 non-image entry ignored (notes.txt)"), summary
+
+
+NAME_STEMS = ("sea", "n01", "ünï", "名前", "a.b", "x")
+BEFORE_SLASH_TAILS = (" lion", "-a", ".b", "(2)")  # each sorts before "/": "sea lion/..." < "sea/..."
+NAME_TAILS = BEFORE_SLASH_TAILS + ("0", "_x", "é")
+
+
+def random_tree(rng: random.Random) -> dict[str, str]:
+    """{relative path: class name}: 4 to 6 classes, one name a prefix of another, one looking like
+    an integer (never 0..5, which stay indexes of the class list), the others from stems and tails
+    with spaces, dashes, dots, digits and unicode; one to three images each, some in subfolders."""
+    stems = rng.sample(NAME_STEMS, 3)
+    names = {stems[0], stems[0] + rng.choice(BEFORE_SLASH_TAILS), rng.choice(["7", "10", "42"])}
+    wanted = rng.randint(4, 6)
+    while len(names) < wanted:
+        names.add(rng.choice(stems) + rng.choice(NAME_TAILS))
+    tree = {}
+    for name in sorted(names):
+        for number in range(rng.randint(1, 3)):
+            folder = rng.choice(["", "", "sub/", "sub dir/"])
+            stem = rng.choice(["img", "a b", "x-1", "ü"])
+            tree[f"{name}/{folder}{stem} {number}.{rng.choice(['jpg', 'png'])}"] = name
+    return tree
+
+
+def label_files(base: Path, tree: dict[str, str], classes: list[str]) -> dict[str, Path]:
+    """The tree's labels in every metadata format; txt of indexes when a class name holds a space
+    (a `name label` line's label is its last word)."""
+    rows = sorted(tree.items())
+    files = {"csv": base / "labels.csv", "jsonl": base / "labels.jsonl", "txt": base / "labels.txt"}
+    files["csv"].write_text("file_name,label\n" + "".join(f'"{path}","{name}"\n' for path, name in rows))
+    files["jsonl"].write_text("".join(json.dumps({"file_name": path, "label": name}) + "\n" for path, name in rows))
+    spaced = any(" " in name for name in classes)
+    files["txt"].write_text("".join(f"{path} {classes.index(name) if spaced else name}\n" for path, name in rows))
+    return files
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_every_way_of_labelling_gives_the_same_pairs(seed: int, tmp_path: Path) -> None:
+    rng = random.Random(seed)
+    tree = random_tree(rng)
+    images = {path: image_bytes(rng, "PNG" if path.endswith("png") else "JPEG", size=(8, 8)) for path in tree}
+    write_tree(tmp_path / "src", images)
+    expected = set(tree.items())
+    packs: dict[str, list[object]] = {"walk": []}
+
+    def pack(name: str, *args: object, src: Path = tmp_path / "src") -> None:
+        code, output = run("lmdb", src, tmp_path / name, "--shard-size", "3", "--workers", "1", "-q", *args)
+        assert code == 0 and "0 rejected" in output, (name, output)
+        packs[name] = list(args)
+
+    pack("walk")
+    walked = tmp_path / "walk"
+    classes = readers.open_dataset(walked).manifest.classes
+    assert classes == sorted(set(tree.values()))
+    listed = [f"./{path}" for path in tree]
+    rng.shuffle(listed)
+    (tmp_path / "list.txt").write_text("\n".join(listed) + "\n")
+    pack("files-from", "--files-from", tmp_path / "list.txt")
+    pack("files-from-classes", "--files-from", tmp_path / "list.txt", "--classes", walked)
+    pack("walk-classes", "--classes", walked / "index.json")
+    for kind, labels in label_files(tmp_path, tree, classes).items():
+        pack(f"{kind}-classes", "--metadata", labels, "--classes", walked)
+    pack("jsonl", "--metadata", tmp_path / "labels.jsonl")  # string labels: the class names, sorted
+    halves = {path: ("first", "second")[number % 2] for number, path in enumerate(sorted(tree))}
+    for half in ("first", "second"):  # two SRCs, each holding part of most classes, the second appended
+        write_tree(tmp_path / half, {path: data for path, data in images.items() if halves[path] == half})
+    for name, args in {"append": [], "append-classes": ["--classes", walked]}.items():
+        pack(name, *args, src=tmp_path / "first")
+        pack(name, "--append", *args, src=tmp_path / "second")
+    for name in packs:
+        assert pairs(tmp_path / name) == expected, (name, tree)
