@@ -128,10 +128,13 @@ def test_a_class_folder_aliased_inside_another_class_keeps_its_own_label(link: s
     write_tree(tmp_path / "al", {f"{name}/{k}.jpg": image_bytes(rng) for name in ("cat", "dog") for k in range(2)})
     target = "dog" if link.startswith("cat") else "cat"
     (tmp_path / "al" / link).symlink_to(Path("..") / target)
-    code, output = run("lmdb", tmp_path / "al", tmp_path / "out")
-    assert code == 0, output
-    assert pairs(tmp_path / "out") == {(f"{name}/{k}.jpg", name) for name in ("cat", "dog") for k in range(2)}
-    assert f"{link} -> {target}: alias of class folder {target}, packed once under {target}" in output
+    listed = [f"{name}/{k}.jpg" for name in ("cat", "dog", link) for k in range(2)]  # as `find -L` lists them
+    (tmp_path / "list.txt").write_text("\n".join(listed) + "\n")
+    for way in ([], ["--files-from", tmp_path / "list.txt"]):
+        code, output = run("lmdb", tmp_path / "al", tmp_path / "out", "--overwrite", *way)
+        assert code == 0, output
+        assert pairs(tmp_path / "out") == {(f"{name}/{k}.jpg", name) for name in ("cat", "dog") for k in range(2)}
+        assert f"{link} -> {target}: alias of class folder {target}, packed once under {target}" in output
 
 
 def test_a_jpeg_with_bytes_after_its_end_marker_is_packed_unchanged(tmp_path: Path) -> None:

@@ -171,6 +171,11 @@ class Listing:
         self.unclassed += len(names)
         self.unclassed_names += names[: max(0, IGNORED_NAMES_KEPT - len(self.unclassed_names))]
 
+    def note_alias(self, folder: str, class_name: str) -> None:
+        """A folder inside a class that is class folder `class_name` (a symlink): not listed there."""
+        self.aliases.append(f"{folder} -> {class_name}: alias of class folder {class_name}, packed once under "
+                            f"{class_name}")
+
     def __len__(self) -> int:
         return len(self.paths)
 

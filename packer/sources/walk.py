@@ -181,8 +181,7 @@ def _list_dir(dir_path: str, dir_rel: str, listing: Listing, seen_dirs: set[tupl
         info = os.fstat(fd)
         aliased = class_ids.get((info.st_dev, info.st_ino), dir_rel)
         if aliased != dir_rel:
-            listing.aliases.append(f"{dir_rel} -> {aliased}: alias of class folder {aliased}, packed once under "
-                                   f"{aliased}")
+            listing.note_alias(dir_rel, aliased)
             log.info("%s", listing.aliases[-1])
             return []
         if (info.st_dev, info.st_ino) in seen_dirs:
