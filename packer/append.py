@@ -271,7 +271,8 @@ def extended_classes(src: Path | str, out: Output, classes: list[str], listing: 
             return []  # publish_part extends OUT's indexes to the largest label
         if any(label >= 0 for label in listing.labels):
             raise PackError(f"{src}: its labels are bare integers and {out}'s classes have names; pass --classes "
-                            f"with OUT's index.json to read them as indexes of OUT's classes")
+                            f"with OUT's index.json (a label that is one of its class names is that class, another "
+                            f"integer an index of its list)")
         return classes  # unlabelled samples (--no-classes, a flat folder)
     known = set(classes)
     merged = classes + [name for name in listing.classes if name not in known]

@@ -93,6 +93,8 @@ def counted(count: int, noun: str, plural: str | None = None) -> str:
 
 
 def print_summary(summary: Summary) -> None:
+    for alias in summary.aliases:
+        click.echo(alias)
     if summary.dataset is not None:
         appended(summary)
         return
@@ -109,8 +111,7 @@ def print_summary(summary: Summary) -> None:
     click.echo(
         f"packed {counted(summary.num_samples, 'sample')} ({human_bytes(summary.bytes)}{ratio}) into {shards}{resumed} "
         f"in {summary.elapsed:.1f}s ({summary.files_per_second:.0f} files/s); {summary.rejects} rejected "
-        f"(see {joined(summary.out, REJECTS_NAME)}), {summary.ignored} non-image entries ignored"
-        + ignored_examples(summary.ignored, summary.ignored_names)
+        f"(see {joined(summary.out, REJECTS_NAME)}), {left_out(summary)}"
         + ("" if summary.published else f"; run `pack merge {summary.out}` when every task is done")
     )
 
@@ -129,8 +130,15 @@ def appended(summary: Summary) -> None:
     click.echo(f"appended {counted(summary.num_samples, 'sample')} ({human_bytes(summary.bytes)}) in "
                f"{counted(summary.num_shards, 'shard')}{resumed} in {summary.elapsed:.1f}s "
                f"({summary.files_per_second:.0f} files/s); {summary.rejects} rejected "
-               f"(see {joined(summary.out, REJECTS_NAME)}), {summary.ignored} non-image entries ignored"
-               + ignored_examples(summary.ignored, summary.ignored_names) + f"; {now}")
+               f"(see {joined(summary.out, REJECTS_NAME)}), {left_out(summary)}; {now}")
+
+
+def left_out(summary: Summary) -> str:
+    """`1 image outside any class folder skipped (stray.jpg), 2 non-image entries ignored (...)`."""
+    unclassed = (f"{counted(summary.unclassed, 'image')} outside any class folder skipped"
+                 f"{ignored_examples(summary.unclassed, summary.unclassed_names)}, " if summary.unclassed else "")
+    return (f"{unclassed}{counted(summary.ignored, 'non-image entry', 'non-image entries')} ignored"
+            f"{ignored_examples(summary.ignored, summary.ignored_names)}")
 
 
 def ignored_examples(count: int, names: list[str], shown: int = 3) -> str:
@@ -424,7 +432,7 @@ def verify_command(out: Path | str, full: bool, quiet: bool) -> None:
     for problem in problems:
         click.echo(problem, err=True)
     if problems:
-        raise click.ClickException(f"{out}: {len(problems)} problems found")
+        raise click.ClickException(f"{out}: {counted(len(problems), 'problem')} found")
     click.echo(f"{out}: OK, {total} samples{', all decoded' if full else ''}")
 
 

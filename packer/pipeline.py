@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -55,6 +55,9 @@ class Summary:
     published: bool
     up_to_date: bool = False  # OUT already held this dataset, packed from the same SRC and options: nothing done
     dataset: tuple[int, int, int] | None = None  # an append (packer.append): OUT's samples, shards, classes now
+    unclassed: int = 0  # images beside the class folders, in no class: left out
+    unclassed_names: list[str] = field(default_factory=list)  # the first of them
+    aliases: list[str] = field(default_factory=list)  # class folders aliased inside another, packed once
 
     @property
     def files_per_second(self) -> float:
@@ -204,6 +207,9 @@ def run_summary(out: Output, plan: Plan, final: dict[int, ShardResult | None], r
         elapsed=time.monotonic() - started,
         published=published,
         dataset=(dataset.num_samples, len(dataset.shards), len(dataset.classes)) if dataset else None,
+        unclassed=plan.unclassed,
+        unclassed_names=plan.unclassed_names,
+        aliases=plan.aliases,
     )
 
 
@@ -225,6 +231,7 @@ def up_to_date_summary(src: Path | str, out: Output, options: PackOptions, finis
         out=str(out), num_samples=manifest.num_samples, bytes=sum(shard.bytes for shard in manifest.shards),
         source_bytes=manifest.source_bytes or 0, num_shards=len(manifest.shards), planned_shards=plan.num_shards,
         rejects=len(rejects.splitlines()), ignored=plan.ignored, ignored_names=plan.ignored_names,
+        unclassed=plan.unclassed, unclassed_names=plan.unclassed_names, aliases=plan.aliases,
         resumed_shards=len(manifest.shards),
         elapsed=time.monotonic() - started, published=True, up_to_date=True,
     )

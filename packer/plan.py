@@ -62,6 +62,9 @@ class Plan:
     input_kind: str = "folder"  # packer.sources.inputs.INPUT_KINDS; "folder": files under `source`
     inputs: list[str] = field(default_factory=list)  # container inputs, absolute paths, in order
     first_shard: int = 0  # an append's (packer.append): its shards are numbered from here, after OUT's
+    unclassed: int = 0  # images beside the class folders, left out (`Listing.unclassed`)
+    unclassed_names: list[str] = field(default_factory=list)
+    aliases: list[str] = field(default_factory=list)  # class folders aliased inside another (`Listing.aliases`)
 
     @property
     def num_shards(self) -> int:
@@ -178,13 +181,19 @@ def write_plan(out: Path, listing: Listing, options: PackOptions, first_shard: i
         input_kind=listing.kind,
         inputs=listing.inputs,
         first_shard=first_shard,
+        unclassed=listing.unclassed,
+        unclassed_names=listing.unclassed_names,
+        aliases=listing.aliases,
     )
     data = asdict(plan)
-    if not first_shard:  # a pack's plan.json reads as it did before appends existed
-        del data["first_shard"]
+    for name in ("first_shard", "unclassed", "unclassed_names", "aliases"):
+        if not data[name]:  # a plan.json reads as it did before appends, and these, existed
+            del data[name]
     atomic_write_text(plan_path(out, first_shard), json.dumps(data) + "\n")
     for name in plan.ignored_names:
         log.info("ignored: %s", name)
+    for name in plan.unclassed_names:
+        log.info("outside any class folder, skipped: %s", name)
     return plan
 
 

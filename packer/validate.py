@@ -134,10 +134,28 @@ def open_header(data: bytes, codec: str) -> Any:
 
 
 def check_complete(data: bytes, codec: str) -> None:
-    """Catch truncated downloads from the file's end alone: each format's end marker must be there."""
-    if codec == "jpeg" and not data.rstrip(_PADDING).endswith(b"\xff\xd9"):
+    """Catch truncated downloads from the file's end: each format's end marker must be there. A
+    JPEG's end-of-image marker may be followed by more bytes (a phone's trailer, a motion photo's
+    video), which are kept: the file decodes."""
+    if codec == "jpeg" and not data.rstrip(_PADDING).endswith(b"\xff\xd9") and not has_jpeg_end(data):
         raise RejectedFile("truncated JPEG (no end-of-image marker)")
     if codec == "png" and data.rfind(_PNG_END) < 0:
         raise RejectedFile("truncated PNG (no IEND chunk)")
     if codec == "gif" and not data.rstrip(_PADDING[:1]).endswith(b";"):
         raise RejectedFile("truncated GIF (no trailer)")
+
+
+def has_jpeg_end(data: bytes) -> bool:
+    """Whether an end-of-image marker follows the image's first scan. The segments before it are
+    skipped by their lengths, so an EXIF thumbnail's own end marker does not count; inside and
+    after the scans a 0xFF byte of data is followed by 0x00 or a restart marker, never 0xD9."""
+    position = 2
+    while position + 4 <= len(data) and data[position] == 0xFF:
+        marker = data[position + 1]
+        if marker == 0xFF:  # fill byte before a marker
+            position += 1
+            continue
+        if marker == 0xDA:  # start of scan: the entropy-coded data follows its header
+            return data.find(b"\xff\xd9", position + 2) >= 0
+        position += 2 + struct.unpack(">H", data[position + 2:position + 4])[0]
+    return False

@@ -47,7 +47,7 @@ def test_class_walk_sorts_paths_not_class_names(tmp_path: Path) -> None:
     assert listing.classes == sorted({name.split("/")[0] for name in nested})  # "a" before "a-b"
     assert list(listing.paths) == sorted(nested)  # but "a-b/x.jpg" before "a/b.jpg"
     assert [listing.classes[label] for label in listing.labels] == [path.split("/")[0] for path in listing.paths]
-    assert listing.ignored_other == 1
+    assert (listing.ignored_other, listing.unclassed, listing.unclassed_names) == (0, 1, ["top.jpg"])  # in no class
 
 
 def test_companions_are_not_counted_as_ignored(tmp_path: Path) -> None:

@@ -138,7 +138,7 @@ def test_verify_names_a_damaged_sidecar_once(packed_as, tmp_path: Path, how: str
     lines = output.strip().splitlines()
     assert lines.count(expected) == 1
     assert sum(str(path) in line for line in lines) == 1, output
-    assert lines[-1] == f"Error: {out}: 1 problems found"
+    assert lines[-1] == f"Error: {out}: 1 problem found"
 
 
 @pytest.mark.parametrize("name", ["_info.json", "wids.json", "README.md"])
@@ -151,7 +151,7 @@ def test_verify_covers_the_loader_descriptors(packed_as, tmp_path: Path, name: s
     code, output = run("verify", out, "-q")
     assert code == 1
     assert output.strip().splitlines() == [f"{out / name}: sha256 does not match the manifest (the file is damaged)",
-                                           f"Error: {out}: 1 problems found"]
+                                           f"Error: {out}: 1 problem found"]
 
 
 def test_a_damaged_dali_index_does_not_hide_a_damaged_sample(packed_as, tmp_path: Path) -> None:

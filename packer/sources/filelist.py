@@ -66,11 +66,13 @@ def list_files(src: str | os.PathLike[str], list_path: str, *, null: bool = Fals
     listing.ignore((path for path in names if path not in chosen and path[path.rfind("."):] not in companions),
                    hidden=False)
     if class_dirs:  # as in the walk: files beside the class folders are not samples
-        listing.ignore((path for path in images if "/" not in path), hidden=False)
+        listing.leave_out_unclassed(sorted({path for path in images if "/" not in path}))
         images = [path for path in images if "/" in path]
     unique = sorted(set(images))
     if len(unique) < len(images):
         log.warning("%s: %d paths listed more than once, packed once", where, len(images) - len(unique))
+    if class_dirs:
+        unique = leave_out_aliases(root, unique, class_dirs, listing)
     sizes = stat_sizes(root, unique, where, lines, listing)
     listing.paths = [path for path, size in zip(unique, sizes) if size >= 0]
     listing.sizes = array("q", (size for size in sizes if size >= 0))
@@ -78,6 +80,39 @@ def list_files(src: str | os.PathLike[str], list_path: str, *, null: bool = Fals
     log.info("listed %s from %s: %d images, %d hidden and %d other entries ignored, %d rejected", root, where,
              len(listing), listing.ignored_hidden, listing.ignored_other, len(listing.rejects))
     return listing
+
+
+def leave_out_aliases(root: Path, paths: list[str], class_dirs: list[str], listing: Listing) -> list[str]:
+    """`paths` less those through a folder inside a class that is a class folder (a symlink, which
+    `find -L` lists through): as in the walk, those images are packed once, under their own class.
+    One stat per folder, not per file."""
+    folders: set[str] = set()
+    for parent in {path.rpartition("/")[0] for path in paths}:
+        parts = parent.split("/")
+        folders.update("/".join(parts[:depth]) for depth in range(2, len(parts) + 1))
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        class_ids: dict[tuple[int, int], str] = {}
+        for name in class_dirs:
+            info = os.stat(name, dir_fd=fd)
+            class_ids.setdefault((info.st_dev, info.st_ino), name)
+        aliases: list[str] = []
+        for folder in sorted(folders):  # a folder before the folders inside it
+            try:
+                info = os.stat(folder, dir_fd=fd)
+            except OSError:  # its files are rejects naming the problem
+                continue
+            owner = class_ids.get((info.st_dev, info.st_ino))
+            if owner is not None and not any(folder.startswith(alias + "/") for alias in aliases):
+                aliases.append(folder)
+                listing.note_alias(folder, owner)
+                log.info("%s", listing.aliases[-1])
+    finally:
+        os.close(fd)
+    if not aliases:
+        return paths
+    inside = tuple(alias + "/" for alias in aliases)
+    return [path for path in paths if not path.startswith(inside)]
 
 
 def unusual_path(path: str, number: int, where: str, listing: Listing) -> str | None:
@@ -130,11 +165,12 @@ def stat_or_reason(path: str, fd: int) -> os.stat_result | str:
 
 def folder_labels(paths: list[str], class_dirs: list[str]) -> array:
     """Each sorted path's class: the index of its top-level folder. The paths of one class are
-    consecutive, so each class's range is found by bisection rather than per path."""
+    consecutive, so each class's range is found by bisection rather than per path, the classes
+    taken in path order ("sea lion/..." sorts before "sea/...", unlike the class names)."""
     if not class_dirs:
         return array("q", [UNLABELLED]) * len(paths)
     labels = array("q")
-    for label, name in enumerate(class_dirs):
+    for label, name in sorted(enumerate(class_dirs), key=lambda item: item[1] + "/"):
         first = bisect.bisect_left(paths, name + "/")
         end = bisect.bisect_left(paths, name + "0")  # "0" is the character after "/"
         labels += array("q", [UNLABELLED]) * (first - len(labels)) + array("q", [label]) * (end - first)

@@ -146,6 +146,9 @@ class Listing:
     ignored_hidden: int = 0
     ignored_other: int = 0
     ignored_names: list[str] = field(default_factory=list)  # the first IGNORED_NAMES_KEPT, relative to root
+    unclassed: int = 0  # images beside the class folders: in no class, so not packed
+    unclassed_names: list[str] = field(default_factory=list)  # the first IGNORED_NAMES_KEPT of them
+    aliases: list[str] = field(default_factory=list)  # "cat/see_also -> dog: ...": folders packed once, elsewhere
     rejects: list[tuple[str, str]] = field(default_factory=list)
     fields: list[FieldSpec] = field(default_factory=list)
     values: list[dict[str, Any]] | None = None
@@ -161,6 +164,17 @@ class Listing:
         else:
             self.ignored_other += len(names)
         self.ignored_names += names[: max(0, IGNORED_NAMES_KEPT - len(self.ignored_names))]
+
+    def leave_out_unclassed(self, names: Iterable[str]) -> None:
+        """Count images beside the class folders, which belong to no class, keeping the first names."""
+        names = list(names)
+        self.unclassed += len(names)
+        self.unclassed_names += names[: max(0, IGNORED_NAMES_KEPT - len(self.unclassed_names))]
+
+    def note_alias(self, folder: str, class_name: str) -> None:
+        """A folder inside a class that is class folder `class_name` (a symlink): not listed there."""
+        self.aliases.append(f"{folder} -> {class_name}: alias of class folder {class_name}, packed once under "
+                            f"{class_name}")
 
     def __len__(self) -> int:
         return len(self.paths)

@@ -148,6 +148,7 @@ def _name_rows(text: str, kind: str, metadata: Metadata, label_column: str) -> R
     spaces (`my photo.jpg 3`, `x.JPEG sea turtle`): the label is the last word, unless the first word
     names a listed image (`first_word_readings`)."""
     metadata.columns = [label_column]
+    metadata.text_cells = True  # a label is text until apply_metadata knows whether it names a class
     for line, content in enumerate(text.splitlines(), 1):
         if not content.strip():
             continue
@@ -159,7 +160,7 @@ def _name_rows(text: str, kind: str, metadata: Metadata, label_column: str) -> R
         first, rest = content.split(None, 1)
         if first != name.strip():
             metadata.first_word_readings[posixpath.normpath(name.strip())] = (posixpath.normpath(first), rest.strip())
-        yield line, name.strip(), {label_column: int(label) if _INTEGER.fullmatch(label) else label}
+        yield line, name.strip(), {label_column: label}
 
 
 def _prefer_first_word_readings(metadata: Metadata, listed: set[str]) -> None:
@@ -273,6 +274,39 @@ def _array_kind(value: Any) -> tuple[tuple[int, ...], frozenset[str]] | None:
     return (len(value), *(shapes.pop() if shapes else ())), frozenset().union(*(kinds for _, kinds in found))
 
 
+def label_values(metadata: Metadata, rows: list[Row], classes: ClassMap | None) -> tuple[list[Any], ClassMap]:
+    """The rows' labels as class names or as indexes, and the class map they index.
+
+    A label that is a class name (of `classes`, else of the file's non-integer labels) is that
+    class, even when it looks like an integer ('4' of classes '0'..'11'); an integer that is no
+    class name is an index. A file with both could mean either, so it is refused.
+    """
+    raw = [row.label for row in rows]
+    labels = typed_column(raw, metadata.text_cells)
+    numbers = [label if _is_int(label) else int(text) if metadata.text_cells and isinstance(text, str)
+               and _INTEGER.fullmatch(text) else None for text, label in zip(raw, labels)]
+    texts = [str(text) if number is not None else None for text, number in zip(raw, numbers)]
+    if classes is None:
+        names = {label for label, number in zip(labels, numbers) if number is None and isinstance(label, str)}
+    else:
+        names = set(classes.classes)
+    named = next(((text, row.line) for text, row in zip(texts, rows) if text is not None and text in names), None)
+    unnamed = next(((text, row.line) for text, row in zip(texts, rows) if text is not None and text not in names),
+                   None)
+    if unnamed is not None and named is None and classes is None and names:  # the file's names beside integers
+        named = next((label, row.line) for label, row in zip(labels, rows) if isinstance(label, str) and label in names)
+    if unnamed is not None and named is not None:
+        hint = "" if classes is not None else " (--classes FILE says which integers are class names)"
+        raise ScanError(f"{metadata.path}: labels are class names ({named[0]}, line {named[1]}) and integers that "
+                        f"are not ({unnamed[0]}, line {unnamed[1]}); a label file holds class names or class indexes, "
+                        f"not both{hint}")
+    if named is not None:
+        labels = [text if text is not None else label for text, label in zip(texts, labels)]
+    else:
+        labels = [number if number is not None else label for number, label in zip(numbers, labels)]
+    return labels, classes if classes is not None else ClassMap(sorted(names))
+
+
 def apply_metadata(listing: Listing, metadata: Metadata, label_column: str, classes: ClassMap | None) -> None:
     """Join the listed images with their rows: labels and field values from the file.
 
@@ -296,9 +330,7 @@ def apply_metadata(listing: Listing, metadata: Metadata, label_column: str, clas
                         for path, row in metadata.rows.items()]
     listing.keep(keep)
     if metadata.has_labels:
-        labels = typed_column([row.label for row in rows], metadata.text_cells)
-        if classes is None:
-            classes = ClassMap(sorted({label for label in labels if isinstance(label, str)}))
+        labels, classes = label_values(metadata, rows, classes)
         keep = []
         for position, (path, row, label) in enumerate(zip(listing.paths, rows, labels)):
             index = f"no {label_column}" if label is None else classes.index(label)

@@ -61,8 +61,11 @@ def walk_url(url: str, *, folders_are_classes: bool = True, companions: frozense
     listing.ignore(sorted(hidden), hidden=True)
     label_of = {name: label for label, name in enumerate(classes)}
     for rel, parts, size in visible:
-        if classes and len(parts) == 1:
-            listing.ignore([rel], hidden=False)  # a file beside the class folders
+        if classes and len(parts) == 1:  # a file beside the class folders
+            if is_image_name(rel):
+                listing.leave_out_unclassed([rel])
+            else:
+                listing.ignore([rel], hidden=False)
         elif not is_image_name(parts[-1]):
             if os.path.splitext(parts[-1])[1] not in companions:
                 listing.ignore([rel], hidden=False)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from readers.cpus import available_cpus
 
-from .listing import IGNORED_NAMES_KEPT, IMAGE_EXTENSIONS, UNLABELLED, Listing, ScanError
+from .listing import IGNORED_NAMES_KEPT, IMAGE_EXTENSIONS, UNLABELLED, Listing, ScanError, is_image_name
 
 log = logging.getLogger(__name__)
 
@@ -48,13 +48,18 @@ def walk(src: str | os.PathLike[str], *, folders_are_classes: bool = True,
     if class_dirs:
         # In path order, which puts "a/..." after "a-b/..." ("/" sorts after "-"), unlike the class order.
         order = sorted(enumerate(class_dirs), key=lambda item: item[1].name + "/")
+        class_ids: ClassIds = {}
+        for entry in class_dirs:
+            class_ids.setdefault(_dir_id(entry.path), entry.name)
         _walk_classes([(entry.path, entry.name, label) for label, entry in order], listing, {_dir_id(root)},
-                      companions)
+                      class_ids, companions)
         top = sorted(os.scandir(root), key=lambda entry: entry.name)
-        listing.ignore((e.name for e in top if not e.name.startswith(".") and not _is_dir(e)), hidden=False)
+        beside = [e.name for e in top if not e.name.startswith(".") and not _is_dir(e)]
+        listing.leave_out_unclassed(name for name in beside if is_image_name(name))
+        listing.ignore((name for name in beside if not is_image_name(name)), hidden=False)
         listing.ignore((e.name for e in top if e.name.startswith(".")), hidden=True)
     else:  # a flat folder, or folders that are not classes
-        _walk(os.fspath(root), "", UNLABELLED, listing, set(), companions)
+        _walk(os.fspath(root), "", UNLABELLED, listing, set(), {}, companions)
     log.info(
         "scanned %s: %d images in %d classes, %d hidden and %d other entries ignored",
         root, len(listing), len(listing.classes), listing.ignored_hidden, listing.ignored_other,
@@ -63,10 +68,11 @@ def walk(src: str | os.PathLike[str], *, folders_are_classes: bool = True,
 
 
 ClassTask = tuple[str, str, int]  # a class folder's path, its name, its label
+ClassIds = dict[tuple[int, int], str]  # each class folder's (device, inode): its name
 
 
 def _walk_classes(classes: list[ClassTask], listing: Listing, seen_dirs: set[tuple[int, int]],
-                  companions: frozenset[str]) -> None:
+                  class_ids: ClassIds, companions: frozenset[str]) -> None:
     """Walk the class folders in order: here, and once the rest look like taking more than
     PARALLEL_ABOVE_SECONDS (a large SRC), those in one process per CPU, since stat costs a system
     call per file.
@@ -83,11 +89,11 @@ def _walk_classes(classes: list[ClassTask], listing: Listing, seen_dirs: set[tup
         if parallel and position and len(classes) - position > 1 and \
                 elapsed / position * (len(classes) - position) > PARALLEL_ABOVE_SECONDS:
             break
-        _walk(*classes[position], listing, seen_dirs, companions)
+        _walk(*classes[position], listing, seen_dirs, class_ids, companions)
         position += 1
     if position == len(classes):
         return
-    tasks = [(task, frozenset(seen_dirs), companions) for task in classes[position:]]
+    tasks = [(task, frozenset(seen_dirs), class_ids, companions) for task in classes[position:]]
     workers = min(available_cpus(), len(tasks))
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         for part, visited in pool.map(_walk_class, tasks):  # one class a task: a small reply each
@@ -102,17 +108,19 @@ def _walk_classes(classes: list[ClassTask], listing: Listing, seen_dirs: set[tup
             listing.ignored_other += part.ignored_other
             listing.ignored_names += part.ignored_names[: max(0, IGNORED_NAMES_KEPT - len(listing.ignored_names))]
             listing.rejects += part.rejects
+            listing.aliases += part.aliases
             position += 1
     for task in classes[position:]:
-        _walk(*task, listing, seen_dirs, companions)
+        _walk(*task, listing, seen_dirs, class_ids, companions)
 
 
-def _walk_class(task: tuple[ClassTask, frozenset[tuple[int, int]], frozenset[str]]) -> tuple[Listing, set[tuple[int, int]]]:
+def _walk_class(task: tuple[ClassTask, frozenset[tuple[int, int]], ClassIds, frozenset[str]]
+                ) -> tuple[Listing, set[tuple[int, int]]]:
     """One class folder, walked in a pool process: its listing, and the directories it visited."""
-    (path, name, label), seen, companions = task
+    (path, name, label), seen, class_ids, companions = task
     part = Listing(root=path, classes=[])
     seen_dirs = set(seen)
-    _walk(path, name, label, part, seen_dirs, companions)
+    _walk(path, name, label, part, seen_dirs, class_ids, companions)
     return part, seen_dirs - seen
 
 
@@ -142,11 +150,12 @@ Directory = tuple[str, str]  # a directory still to list: its path, and relative
 
 
 def _walk(path: str, rel: str, label: int, listing: Listing, seen_dirs: set[tuple[int, int]],
-          companions: frozenset[str]) -> None:
+          class_ids: ClassIds, companions: frozenset[str]) -> None:
     """Depth first, each directory's entries sorted by name ("/" after a directory's), which lists
     the files already in the order of their relative paths: no global sort, and nothing held per
     file but the listing's compact arrays. A directory reached twice (symlink loop or alias) is
-    visited once."""
+    visited once; one that is another class's folder (`class_ids`) only as that class, whichever
+    comes first, so an alias never relabels a class."""
     stack: list[Files | Directory] = [(path, rel)]
     while stack:
         item = stack.pop()
@@ -156,11 +165,11 @@ def _walk(path: str, rel: str, label: int, listing: Listing, seen_dirs: set[tupl
             listing.labels.extend(array("q", [label]) * len(rels))
             listing.sizes.extend(sizes)
         else:
-            stack += reversed(_list_dir(*item, listing, seen_dirs, companions))  # type: ignore[misc]
+            stack += reversed(_list_dir(*item, listing, seen_dirs, class_ids, companions))  # type: ignore[misc]
 
 
 def _list_dir(dir_path: str, dir_rel: str, listing: Listing, seen_dirs: set[tuple[int, int]],
-              companions: frozenset[str]) -> list[Files | Directory]:
+              class_ids: ClassIds, companions: frozenset[str]) -> list[Files | Directory]:
     """One directory's entries in path order: runs of its files (stat'ed, relative to the
     directory's descriptor, in one pass) between its subdirectories; hidden and other files counted."""
     try:
@@ -170,6 +179,11 @@ def _list_dir(dir_path: str, dir_rel: str, listing: Listing, seen_dirs: set[tupl
         return []
     try:
         info = os.fstat(fd)
+        aliased = class_ids.get((info.st_dev, info.st_ino), dir_rel)
+        if aliased != dir_rel:
+            listing.note_alias(dir_rel, aliased)
+            log.info("%s", listing.aliases[-1])
+            return []
         if (info.st_dev, info.st_ino) in seen_dirs:
             log.warning("%s: directory already visited (symlink loop or alias), skipped", dir_path)
             return []
