@@ -36,16 +36,17 @@ from typing import Any, Callable
 from readers.manifest import FORMAT_VERSION, MANIFEST_NAME, DatasetError, Manifest, parse_manifest
 from readers.remote import location
 
+from .changes import source_changes
 from .encode import ENCODE_OPTIONS
 from .errors import PackError
 from .options import PackOptions
 from .outdir import part_dir
 from .output import Output, opened_output
 from .partition import Partition
-from .pipeline import (RunOptions, Summary, canonical_options, pack_shards, plan_differences, run_summary,
-                       scan_source)
+from .pipeline import RunOptions, Summary, canonical_options, pack_shards, plan_differences, run_summary
 from .plan import Plan, write_plan
 from .publish import base_plan, next_shard, publish_part, recorded_parts
+from .scan import scan_source
 from .shard import Progress
 from .sources.inputs import Source, resolve_source
 from .sources.listing import Listing
@@ -130,7 +131,7 @@ def ensure_part_plan(src: Path | str, out: Output, options: PackOptions, manifes
         plan = out.stored_plan(first)
         source = resolve_source(src, options.input_format)
         if plan is not None:
-            return unfinished(plan, source, out, options)
+            return unfinished(src, plan, source, out, options)
         folder = part_dir(out.staging, first)
         try:
             plan = write_plan(out.staging, part_listing(src, source, out, options, manifest), options, first)
@@ -158,13 +159,18 @@ def warn_repacked(out: Output, parts: list[dict[str, Any]], plan: Plan) -> None:
             return
 
 
-def unfinished(plan: Plan, source: Source, out: Output, options: PackOptions) -> Plan:
-    """The plan of an append that was started and not published, when it is this one's."""
+def unfinished(src: Path | str, plan: Plan, source: Source, out: Output, options: PackOptions) -> Plan:
+    """The plan of an append that was started and not published, when it is this one's and SRC
+    has not changed since it was made (its finished shards hold SRC as it was then)."""
     differences = plan_differences(plan, source, options)
+    folder = out / part_dir(Path(), plan.first_shard).as_posix()
     if differences:
         raise PackError(f"{out}: an unfinished append of {differences} is under way; rerun that command (or its "
-                        f"tasks and `pack merge`) to finish it first, or remove "
-                        f"{out / part_dir(Path(), plan.first_shard).as_posix()} to drop it")
+                        f"tasks and `pack merge`) to finish it first, or remove {folder} to drop it")
+    changes = source_changes(src, source, out, plan, options)
+    if changes:
+        raise PackError(changes.describe(src, out, f"remove {folder} to drop the unfinished append, then append "
+                                                   "SRC again"))
     log.info("%s: resuming the append from shard %d", out, plan.first_shard)
     return plan
 
