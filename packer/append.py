@@ -74,7 +74,8 @@ def append_into(src: str | os.PathLike[str], out: Output, options: PackOptions, 
     check_compatible(out, manifest, options)
     base = base_plan(out, manifest)
     parts = recorded_parts(out, manifest, base)
-    plan = ensure_part_plan(src_path, out, options, manifest, parts, next_shard(out, manifest, base))
+    plan = ensure_part_plan(src_path, out, options, manifest, parts, next_shard(out, manifest, base),
+                            again=run.append_again)
     if isinstance(plan, dict):
         return up_to_date_summary(out, manifest, plan, started)
     final, resumed = pack_shards(out, plan, run, partition, progress=progress, planned=planned)
@@ -124,9 +125,10 @@ def check_compatible(out: Output, manifest: Manifest, options: PackOptions) -> N
 
 
 def ensure_part_plan(src: Path | str, out: Output, options: PackOptions, manifest: Manifest,
-                     parts: list[dict[str, Any]], first: int) -> Plan | dict[str, Any]:
+                     parts: list[dict[str, Any]], first: int, *, again: bool = False) -> Plan | dict[str, Any]:
     """The plan of this append (its shards numbered from `first`), written once and reused by
-    reruns and tasks; or the recorded part that already holds exactly what it would pack."""
+    reruns and tasks; or the recorded part that already holds exactly what it would pack. The same
+    listing and options from another path (a symlink, a copy) are refused unless `again`."""
     with out.planning(src, overwrite=False, append=True):
         plan = out.stored_plan(first)
         source = resolve_source(src, options.input_format)
@@ -139,8 +141,11 @@ def ensure_part_plan(src: Path | str, out: Output, options: PackOptions, manifes
             shutil.rmtree(folder, ignore_errors=True)
             raise
         earlier = same_part(parts, plan)
-        if earlier is not None:
+        elsewhere = earlier is not None and earlier.get("source") != plan.source
+        if earlier is not None and not (elsewhere and again):
             shutil.rmtree(folder)
+            if elsewhere:
+                raise PackError(already_held(src, out, earlier))
             return earlier
         warn_repacked(out, parts, plan)
         return out.publish_plan(plan)
@@ -176,9 +181,19 @@ def unfinished(src: Path | str, plan: Plan, source: Source, out: Output, options
 
 
 def same_part(parts: list[dict[str, Any]], plan: Plan) -> dict[str, Any] | None:
-    """The recorded part packed from the same SRC with the same listing and options, if any."""
-    return next((part for part in parts if part.get("source") == plan.source
-                 and part.get("fingerprint") == plan.fingerprint), None)
+    """The recorded part packed with the same listing and options, if any: from the same SRC if
+    one is, else from another path. The listing names files relative to SRC, so a folder reached
+    through a symlink, or copied, has the same one."""
+    same = [part for part in parts if part.get("fingerprint") == plan.fingerprint]
+    return next((part for part in same if part.get("source") == plan.source), same[0] if same else None)
+
+
+def already_held(src: Path | str, out: Output, part: dict[str, Any]) -> str:
+    """Why an append of the samples of a part OUT holds, from another path, is refused."""
+    first = part.get("first_shard", 0)
+    how = "packed" if first == 0 else "appended"
+    return (f"{src}: its samples are in {out} already: the part from shard {first} was {how} from "
+            f"{part.get('source')} with the same listing and options; pass --append-again to add them a second time")
 
 
 def part_listing(src: Path | str, source: Source, out: Output, options: PackOptions, manifest: Manifest) -> Listing:

@@ -70,6 +70,7 @@ class RunOptions:
     workers: int | None = None
     overwrite: bool = False
     append: bool = False  # add SRC's samples to the dataset in OUT as new shards (`packer.append.append_run`)
+    append_again: bool = False  # append samples OUT holds already, from another path (a copy, a symlink)
     task_index: int | None = None
     task_count: int | None = None
     engine: str = "local"
@@ -90,6 +91,8 @@ class RunOptions:
 
     def check(self, out: object, partition: Partition) -> None:
         """Refuse what a partitioned run (or an append) cannot do, before anything is written."""
+        if self.append_again and not self.append:
+            raise PackError(f"{out}: --append-again goes with --append")
         if self.append and self.overwrite:
             raise PackError(f"{out}: --append adds to OUT and --overwrite replaces it; choose one")
         if self.engine != "local" and not partition.is_whole:

@@ -191,6 +191,36 @@ def test_a_changed_bucket_src_is_refused(tmp_path: Path, s3_options: dict[str, A
                                  "(class_01/late.jpg); append them with --append, or pack it again with --overwrite\n")
 
 
+def test_appending_the_same_folder_under_another_path_is_refused(tmp_path: Path) -> None:
+    old, new, out = tmp_path / "old", tmp_path / "new", tmp_path / "o.lmdb"
+    make_image_folder(old, classes=2, per_class=3, seed=1)
+    make_image_folder(new, classes=2, per_class=2, seed=2)
+    (tmp_path / "newlink").symlink_to(new)
+    assert run("lmdb", old, out, *OPTIONS)[0] == 0
+    packed = readers.load_manifest(out).num_samples
+    assert run("lmdb", new, out, *OPTIONS, "--append")[0] == 0
+    before = files_of(out)
+    count = readers.load_manifest(out).num_samples
+    code, output = run("lmdb", tmp_path / "newlink", out, *OPTIONS, "--append")
+    assert (code, output) == (1, f"Error: {tmp_path / 'newlink'}: its samples are in {out} already: the part from "
+                                 f"shard 2 was appended from {new} with the same listing and options; pass "
+                                 "--append-again to add them a second time\n")
+    assert files_of(out) == before
+    code, output = run("lmdb", tmp_path / "newlink", out, *OPTIONS, "--append", "--append-again")
+    assert code == 0, output
+    assert readers.load_manifest(out).num_samples == 2 * count - packed
+
+
+def test_appending_the_packed_folder_itself_under_another_path_is_refused(tmp_path: Path) -> None:
+    old, out = tmp_path / "old", tmp_path / "o.lmdb"
+    make_image_folder(old, classes=2, per_class=3, seed=1)
+    (tmp_path / "oldlink").symlink_to(old)
+    assert run("lmdb", old, out, *OPTIONS)[0] == 0
+    code, output = run("lmdb", tmp_path / "oldlink", out, *OPTIONS, "--append")
+    assert code == 1 and output.startswith(f"Error: {tmp_path / 'oldlink'}: its samples are in {out} already: the "
+                                           f"part from shard 0 was packed from {old}")
+
+
 def test_resuming_an_append_after_its_src_changed_is_refused(tmp_path: Path) -> None:
     old, new, out = tmp_path / "old", tmp_path / "new", tmp_path / "out"
     make_image_folder(old, classes=2, per_class=3, seed=1)
