@@ -37,16 +37,17 @@ from typing import Any, Callable
 from readers.manifest import FORMAT_VERSION, MANIFEST_NAME, REJECTS_NAME, DatasetError, Manifest, parse_manifest
 from readers.remote import location
 
+from .changes import source_changes
 from .encode import ENCODE_OPTIONS
 from .errors import PackError
 from .options import PackOptions, differing_options, option_flag, shown_value
 from .outdir import listing_path, part_dir
 from .output import Output, opened_output
 from .partition import Partition
-from .pipeline import (RunOptions, Summary, canonical_options, pack_shards, plan_differences, run_summary,
-                       scan_source)
+from .pipeline import RunOptions, Summary, canonical_options, pack_shards, plan_differences, run_summary
 from .plan import Plan, write_plan
 from .publish import base_plan, next_shard, publish_part, recorded_parts
+from .scan import scan_source
 from .shard import Progress
 from .sources.inputs import Source, resolve_source
 from .sources.listing import Listing
@@ -75,7 +76,8 @@ def append_into(src: str | os.PathLike[str], out: Output, options: PackOptions, 
     check_compatible(out, manifest, options)
     base = base_plan(out, manifest)
     parts = recorded_parts(out, manifest, base)
-    plan = ensure_part_plan(src_path, out, options, manifest, parts, next_shard(out, manifest, base))
+    plan = ensure_part_plan(src_path, out, options, manifest, parts, next_shard(out, manifest, base),
+                            again=run.append_again)
     if isinstance(plan, dict):
         return up_to_date_summary(out, manifest, plan, started)
     final, resumed = pack_shards(out, plan, run, partition, progress=progress, planned=planned)
@@ -145,14 +147,15 @@ def check_compatible(out: Output, manifest: Manifest, options: PackOptions) -> N
 
 
 def ensure_part_plan(src: Path | str, out: Output, options: PackOptions, manifest: Manifest,
-                     parts: list[dict[str, Any]], first: int) -> Plan | dict[str, Any]:
+                     parts: list[dict[str, Any]], first: int, *, again: bool = False) -> Plan | dict[str, Any]:
     """The plan of this append (its shards numbered from `first`), written once and reused by
-    reruns and tasks; or the recorded part that already holds exactly what it would pack."""
+    reruns and tasks; or the recorded part that already holds exactly what it would pack. The same
+    listing and options from another path (a symlink, a copy) are refused unless `again`."""
     with out.planning(src, overwrite=False, append=True):
         plan = out.stored_plan(first)
         source = resolve_source(src, options.input_format)
         if plan is not None:
-            return unfinished(plan, source, out, options)
+            return unfinished(src, plan, source, out, options)
         folder = part_dir(out.staging, first)
         try:
             listing = part_listing(src, source, out, options, manifest)
@@ -161,8 +164,11 @@ def ensure_part_plan(src: Path | str, out: Output, options: PackOptions, manifes
             shutil.rmtree(folder, ignore_errors=True)
             raise
         earlier = same_part(parts, plan)
-        if earlier is not None:
+        elsewhere = earlier is not None and earlier.get("source") != plan.source
+        if earlier is not None and not (elsewhere and again):
             shutil.rmtree(folder)
+            if elsewhere:
+                raise PackError(already_held(src, out, earlier))
             return earlier
         warn_repacked(out, parts, plan)
         warn_shared_paths(out, parts, plan, listing.paths)
@@ -225,21 +231,36 @@ def rejected_paths(out: Output) -> set[str]:
     return paths
 
 
-def unfinished(plan: Plan, source: Source, out: Output, options: PackOptions) -> Plan:
-    """The plan of an append that was started and not published, when it is this one's."""
+def unfinished(src: Path | str, plan: Plan, source: Source, out: Output, options: PackOptions) -> Plan:
+    """The plan of an append that was started and not published, when it is this one's and SRC
+    has not changed since it was made (its finished shards hold SRC as it was then)."""
     differences = plan_differences(plan, source, options)
+    folder = out / part_dir(Path(), plan.first_shard).as_posix()
     if differences:
         raise PackError(f"{out}: an unfinished append of {differences} is under way; rerun that command (or its "
-                        f"tasks and `pack merge`) to finish it first, or remove "
-                        f"{out / part_dir(Path(), plan.first_shard).as_posix()} to drop it")
+                        f"tasks and `pack merge`) to finish it first, or remove {folder} to drop it")
+    changes = source_changes(src, source, out, plan, options)
+    if changes:
+        raise PackError(changes.describe(src, out, f"remove {folder} to drop the unfinished append, then append "
+                                                   "SRC again"))
     log.info("%s: resuming the append from shard %d", out, plan.first_shard)
     return plan
 
 
 def same_part(parts: list[dict[str, Any]], plan: Plan) -> dict[str, Any] | None:
-    """The recorded part packed from the same SRC with the same listing and options, if any."""
-    return next((part for part in parts if part.get("source") == plan.source
-                 and part.get("fingerprint") == plan.fingerprint), None)
+    """The recorded part packed with the same listing and options, if any: from the same SRC if
+    one is, else from another path. The listing names files relative to SRC, so a folder reached
+    through a symlink, or copied, has the same one."""
+    same = [part for part in parts if part.get("fingerprint") == plan.fingerprint]
+    return next((part for part in same if part.get("source") == plan.source), same[0] if same else None)
+
+
+def already_held(src: Path | str, out: Output, part: dict[str, Any]) -> str:
+    """Why an append of the samples of a part OUT holds, from another path, is refused."""
+    first = part.get("first_shard", 0)
+    how = "packed" if first == 0 else "appended"
+    return (f"{src}: its samples are in {out} already: the part from shard {first} was {how} from "
+            f"{part.get('source')} with the same listing and options; pass --append-again to add them a second time")
 
 
 def part_listing(src: Path | str, source: Source, out: Output, options: PackOptions, manifest: Manifest) -> Listing:

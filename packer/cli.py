@@ -276,6 +276,9 @@ def make_pack_command(fmt: str) -> click.Command:
                   help="Add SRC's images to the packed dataset in OUT as new shards: OUT's files stay as they "
                        "are, new classes get the next indexes, index.json is replaced last. Shard sizes and store options "
                        "are OUT's unless given.")
+    @click.option("--append-again", is_flag=True,
+                  help="With --append: add SRC even when OUT holds its samples already, appended or packed from "
+                       "another path (a copy, a symlink) with the same listing and options.")
     @click.option("--task-index", type=click.IntRange(min=0), default=None,
                   help="Pack only the shards of this task (shard k belongs to task k mod N).")
     @click.option("--task-count", type=click.IntRange(min=1), default=None, help="N, the number of tasks.")

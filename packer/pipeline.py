@@ -21,6 +21,7 @@ from readers.formats import ALIASES, FORMATS
 from readers.manifest import MANIFEST_NAME, REJECTS_NAME, Manifest, parse_manifest
 from readers.remote import location
 
+from .changes import source_changes
 from .descriptors import DEFAULT_SPLIT
 from .engines import get_engine
 from .errors import FinishedOutput, PackError
@@ -29,7 +30,7 @@ from .output import Output, opened_output
 from .partition import Partition, resolve_partition
 from .options import PackOptions, option_differences
 from .plan import Plan, write_plan
-from .scan import Listing, scan
+from .scan import scan_source
 from .publish import merge, publish
 from .shard import Progress, ShardResult, check_rejects, clean_tmp, finished_shards
 from .sources.inputs import Source, resolve_source
@@ -72,6 +73,7 @@ class RunOptions:
     workers: int | None = None
     overwrite: bool = False
     append: bool = False  # add SRC's samples to the dataset in OUT as new shards (`packer.append.append_run`)
+    append_again: bool = False  # append samples OUT holds already, from another path (a copy, a symlink)
     task_index: int | None = None
     task_count: int | None = None
     engine: str = "local"
@@ -92,6 +94,8 @@ class RunOptions:
 
     def check(self, out: object, partition: Partition) -> None:
         """Refuse what a partitioned run (or an append) cannot do, before anything is written."""
+        if self.append_again and not self.append:
+            raise PackError(f"{out}: --append-again goes with --append")
         if self.append and self.overwrite:
             raise PackError(f"{out}: --append adds to OUT and --overwrite replaces it; choose one")
         if self.engine != "local" and not partition.is_whole:
@@ -163,7 +167,7 @@ def pack_into(src: str | os.PathLike[str], out_path: Output, options: PackOption
     final, resumed = pack_shards(out_path, plan, run, partition, progress=progress, planned=planned)
     published = partition.is_whole
     if published:
-        publish(out_path, policy, run.split, known=(plan, final))
+        publish(out_path, policy, run.split, plan, final)
     return run_summary(out_path, plan, final, resumed, started, published)
 
 
@@ -221,9 +225,13 @@ def up_to_date_summary(src: Path | str, out: Output, options: PackOptions, finis
     if plan is None:
         raise finished
     options = canonical_options(options)
-    differences = plan_differences(plan, resolve_source(src, options.input_format), options)
+    source = resolve_source(src, options.input_format)
+    differences = plan_differences(plan, source, options)
     if differences:
         raise PackError(f"{out}: already holds a packed dataset of {differences}; pass --overwrite to replace it")
+    changes = source_changes(src, source, out, plan, options)
+    if changes:
+        raise PackError(changes.describe(src, out, changes.pack_way_on(published=True)))
     manifest = parse_manifest((out.read_text(MANIFEST_NAME) or "").encode(), out / MANIFEST_NAME)
     rejects = out.read_text(REJECTS_NAME) or ""
     log.info("%s: up to date (packed from %s with the same options)", out, plan.source)
@@ -279,13 +287,9 @@ def reuse_plan(plan: Plan, source: Source, out: Output, options: PackOptions) ->
     if differences:
         raise PackError(f"{out}: holds an unfinished run of {differences}; rerun with those, or pass --overwrite "
                         "to start over")
+    changes = source_changes(source.location, source, out, plan, options)
+    if changes:
+        raise PackError(changes.describe(source.location, out, changes.pack_way_on(published=False)))
     log.info("%s: reusing the plan (%d shards)", out, plan.num_shards)
     return plan
 
-
-def scan_source(src: Path | str, source: Source, options: PackOptions) -> Listing:
-    listing = scan(source, options)
-    if not len(listing):
-        first = f" (rejected: {listing.rejects[0][0]}: {listing.rejects[0][1]})" if listing.rejects else ""
-        raise PackError(f"{src}: no image files found{first}")
-    return listing

@@ -127,13 +127,18 @@ def listing_lines(listing: Listing, start: int, end: int) -> Iterable[str]:
             for (path, label, size), values in zip(rows, listing.values[start:end]))
 
 
-def listing_sha256(listing_file: Path, inputs: list[str]) -> str:
-    """What `Plan.listing_sha256` holds for this listing.jsonl: the names of the container inputs
-    first (the locations index them: other inputs, other samples), then the file's bytes."""
+def listing_digest(inputs: list[str]) -> Any:
+    """The hash `Plan.listing_sha256` is taken with, before the listing's lines: the names of the
+    container inputs first (the locations index them: other inputs, other samples)."""
     digest = hashlib.sha256()
     if inputs:
         digest.update(json.dumps(inputs).encode())
-    return hash_file(listing_file, digest).hexdigest()
+    return digest
+
+
+def listing_sha256(listing_file: Path, inputs: list[str]) -> str:
+    """What `Plan.listing_sha256` holds for this listing.jsonl."""
+    return hash_file(listing_file, listing_digest(inputs)).hexdigest()
 
 
 def write_plan(out: Path, listing: Listing, options: PackOptions, first_shard: int = 0) -> Plan:
@@ -148,9 +153,7 @@ def write_plan(out: Path, listing: Listing, options: PackOptions, first_shard: i
     if options.shard_size > 1 and len(listing) > 1 and len(bounds) - 1 == len(listing):
         log.warning("--shard-bytes %d (bytes) is below the files' sizes: one shard per sample, %d shards; "
                     "give a size with its unit, e.g. 512MiB", options.shard_bytes, len(listing))
-    digest = hashlib.sha256()
-    if listing.inputs:  # the locations index them: other inputs, other samples
-        digest.update(json.dumps(listing.inputs).encode())
+    digest = listing_digest(listing.inputs)
     offsets: list[int] = []
     position = 0
     listing_file = listing_path(out, first_shard)
@@ -165,6 +168,9 @@ def write_plan(out: Path, listing: Listing, options: PackOptions, first_shard: i
         offsets.append(position)
         handle.flush()
         os.fsync(handle.fileno())
+    if listing.listed_at is not None:  # the plan's time, against which a rerun finds files changed since
+        planned_at = max(listing.listed_at, listing.newest_mtime + 1)  # a file dated later: a clock ahead of ours
+        os.utime(tmp, ns=(planned_at, planned_at))
     os.replace(tmp, listing_file)
     plan = Plan(
         source=listing.root if is_url(listing.root) else os.path.abspath(listing.root),  # a URL SRC stays one

@@ -20,18 +20,22 @@ import os
 import re
 import shutil
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from readers.layouts.wds import image_extension
 from readers.manifest import CARD_NAME, MANIFEST_NAME, REJECTS_NAME, DatasetError, FileInfo, Manifest, parse_manifest
 
+from .changes import source_changes
 from .descriptors import DEFAULT_SPLIT, descriptor_texts, write_descriptors
 from .errors import PackError
 from .fsutil import atomic_write_text
-from .outdir import PARTS_DIR, PLAN_NAME, WORK_DIR, tmp_dir
+from .outdir import PARTS_DIR, PLAN_NAME, WORK_DIR, part_dir, tmp_dir
 from .output import Output, opened_output
 from .plan import Plan, parse_plan
 from .shard import ShardResult, check_rejects, finished_shards, parse_marker, shard_file_name
+from .sources.inputs import Source
+from .sources.listing import ScanError
 from .validate import ErrorPolicy
 from .version import __version__
 
@@ -58,7 +62,30 @@ def merge(out: str | os.PathLike[str] | Output, policy: ErrorPolicy = ErrorPolic
     """
     with opened_output(out) as target:
         appended = merge_append(target, policy, split)
-        return appended if appended is not None else publish(target, policy, split)
+        if appended is not None:
+            return appended
+        plan = target.stored_plan()
+        if plan is None:
+            raise PackError(f"{target / WORK_DIR}: no plan; nothing was packed here")
+        done = finished_shards(target, plan, list(range(plan.num_shards)), check_hash=False)
+        if all(result is not None for result in done.values()):
+            check_source(target, plan, "nothing was published; pack it again with --overwrite")
+        return publish(target, policy, split, plan, done)
+
+
+def check_source(out: Output, plan: Plan, way_on: str) -> None:
+    """Before a merge publishes: SRC unchanged since the plan (`packer.changes`), so the shards
+    that tasks packed at different times hold one state of it; a task checks SRC when it starts,
+    this sees what changed while they ran. Where SRC cannot be listed from here (a merge on
+    another machine), that is said and the check left out."""
+    source = Source(plan.input_kind, plan.source, tuple(plan.inputs))  # SRC as the plan names it
+    try:
+        changes = source_changes(plan.source, source, out, plan, plan.options)
+    except ScanError as exc:
+        log.warning("%s: not checked against %s's plan (%s)", plan.source, out, exc)
+        return
+    if changes:
+        raise PackError(changes.describe(plan.source, out, way_on))
 
 
 def merge_append(out: Output, policy: ErrorPolicy, split: str) -> Manifest | None:
@@ -80,23 +107,18 @@ def merge_append(out: Output, policy: ErrorPolicy, split: str) -> Manifest | Non
     if plan is None:
         return manifest if manifest.parts else None
     done = finished_shards(out, plan, list(range(plan.num_shards)), check_hash=False)
+    if all(result is not None for result in done.values()):
+        check_source(out, plan, f"nothing was published; remove {out / part_dir(Path(), first).as_posix()} to drop "
+                                "the append, then append SRC again")
     return publish_part(out, manifest, recorded_parts(out, manifest, base), plan, done, policy, split)
 
 
 # --- a pack -------------------------------------------------------------------------------------
 
 
-def publish(out: Output, policy: ErrorPolicy, split: str, *,
-            known: tuple[Plan, dict[int, ShardResult | None]] | None = None) -> Manifest:
-    """Publish the dataset OUT's plan packed; `known`: the plan and every shard's marker, just read
-    by the caller (a remote OUT's reads are round trips to the store)."""
-    if known is None:
-        plan = out.stored_plan()
-        if plan is None:
-            raise PackError(f"{out / WORK_DIR}: no plan; nothing was packed here")
-        done = finished_shards(out, plan, list(range(plan.num_shards)), check_hash=False)
-    else:
-        plan, done = known
+def publish(out: Output, policy: ErrorPolicy, split: str, plan: Plan, done: dict[int, ShardResult | None]) -> Manifest:
+    """Publish the dataset OUT's `plan` packed; `done`: every shard's marker, just read by the
+    caller (a remote OUT's reads are round trips to the store)."""
     results = finished_results(out, plan, done)
     rejects = all_rejects(plan, results)
     classes = plan.classes or implied_classes(results)

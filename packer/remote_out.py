@@ -38,6 +38,7 @@ from .outdir import DONE_DIR, LISTING_NAME, PARTS_DIR, PLAN_NAME, TMP_DIR, WORK_
 from .output import FileCheck, Output
 from .plan import Plan, listing_sha256, load_plan
 from .shard import BackgroundUploads, ShardResult
+from .sources.remote import modified_ns
 
 log = logging.getLogger(__name__)
 
@@ -321,6 +322,7 @@ class RemoteOut(UrlFilesystem, Output):
         if not (local_plan.is_file() and local_listing.is_file() and local_plan.read_text(encoding="utf-8") == text):
             local_plan.unlink(missing_ok=True)
             self.download(f"{folder}/{LISTING_NAME}", local_listing)
+            self.date_listing(f"{folder}/{LISTING_NAME}", local_listing)
             atomic_write_text(local_plan, text)
             plan = load_plan(self.staging, first_shard)
             if plan is not None and listing_sha256(local_listing, plan.inputs) != plan.listing_sha256:
@@ -328,6 +330,14 @@ class RemoteOut(UrlFilesystem, Output):
                 raise PackError(f"{self / folder}/{LISTING_NAME}: does not match {PLAN_NAME} (another task is "
                                 "writing a different plan: same SRC and options in every task?)")
         return load_plan(self.staging, first_shard)
+
+    def date_listing(self, name: str, local: Path) -> None:
+        """Give the downloaded listing the time the bucket's copy was stored: the plan's time, which a
+        rerun compares SRC's modification times with (`packer.changes`)."""
+        fs, _ = self.filesystem()
+        stored = modified_ns(self.call(name, lambda: fs.info(self.key(name))))
+        if stored:
+            os.utime(local, ns=(stored, stored))
 
     def part_folder(self, first_shard: int) -> str:
         """`.pack`, or an append's `.pack/parts/<first shard>`, as a key prefix."""

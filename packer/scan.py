@@ -10,7 +10,10 @@ input (tar shards, a packed dataset, ...: `packer.sources.inputs`) is listed by 
 from __future__ import annotations
 
 import os
+import time
+from pathlib import Path
 
+from .errors import PackError
 from .options import PackOptions
 from .sources.classes import ClassMap, read_classes, relabel_folders
 from .sources.containers import scan_container
@@ -22,12 +25,21 @@ from .sources.remote import walk_url
 from .sources.sidecars import sidecar_specs
 from .sources.walk import walk
 
-__all__ = ["UNLABELLED", "Listing", "ScanError", "scan"]
+__all__ = ["UNLABELLED", "Listing", "ScanError", "scan", "scan_source"]
 
 
-def scan(src: str | os.PathLike[str] | Source, options: PackOptions | None = None) -> Listing:
+def scan(src: str | os.PathLike[str] | Source, options: PackOptions | None = None, *, times: bool = False) -> Listing:
     """List what `options` says to pack from `src` (resolved already, or a path or URL), sorted by
-    relative path (no options: the walk)."""
+    relative path (no options: the walk). The listing records when the scan began (`listed_at`),
+    and with `times` each file's modification time where the source tells it (`Listing.mtimes`)."""
+    listed_at = time.time_ns()
+    listing = scan_listing(src, options, times)
+    listing.listed_at = listed_at
+    return listing
+
+
+def scan_listing(src: str | os.PathLike[str] | Source, options: PackOptions | None, times: bool) -> Listing:
+    """`scan` less the time it began."""
     if options is None:
         return walk(src.location if isinstance(src, Source) else src)
     source = src if isinstance(src, Source) else resolve_source(src, options.input_format)
@@ -40,12 +52,12 @@ def scan(src: str | os.PathLike[str] | Source, options: PackOptions | None = Non
     if source.is_url:
         if options.files_from is not None or options.sidecars:
             raise ScanError(f"{src}: --files-from and --sidecars need a local SRC")
-        listing = walk_url(source.root, folders_are_classes=folders_are_classes, companions=companions)
+        listing = walk_url(source.root, folders_are_classes=folders_are_classes, companions=companions, times=times)
     elif options.files_from is not None:
         listing = list_files(src, options.files_from, null=options.null, folders_are_classes=folders_are_classes,
                              companions=companions)
     else:
-        listing = walk(src, folders_are_classes=folders_are_classes, companions=companions)
+        listing = walk(src, folders_are_classes=folders_are_classes, companions=companions, times=times)
     classes = ClassMap(read_classes(options.classes), options.classes) if options.classes is not None else None
     if options.metadata is not None:
         apply_metadata(listing, read_metadata(options.metadata, options.label_column), options.label_column, classes)
@@ -56,4 +68,13 @@ def scan(src: str | os.PathLike[str] | Source, options: PackOptions | None = Non
     if clash:
         raise ScanError(f"{options.metadata}: column {sorted(clash)[0]!r} is also a --sidecars field; rename one")
     listing.fields += sidecars
+    return listing
+
+
+def scan_source(src: Path | str, source: Source, options: PackOptions, *, times: bool = False) -> Listing:
+    """`scan` of a resolved SRC (`src`: as the user named it), refused when it holds nothing to pack."""
+    listing = scan(source, options, times=times)
+    if not len(listing):
+        first = f" (rejected: {listing.rejects[0][0]}: {listing.rejects[0][1]})" if listing.rejects else ""
+        raise PackError(f"{src}: no image files found{first}")
     return listing

@@ -3,8 +3,9 @@
 `--suite scale` (issue 15): a link farm of `--counts` files (a few tiny JPEGs hard-linked into
 ImageNet-style class folders, so it needs no real data and almost no disk), made once under
 `--work` and reused. For each count: `find SRC -type f | sort` against `pack plan` (goal: within
-2x), then `pack FORMAT` with its wall time, CPU seconds and peak RSS of the whole process tree
-(parent and workers sampled together). Goals: peak RSS <= 400 MB at 5M files, and per-file time
+2x) and against `pack plan` again (which lists SRC and checks it against the plan, #35), then
+`pack FORMAT` with its wall time, CPU seconds and peak RSS of the whole process tree (parent and
+workers sampled together). Goals: peak RSS <= 400 MB at 5M files, and per-file time
 at the largest count within 1.3x of the smallest.
 
 `--suite small` (issue 15): `--files` distinct ~33 KB JPEGs (downsampled-ImageNet sized), every
@@ -125,6 +126,8 @@ def bench_scale(work: Path, counts: list[int], fmt: str, repeats: int, extra: li
         for _ in range(repeats):
             shutil.rmtree(out, ignore_errors=True)
             plans.append(run_measured(pack_cmd("plan", str(src), str(out), "--format", fmt)))
+        checks = [run_measured(pack_cmd("plan", str(src), str(out), "--format", fmt))  # reuses it: SRC's check
+                  for _ in range(repeats)]
         packs = []
         for _ in range(repeats):
             shutil.rmtree(out, ignore_errors=True)
@@ -132,11 +135,13 @@ def bench_scale(work: Path, counts: list[int], fmt: str, repeats: int, extra: li
         shutil.rmtree(out, ignore_errors=True)
         plan_wall = min(wall for wall, _, _ in plans)
         plan_rss = max(rss for _, _, rss in plans)
+        check_wall = min(wall for wall, _, _ in checks)
         wall, cpu, _ = min(packs)
         rss = max(rss for _, _, rss in packs)
         rows.append((count, wall, cpu, rss))
         print(f"  {count:9d} files: find|sort {find:6.2f} s, pack plan {plan_wall:6.2f} s "
-              f"({plan_wall / find:4.2f}x find|sort, goal <= {PLAN_GOAL}x), plan peak RSS {plan_rss:5.0f} MB; "
+              f"({plan_wall / find:4.2f}x find|sort, goal <= {PLAN_GOAL}x), plan peak RSS {plan_rss:5.0f} MB, "
+              f"pack plan again (SRC checked against the plan) {check_wall:6.2f} s; "
               f"pack {wall:7.1f} s ({wall / count * 1e6:5.1f} us/file, {cpu / count * 1e6:5.1f} CPU-us/file), "
               f"peak RSS {rss:5.0f} MB", flush=True)
     ok = True

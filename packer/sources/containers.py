@@ -10,10 +10,14 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
 
+from readers.manifest import MANIFEST_NAME
+from readers.remote import is_url
+
 from ..errors import RejectedFile
 from ..options import PackOptions
 from .inputs import INPUT_KINDS, Record, RecordReader, ShardPlan, Source
 from .listing import MAX_LABEL, UNLABELLED, Listing, ScanError
+from .remote import filesystem, modified_ns
 
 FOLDER_OPTIONS = ("files_from", "metadata", "sidecars", "no_classes")
 """PackOptions that describe a folder of image files, meaningless for a container."""
@@ -28,7 +32,36 @@ def scan_container(source: Source, options: PackOptions) -> Listing:
     with inputs_read_ahead(source.inputs if INPUT_KINDS[source.kind].in_line else ()):
         listing = module.scan(source, options)
     listing.kind, listing.inputs = source.kind, list(source.inputs)
+    if source.kind != "samples":  # those inputs are the caller's values, not files
+        listing.newest_mtime = max(input_mtimes(listing.inputs), default=0)
     return listing
+
+
+def input_mtimes(names: Sequence[str]) -> list[int]:
+    """Each container input's modification time (ns; a packed dataset's is its index.json's):
+    a stat each, or one listing per folder of a store's inputs. A rerun compares them with the
+    plan's time (`packer.changes`)."""
+    if not names or not is_url(names[0]):
+        try:
+            return [os.stat(os.path.join(name, MANIFEST_NAME) if os.path.isdir(name) else name).st_mtime_ns
+                    for name in names]
+        except OSError as exc:
+            raise ScanError(f"{exc.filename}: cannot stat ({exc.strerror})") from None
+    fs, _ = filesystem(names[0])
+    found: dict[str, dict[str, Any]] = {}
+    times = []
+    for name in names:
+        _, path = filesystem(name)
+        try:
+            if path not in found:
+                found.update((info["name"].rstrip("/"), info) for info in fs.ls(path.rsplit("/", 1)[0], detail=True))
+            info = found.get(path) or fs.info(path)
+            if info.get("type") == "directory":
+                info = fs.info(f"{path}/{MANIFEST_NAME}")
+        except Exception as exc:  # noqa: BLE001 - each back end raises its own types
+            raise ScanError(f"{name}: cannot list ({type(exc).__name__}: {exc})") from None
+        times.append(modified_ns(info))
+    return times
 
 
 READ_AHEAD_SHARE = 4

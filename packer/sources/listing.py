@@ -136,6 +136,9 @@ class Listing:
     Container inputs (tar shards, record files, packed datasets: `packer.sources.inputs`) list
     samples inside `inputs` rather than files under `root`: `locations` holds three integers per
     sample, (input number, offset, length), the byte range (or position) that `load` reads.
+
+    `mtimes`, `listed_at` and `newest_mtime` are not planned: they date the plan, and a rerun
+    compares SRC's times with that date (`packer.changes`).
     """
 
     root: str
@@ -155,6 +158,9 @@ class Listing:
     kind: str = "folder"
     inputs: list[str] = field(default_factory=list)
     locations: array | None = None
+    mtimes: array | None = None  # each file's modification time (ns), where the source tells it
+    listed_at: int | None = None  # when the scan began (time.time_ns()): a file modified later changed since
+    newest_mtime: int = 0  # the latest modification time (ns) among the files (or container inputs) listed
 
     def ignore(self, names: Iterable[str], *, hidden: bool) -> None:
         """Count entries left out (hidden ones, or not images), keeping the first names to show."""
@@ -194,6 +200,8 @@ class Listing:
             self.values = [values[i] for i in picked]
         if self.locations is not None:
             self.locations = taken_rows(self.locations, picked, 3)
+        if self.mtimes is not None:
+            self.mtimes = taken_rows(self.mtimes, picked, 1)
 
     def location(self, position: int) -> list[int] | None:
         """(input number, offset, length) of a container sample; None for a file under `root`."""

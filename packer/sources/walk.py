@@ -30,12 +30,13 @@ like taking longer than this (starting the pool takes a fraction of a second).""
 
 
 def walk(src: str | os.PathLike[str], *, folders_are_classes: bool = True,
-         companions: frozenset[str] = frozenset()) -> Listing:
+         companions: frozenset[str] = frozenset(), times: bool = False) -> Listing:
     """List the images under `src`, sorted by relative path, labelled by top-level folder.
 
     Without `folders_are_classes` (labels come from elsewhere, or there are none) every image at
     any depth is listed, unlabelled, with no classes. Files whose extension is in `companions`
-    (sidecars: ".txt", ...) are not counted as ignored.
+    (sidecars: ".txt", ...) are not counted as ignored. With `times`, the listing keeps each file's
+    modification time (`Listing.mtimes`: a rerun's check; a plan does without those 8 bytes a file).
     """
     root = Path(src)
     if not root.exists():
@@ -44,7 +45,8 @@ def walk(src: str | os.PathLike[str], *, folders_are_classes: bool = True,
         raise ScanError(f"{root}: is not a directory")
     folders = class_folders(root)  # also proves SRC can be listed
     class_dirs = folders if folders_are_classes else []
-    listing = Listing(root=os.fspath(root), classes=[e.name for e in class_dirs])
+    listing = Listing(root=os.fspath(root), classes=[e.name for e in class_dirs],
+                      mtimes=array("q") if times else None)
     if class_dirs:
         # In path order, which puts "a/..." after "a-b/..." ("/" sorts after "-"), unlike the class order.
         order = sorted(enumerate(class_dirs), key=lambda item: item[1].name + "/")
@@ -104,6 +106,9 @@ def _walk_classes(classes: list[ClassTask], listing: Listing, seen_dirs: set[tup
             listing.paths.extend(part.paths)
             listing.labels.extend(part.labels)
             listing.sizes.extend(part.sizes)
+            if listing.mtimes is not None:
+                listing.mtimes.extend(part.mtimes)  # type: ignore[arg-type]
+            listing.newest_mtime = max(listing.newest_mtime, part.newest_mtime)
             listing.ignored_hidden += part.ignored_hidden
             listing.ignored_other += part.ignored_other
             listing.ignored_names += part.ignored_names[: max(0, IGNORED_NAMES_KEPT - len(listing.ignored_names))]
@@ -118,7 +123,7 @@ def _walk_class(task: tuple[ClassTask, frozenset[tuple[int, int]], ClassIds, fro
                 ) -> tuple[Listing, set[tuple[int, int]]]:
     """One class folder, walked in a pool process: its listing, and the directories it visited."""
     (path, name, label), seen, class_ids, companions = task
-    part = Listing(root=path, classes=[])
+    part = Listing(root=path, classes=[], mtimes=array("q"))
     seen_dirs = set(seen)
     _walk(path, name, label, part, seen_dirs, class_ids, companions)
     return part, seen_dirs - seen
@@ -145,7 +150,7 @@ def _dir_id(path: str | os.PathLike[str]) -> tuple[int, int]:
     return info.st_dev, info.st_ino
 
 
-Files = tuple[list[str], list[int]]  # a run of consecutive listed files: relative paths, sizes
+Files = tuple[list[str], list[int], list[int]]  # a run of consecutive listed files: relative paths, sizes, mtimes
 Directory = tuple[str, str]  # a directory still to list: its path, and relative to SRC
 
 
@@ -160,10 +165,13 @@ def _walk(path: str, rel: str, label: int, listing: Listing, seen_dirs: set[tupl
     while stack:
         item = stack.pop()
         if isinstance(item[0], list):
-            rels, sizes = item
+            rels, sizes, mtimes = item
             listing.paths.extend(rels)
             listing.labels.extend(array("q", [label]) * len(rels))
             listing.sizes.extend(sizes)
+            if listing.mtimes is not None:
+                listing.mtimes.extend(mtimes)
+            listing.newest_mtime = max(listing.newest_mtime, max(mtimes, default=0))
         else:
             stack += reversed(_list_dir(*item, listing, seen_dirs, class_ids, companions))  # type: ignore[misc]
 
@@ -221,23 +229,24 @@ def _list_dir(dir_path: str, dir_rel: str, listing: Listing, seen_dirs: set[tupl
             name = dirs[-1 - position]
             items.append((f"{dir_path}/{name}", prefix + name))
         elif items and isinstance(items[-1][0], list):
-            items[-1][0].append(files[0][position])
-            items[-1][1].append(files[1][position])  # type: ignore[union-attr]
+            for column, values in zip(items[-1], files):
+                column.append(values[position])  # type: ignore[union-attr]
         else:
-            items.append(([files[0][position]], [files[1][position]]))
+            items.append(([files[0][position]], [files[1][position]], [files[2][position]]))
     return items
 
 
 def _stat_files(fd: int, names: list[str], prefix: str, listing: Listing) -> Files:
-    """The regular files among `names` (in a directory open as `fd`), with their sizes; the rest
-    are rejects. One stat each, relative to the descriptor: the kernel does not walk the path."""
+    """The regular files among `names` (in a directory open as `fd`), with their sizes and
+    modification times; the rest are rejects. One stat each, relative to the descriptor: the kernel does not walk the path."""
     try:
         infos: list[os.stat_result | str] = [os.stat(name, dir_fd=fd) for name in names]
     except OSError:
         infos = [_stat_or_reason(name, fd) for name in names]
     if all(not isinstance(info, str) and stat.S_ISREG(info.st_mode) for info in infos):  # the usual case, in bulk
-        return [prefix + name for name in names], [info.st_size for info in infos]  # type: ignore[union-attr]
-    rels, sizes = [], []
+        return ([prefix + name for name in names], [info.st_size for info in infos],  # type: ignore[union-attr]
+                [info.st_mtime_ns for info in infos])  # type: ignore[union-attr]
+    rels, sizes, mtimes = [], [], []
     for name, info in zip(names, infos):
         if isinstance(info, str):
             listing.rejects.append((prefix + name, info))
@@ -246,7 +255,8 @@ def _stat_files(fd: int, names: list[str], prefix: str, listing: Listing) -> Fil
         else:
             rels.append(prefix + name)
             sizes.append(info.st_size)
-    return rels, sizes
+            mtimes.append(info.st_mtime_ns)
+    return rels, sizes, mtimes
 
 
 def _stat_or_reason(name: str, fd: int) -> os.stat_result | str:

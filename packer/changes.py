@@ -1,0 +1,149 @@
+"""Whether SRC is still what OUT's plan listed: a rerun, a resume, a task and an append compare
+SRC's listing now with the plan's before they trust it (#35).
+
+Shards finished from the plan hold the files as they were when it was made; packing the rest, or
+calling the dataset up to date, after SRC changed would give one output of two states of SRC, or
+a dataset that silently lacks what was added. So SRC is listed again, as the plan's scan listed it
+(names, sizes and, where the source tells them, modification times; no file is read), and any
+difference stops the run in one line: how many files were added, removed and changed, the first
+of them, and the way on.
+
+A file counts as changed when its size differs from the plan's, or when it was modified after the
+plan's scan began (or after the newest file it saw, if that is later: a clock ahead of this one's
+must not make every rerun stop): the plan's listing file carries that time as its own
+modification time (`plan.write_plan`; a bucket's copy, the time it was stored), so nothing is
+added to the plan.
+Container inputs (tar shards, record files, a packed dataset) are not listed again, which reads
+them: each input's modification time is compared instead (a packed dataset's index.json).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .options import PackOptions
+from .outdir import listing_path
+from .output import Output
+from .plan import Plan, listing_digest, listing_lines
+from .scan import scan_source
+from .sources.containers import input_mtimes
+from .sources.inputs import Source
+from .sources.listing import Listing
+
+NAMES_SHOWN = 3
+"""Changed files named in the message; the counts say how many there are."""
+
+
+@dataclass
+class Changes:
+    """SRC's files that differ from the plan's listing, each list sorted by name."""
+
+    added: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+    relabelled: bool = False  # the same files, with other labels or a metadata file's other values
+
+    def __bool__(self) -> bool:
+        return bool(self.added or self.removed or self.changed or self.relabelled)
+
+    def describe(self, src: object, out: object, way_on: str) -> str:
+        """The one line a run stops with, ending with `way_on` (`pack_way_on`, or an append's)."""
+        if not (self.added or self.removed or self.changed):
+            return f"{src}: SRC changed since {out}'s plan: its labels or fields differ; {way_on}"
+        names = sorted(self.added + self.removed + self.changed)
+        shown = ", ".join(names[:NAMES_SHOWN]) + (", ..." if len(names) > NAMES_SHOWN else "")
+        return (f"{src}: SRC changed since {out}'s plan: {len(self.added)} added, {len(self.removed)} removed, "
+                f"{len(self.changed)} changed ({shown}); {way_on}")
+
+    def pack_way_on(self, *, published: bool) -> str:
+        """What to do about a pack's changed SRC: pack it again; or, when files were only added to
+        a published dataset, append them (`published`: OUT holds one)."""
+        if published and self.added and not (self.removed or self.changed or self.relabelled):
+            return "append them with --append, or pack it again with --overwrite"
+        return "pack it again with --overwrite"
+
+
+def plan_time(listing_file: Path) -> int:
+    """The plan's date (ns): its listing file's modification time, set when it was written."""
+    return os.stat(listing_file).st_mtime_ns
+
+
+def listing_changes(plan: Plan, listing: Listing, listing_file: Path, options: PackOptions) -> Changes | None:
+    """What differs between SRC's `listing` now (scanned with the plan's options, in scan order)
+    and the plan's, stored in `listing_file`; None when nothing does. The usual case, nothing,
+    costs a hash of the listing's lines in packing order and one pass over the times."""
+    import numpy as np  # here, as `arrange`, which loads it: shard workers import this package's modules
+
+    from .order import arrange
+
+    planned_at = plan_time(listing_file)
+    mtimes = listing.mtimes
+    newer = [] if not mtimes else np.flatnonzero(np.frombuffer(mtimes, dtype=np.int64) > planned_at).tolist()
+    if not newer and len(listing) == plan.num_listed:
+        arrange(listing, options.order, options.seed)
+        if lines_sha256(listing) == plan.listing_sha256:
+            return None
+    changes = compared(listing, listing_file)
+    touched = {listing.paths[position] for position in newer} if newer else set()
+    changes.changed = sorted(set(changes.changed) | (touched - set(changes.added)))
+    changes.relabelled = not changes  # same names and sizes: the labels or a metadata file's values differ
+    return changes
+
+
+def lines_sha256(listing: Listing) -> str:
+    """`Plan.listing_sha256` of a plan made from `listing` (in packing order): the same lines, hashed."""
+    digest = listing_digest(listing.inputs)
+    step = 65536
+    for start in range(0, len(listing), step):
+        digest.update("".join(listing_lines(listing, start, min(start + step, len(listing)))).encode("ascii"))
+    return digest.hexdigest()
+
+
+def compared(listing: Listing, listing_file: Path) -> Changes:
+    """Files added, removed or of another size, by name: the plan's listing file against `listing`."""
+    planned: dict[str, int] = {}
+    with open(listing_file, "rb") as handle:
+        for line in handle:
+            row = json.loads(line)
+            planned[row[0]] = row[2]
+    changes = Changes()
+    for path, size in zip(listing.paths, listing.sizes):
+        before = planned.pop(path, None)
+        if before is None:
+            changes.added.append(path)
+        elif before != size:
+            changes.changed.append(path)
+    changes.removed = list(planned)
+    changes.added.sort()
+    changes.removed.sort()
+    changes.changed.sort()
+    return changes
+
+
+def input_changes(plan: Plan, listing_file: Path) -> Changes | None:
+    """Container inputs modified after the plan was made (their list is `plan_differences`' check)."""
+    planned_at = plan_time(listing_file)
+    times = input_mtimes(plan.inputs)
+    changed = [display_name(plan.source, name) for name, mtime in zip(plan.inputs, times) if mtime > planned_at]
+    return Changes(changed=sorted(changed)) if changed else None
+
+
+def display_name(source: str, name: str) -> str:
+    """An input as a message names it: relative to SRC when inside it."""
+    prefix = source.rstrip("/") + "/"
+    return name[len(prefix):] if name.startswith(prefix) else name
+
+
+def source_changes(src: Path | str, source: Source, out: Output, plan: Plan, options: PackOptions) -> Changes | None:
+    """What changed in SRC (`source`, resolved from `src`) since OUT's `plan` was made from it: SRC
+    listed again, or its container inputs' times; None when nothing did. Samples of
+    `packer.pack_samples` come from the caller's code, which has no listing to compare."""
+    if source.kind == "samples":
+        return None
+    listing_file = listing_path(out.staging, plan.first_shard)
+    if source.kind != "folder":
+        return input_changes(plan, listing_file)
+    return listing_changes(plan, scan_source(src, source, options, times=True), listing_file, options)
