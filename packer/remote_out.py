@@ -46,6 +46,7 @@ T = TypeVar("T")
 UPLOAD_THREADS = 4
 """Files of one shard (the shard and its sidecars) uploaded at once; parts of one file are s3fs's business."""
 MAX_PARTS = 10_000
+SECOND_NS = 1_000_000_000  # whole-second object times (S3 LastModified) stand for the end of their second
 ATOMIC_PUT = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "oss"})
 """Object stores where a key is always one whole upload (old or new, never a mix, never a part)."""
 
@@ -333,9 +334,13 @@ class RemoteOut(UrlFilesystem, Output):
 
     def date_listing(self, name: str, local: Path) -> None:
         """Give the downloaded listing the time the bucket's copy was stored: the plan's time, which a
-        rerun compares SRC's modification times with (`packer.changes`)."""
+        rerun compares SRC's modification times with (`packer.changes`). A time in whole seconds (S3's
+        LastModified) stands for the end of its second: files written in the second of the upload,
+        before it, are older than the plan, not changed since."""
         fs, _ = self.filesystem()
         stored = modified_ns(self.call(name, lambda: fs.info(self.key(name))))
+        if stored and stored % SECOND_NS == 0:
+            stored += SECOND_NS - 1
         if stored:
             os.utime(local, ns=(stored, stored))
 

@@ -54,7 +54,7 @@ def input_mtimes(names: Sequence[str]) -> list[int]:
         _, path = filesystem(name)
         try:
             if path not in found:
-                found.update((info["name"].rstrip("/"), info) for info in fs.ls(path.rsplit("/", 1)[0], detail=True))
+                found.update(folder_entries(fs, path.rsplit("/", 1)[0]))
             info = found.get(path) or fs.info(path)
             if info.get("type") == "directory":
                 info = fs.info(f"{path}/{MANIFEST_NAME}")
@@ -62,6 +62,15 @@ def input_mtimes(names: Sequence[str]) -> list[int]:
             raise ScanError(f"{name}: cannot list ({type(exc).__name__}: {exc})") from None
         times.append(modified_ns(info))
     return times
+
+
+def folder_entries(fs: Any, folder: str) -> dict[str, dict[str, Any]]:
+    """The `info` of every entry of `folder`, by name, in one listing; none where the store cannot
+    list it (a web server without an index page for it): each input is then asked on its own."""
+    try:
+        return {info["name"].rstrip("/"): info for info in fs.ls(folder, detail=True)}
+    except OSError:
+        return {}
 
 
 READ_AHEAD_SHARE = 4
