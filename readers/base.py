@@ -146,6 +146,7 @@ class PackedDataset(Dataset):
         self._pid = os.getpid()
         self._handles: dict[int, Any] = {}
         self._leases: dict[int, list[Lease]] = {}
+        self._total_lease: int | None = None  # `holds_room`, worked out on first use
 
     @property
     def classes(self) -> list[str]:
@@ -256,9 +257,20 @@ class PackedDataset(Dataset):
         """The samples of one batch (DataLoader calls this with a batch's indices), each as
         `self[index]` gives it. The format hears first which samples follow (`_will_read`), so it can
         ask the kernel for all their bytes at once rather than wait on each read in turn: I/O depth
-        from a single thread, which is what random reads from a cold disk need."""
-        if type(self)._will_read is PackedDataset._will_read:  # a format without read-ahead (LMDB maps its files)
+        from a single thread, which is what random reads from a cold disk need.
+
+        Through a cache too small for the whole dataset, the batch's shards are given back after it
+        (`holds_room`): a worker idle between batches must not hold the room another worker waits for
+        (the main process waits for that worker's batch first, so the idle one got no more work: a hang)."""
+        try:
+            if type(self)._will_read is not PackedDataset._will_read:  # LMDB maps its files: no read-ahead
+                self._read_ahead(indices)
             return [self[index] for index in indices]
+        finally:
+            if self.holds_room():
+                self.close()
+
+    def _read_ahead(self, indices: Sequence[int]) -> None:
         wanted = np.asarray(indices, dtype=np.int64)
         wanted = wanted[(wanted >= 0) & (wanted < len(self))]  # the rest raise below, as self[i] does
         shards = np.searchsorted(self._offsets, wanted, side="right") - 1
@@ -267,7 +279,17 @@ class PackedDataset(Dataset):
                 self._will_read(shard, wanted[shards == shard] - self._offsets[shard])
             except Exception:  # noqa: BLE001 - only a hint: the reads themselves report damage, each as on_error says
                 pass
-        return [self[index] for index in indices]
+
+    def holds_room(self) -> bool:
+        """Whether an open shard holds room that a reader of this dataset may wait for: its cache
+        has a limit smaller than all its shards together."""
+        limit = getattr(getattr(self.files, "cache", None), "limit", None)
+        if limit is None:
+            return False
+        if self._total_lease is None:
+            self._total_lease = sum(info.bytes + sum(sidecar.bytes for sidecar in self.read_sidecars(shard))
+                                    for shard, info in enumerate(self.manifest.shards))
+        return bool(limit < self._total_lease)
 
     def record(self, index: int) -> tuple[dict[str, Any], memoryview]:
         """The stored meta and payload of one sample, checked against its CRC-32."""

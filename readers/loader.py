@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, Sampler
 from torch.utils.data._utils.collate import default_collate
 
 from .base import PackedDataset
-from .cache import format_size
+from .cache import end_waits_with_parent, format_size
 from .cpus import THREAD_VARIABLES, default_num_workers
 from .handover import Handover, Scalars
 from .mixed import SOURCE_FIELD, MixedDataset, sources_of
@@ -94,7 +94,8 @@ class ShardWindowBatchSampler(Sampler[list[int]], RankSplit):
 
 
 class _WorkerInit:
-    """Per-worker setup: one thread for torch and for OpenMP/MKL/BLAS users, then the user's hook.
+    """Per-worker setup: one thread for torch and for OpenMP/MKL/BLAS users, waits in the shard
+    cache that end with the main process (`end_waits_with_parent`), then the user's hook.
 
     The worker's torch, `random` and numpy seeds are set by DataLoader from its generator, which
     make_loader seeds from (seed, rank, epoch); this class is picklable for spawn contexts.
@@ -105,6 +106,7 @@ class _WorkerInit:
 
     def __call__(self, worker_id: int) -> None:
         torch.set_num_threads(1)
+        end_waits_with_parent()
         for name in THREAD_VARIABLES:
             os.environ[name] = "1"
         if self.user_fn is not None:
