@@ -10,7 +10,7 @@ from typing import Any, Callable, ClassVar, Iterator, Sequence
 
 import numpy as np
 from PIL import Image
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, get_worker_info
 
 from .cache import Lease
 from .decode import get_decoder
@@ -146,7 +146,7 @@ class PackedDataset(Dataset):
         self._pid = os.getpid()
         self._handles: dict[int, Any] = {}
         self._leases: dict[int, list[Lease]] = {}
-        self._total_lease: int | None = None  # `holds_room`, worked out on first use
+        self._largest: int | None = None  # `largest_lease()`, worked out on first use
 
     @property
     def classes(self) -> list[str]:
@@ -259,16 +259,14 @@ class PackedDataset(Dataset):
         ask the kernel for all their bytes at once rather than wait on each read in turn: I/O depth
         from a single thread, which is what random reads from a cold disk need.
 
-        Through a cache too small for the whole dataset, the batch's shards are given back after it
-        (`holds_room`): a worker idle between batches must not hold the room another worker waits for
-        (the main process waits for that worker's batch first, so the idle one got no more work: a hang)."""
+        Through a capped cache shared with other readers, the batch's oldest shards are closed after
+        it down to this reader's share (`_give_back_room`)."""
         try:
             if type(self)._will_read is not PackedDataset._will_read:  # LMDB maps its files: no read-ahead
                 self._read_ahead(indices)
             return [self[index] for index in indices]
         finally:
-            if self.holds_room():
-                self.close()
+            self._give_back_room()
 
     def _read_ahead(self, indices: Sequence[int]) -> None:
         wanted = np.asarray(indices, dtype=np.int64)
@@ -280,16 +278,24 @@ class PackedDataset(Dataset):
             except Exception:  # noqa: BLE001 - only a hint: the reads themselves report damage, each as on_error says
                 pass
 
-    def holds_room(self) -> bool:
-        """Whether an open shard holds room that a reader of this dataset may wait for: its cache
-        has a limit smaller than all its shards together."""
-        limit = getattr(getattr(self.files, "cache", None), "limit", None)
-        if limit is None:
-            return False
-        if self._total_lease is None:
-            self._total_lease = sum(info.bytes + sum(sidecar.bytes for sidecar in self.read_sidecars(shard))
-                                    for shard, info in enumerate(self.manifest.shards))
-        return bool(limit < self._total_lease)
+    def _give_back_room(self) -> None:
+        """Close this process's oldest open shards until what it holds of a capped cache leaves room
+        for one largest shard of each other reader on the node (DataLoader workers times
+        $LOCAL_WORLD_SIZE): a worker idle between batches must not hold the room another worker's
+        batch waits for (the main process waits for that batch first, so the idle one gets no more
+        work: two workers in a 3-shard cache hung so)."""
+        cache = getattr(self.files, "cache", None)
+        if cache is None or cache.limit is None:
+            return
+        info = get_worker_info()
+        readers = (info.num_workers if info is not None else 1) * int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+        if readers <= 1:
+            return  # alone: a full cache closes its own oldest shard (`_lease`)
+        if self._largest is None:
+            self._largest = self.largest_lease()
+        share = (cache.limit - self._largest) // (readers - 1)
+        while self._handles and cache.leased_here() > share:
+            self.close_shard(next(iter(self._handles)))
 
     def record(self, index: int) -> tuple[dict[str, Any], memoryview]:
         """The stored meta and payload of one sample, checked against its CRC-32."""

@@ -105,6 +105,8 @@ def format_size(size: int) -> str:
 # the parent's references (flocks belong to the open file, which fork shares) alive in the child.
 _HELD: set[int] = set()
 _HELD_GUARD = threading.Lock()
+_LEASED_BYTES: dict[Path, int] = {}
+"""Cache folder -> bytes of the files this process holds leases on there (`leased_here`)."""
 
 
 def _close_inherited() -> None:
@@ -113,6 +115,7 @@ def _close_inherited() -> None:
     for fd in _HELD:
         os.close(fd)
     _HELD.clear()
+    _LEASED_BYTES.clear()
 
 
 os.register_at_fork(after_in_child=_close_inherited)
@@ -173,13 +176,15 @@ def end_waits_with_parent() -> None:
     _END_WITH_PARENT = True
 
 
-def _unlock(fd: int) -> None:
-    """Close a lock descriptor (closing, never LOCK_UN: a forked copy must not unlock the parent's)."""
+def _unlock(fd: int) -> bool:
+    """Close a lock descriptor (closing, never LOCK_UN: a forked copy must not unlock the parent's);
+    False where it was closed already, or closed for us after a fork."""
     with _HELD_GUARD:
         if fd not in _HELD:
-            return  # already closed, or closed for us after a fork
+            return False
         _HELD.discard(fd)
     os.close(fd)
+    return True
 
 
 def _remove_lock(path: Path, fd: int) -> None:
@@ -191,13 +196,19 @@ def _remove_lock(path: Path, fd: int) -> None:
 class Lease:
     """A reference to one cached file: while it is held, no process on the node evicts the file."""
 
-    def __init__(self, path: Path, fd: int | None = None) -> None:
+    def __init__(self, path: Path, fd: int | None = None, room: tuple[Path, int] | None = None) -> None:
         self.path = path
         self._fd = fd
+        self._room = room  # (cache folder, bytes) counted in `leased_here` while held
+        if fd is not None and room is not None:
+            with _HELD_GUARD:
+                _LEASED_BYTES[room[0]] = _LEASED_BYTES.get(room[0], 0) + room[1]
 
     def release(self) -> None:
         if self._fd is not None:
-            _unlock(self._fd)
+            if _unlock(self._fd) and self._room is not None:
+                with _HELD_GUARD:
+                    _LEASED_BYTES[self._room[0]] -= self._room[1]
             self._fd = None
 
     def __enter__(self) -> Path:
@@ -273,7 +284,11 @@ class ShardCache:
         except BaseException:
             _unlock(use)
             raise
-        return Lease(path, use)
+        return Lease(path, use, (self.root, file.bytes))
+
+    def leased_here(self) -> int:
+        """Bytes of this cache's files that this process holds leases on now."""
+        return _LEASED_BYTES.get(self.root, 0)
 
     def has(self, file: CachedFile) -> bool:
         """Whether `file` is in the cache now (another reader may evict it unless a lease holds it)."""
