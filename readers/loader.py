@@ -353,8 +353,8 @@ class StreamingLoader(PackedLoader):
             tight = tight_cache(self.dataset, saved, workers)
             if tight is not None:
                 raise ValueError(f"loader state was saved reading mix_shards={saved} shards at once; cache_limit "
-                                 f"{format_size(tight[0])} holds {widest} for {workers} workers: raise cache_limit "
-                                 f"to room for {tight[1]} of this dataset's largest shard to resume exactly")
+                                 f"{format_size(tight[0])} holds {widest} for {workers} workers: to resume exactly, raise "
+                                 f"cache_limit to hold {tight[1]} of this dataset's largest shard")
             self.sampler.mix_shards = saved
         try:
             super().load_state_dict(state)
@@ -417,6 +417,17 @@ def widest_mix(dataset: PackedDataset | MixedDataset, workers: int) -> int:
     """The most shards a streaming worker may read at once, up to DEFAULT_MIX_SHARDS, that every
     capped cache of the dataset holds (`tight_cache`); 1 where none wider fits."""
     return next((mix for mix in range(DEFAULT_MIX_SHARDS, 1, -1) if tight_cache(dataset, mix, workers) is None), 1)
+
+
+def log_narrow_mix(dataset: PackedDataset | MixedDataset, widest: int, workers: int) -> None:
+    """Say in one line why streaming reads fewer shards at once than DEFAULT_MIX_SHARDS."""
+    tight = tight_cache(dataset, widest + 1, workers)
+    assert tight is not None  # `widest` is the widest that fits
+    limit, needed, largest = tight
+    log.warning("%s: cache_limit %s holds %d of this dataset's largest shard, and %d workers reading %d shards at "
+                "once need room for %d: streaming reads mix_shards=%d shards at once, not %d (batches mix fewer "
+                "shards; raise cache_limit for more)", dataset.root, format_size(limit), limit // largest, workers,
+                widest + 1, needed, widest, DEFAULT_MIX_SHARDS)
 
 
 def make_loader(
@@ -496,13 +507,8 @@ def make_loader(
         check_cache_room(dataset, sampler.mix_shards, max(1, workers))
         if widest is not None and shuffle:
             sampler.widest_mix = widest
-            tight = tight_cache(dataset, widest + 1, max(1, workers))
-            if tight is not None and widest < DEFAULT_MIX_SHARDS:
-                limit, needed, largest = tight
-                log.warning("%s: cache_limit %s holds %d of this dataset's largest shard, and %d workers reading "
-                            "%d shards at once need room for %d: streaming reads mix_shards=%d shards at once, not %d "
-                            "(batches mix fewer shards; raise cache_limit for more)", dataset.root, format_size(limit),
-                            limit // largest, max(1, workers), widest + 1, needed, widest, DEFAULT_MIX_SHARDS)
+            if widest < DEFAULT_MIX_SHARDS:
+                log_narrow_mix(dataset, widest, max(1, workers))
         if shuffle and mode == "train":
             for source in sources_of(dataset):
                 warn_class_sorted(source)
