@@ -353,8 +353,8 @@ class StreamingLoader(PackedLoader):
             tight = tight_cache(self.dataset, saved, workers)
             if tight is not None:
                 raise ValueError(f"loader state was saved reading mix_shards={saved} shards at once; cache_limit "
-                                 f"{format_size(tight[0])} holds {widest} for {workers} workers: to resume exactly, raise "
-                                 f"cache_limit to hold {tight[1]} of this dataset's largest shard")
+                                 f"{format_size(tight[0])} holds {widest} for {workers} workers: to resume exactly, "
+                                 f"raise cache_limit to hold {tight[1]} of this dataset's largest shard")
             self.sampler.mix_shards = saved
         try:
             super().load_state_dict(state)
