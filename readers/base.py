@@ -10,7 +10,7 @@ from typing import Any, Callable, ClassVar, Iterator, Sequence
 
 import numpy as np
 from PIL import Image
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, get_worker_info
 
 from .cache import Lease
 from .decode import get_decoder
@@ -149,6 +149,7 @@ class PackedDataset(Dataset):
         self._pid = os.getpid()
         self._handles: dict[int, Any] = {}
         self._leases: dict[int, list[Lease]] = {}
+        self._largest: int | None = None  # `largest_lease()`, worked out on first use
 
     @property
     def classes(self) -> list[str]:
@@ -263,9 +264,18 @@ class PackedDataset(Dataset):
         """The samples of one batch (DataLoader calls this with a batch's indices), each as
         `self[index]` gives it. The format hears first which samples follow (`_will_read`), so it can
         ask the kernel for all their bytes at once rather than wait on each read in turn: I/O depth
-        from a single thread, which is what random reads from a cold disk need."""
-        if type(self)._will_read is PackedDataset._will_read:  # a format without read-ahead (LMDB maps its files)
+        from a single thread, which is what random reads from a cold disk need.
+
+        Through a capped cache shared with other readers, the batch's oldest shards are closed after
+        it down to this reader's share (`_give_back_room`)."""
+        try:
+            if type(self)._will_read is not PackedDataset._will_read:  # LMDB maps its files: no read-ahead
+                self._read_ahead(indices)
             return [self[index] for index in indices]
+        finally:
+            self._give_back_room()
+
+    def _read_ahead(self, indices: Sequence[int]) -> None:
         wanted = np.asarray(indices, dtype=np.int64)
         wanted = wanted[(wanted >= 0) & (wanted < len(self))]  # the rest raise below, as self[i] does
         shards = np.searchsorted(self._offsets, wanted, side="right") - 1
@@ -274,7 +284,25 @@ class PackedDataset(Dataset):
                 self._will_read(shard, wanted[shards == shard] - self._offsets[shard])
             except Exception:  # noqa: BLE001 - only a hint: the reads themselves report damage, each as on_error says
                 pass
-        return [self[index] for index in indices]
+
+    def _give_back_room(self) -> None:
+        """Close this process's oldest open shards until what it holds of a capped cache leaves room
+        for one largest shard of each other reader on the node (DataLoader workers times
+        $LOCAL_WORLD_SIZE): a worker idle between batches must not hold the room another worker's
+        batch waits for (the main process waits for that batch first, so the idle one gets no more
+        work: two workers in a 3-shard cache hung so)."""
+        cache = getattr(self.files, "cache", None)
+        if cache is None or cache.limit is None:
+            return
+        info = get_worker_info()
+        readers = (info.num_workers if info is not None else 1) * int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+        if readers <= 1:
+            return  # alone: a full cache closes its own oldest shard (`_lease`)
+        if self._largest is None:
+            self._largest = self.largest_lease()
+        share = (cache.limit - self._largest) // (readers - 1)
+        while self._handles and cache.leased_here() > share:
+            self.close_shard(next(iter(self._handles)))
 
     def record(self, index: int) -> tuple[dict[str, Any], memoryview]:
         """The stored meta and payload of one sample, checked against its CRC-32."""

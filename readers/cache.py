@@ -38,7 +38,8 @@ MIN_CACHE_SHARDS = 3
 downloading, on a node shared by several readers."""
 ROOM_POLL_S = 0.05
 ROOM_TIMEOUT_S = 600.0
-"""How long a download waits for other readers to release enough of a full cache before failing."""
+"""How long a download waits for other readers to release enough of a full cache, or for another
+process's download of the same file to start or grow, before failing."""
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
           "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -104,6 +105,8 @@ def format_size(size: int) -> str:
 # the parent's references (flocks belong to the open file, which fork shares) alive in the child.
 _HELD: set[int] = set()
 _HELD_GUARD = threading.Lock()
+_LEASED_BYTES: dict[Path, int] = {}
+"""Cache folder -> bytes of the files this process holds leases on there (`leased_here`)."""
 
 
 def _close_inherited() -> None:
@@ -112,6 +115,7 @@ def _close_inherited() -> None:
     for fd in _HELD:
         os.close(fd)
     _HELD.clear()
+    _LEASED_BYTES.clear()
 
 
 os.register_at_fork(after_in_child=_close_inherited)
@@ -146,13 +150,41 @@ def _lock(path: Path, *, exclusive: bool, wait: bool = True) -> int | None:
         os.close(fd)
 
 
-def _unlock(fd: int) -> None:
-    """Close a lock descriptor (closing, never LOCK_UN: a forked copy must not unlock the parent's)."""
+def _in_use(path: Path) -> bool:
+    """Whether some reader (this process included) holds the shared lock at `path` now."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing the probe's own descriptor drops its lock, never another's
+    return False
+
+
+_END_WITH_PARENT = False
+"""Whether this process's waits end when its parent process does (`end_waits_with_parent`)."""
+
+
+def end_waits_with_parent() -> None:
+    """Make this process's waits for room or for another's download end once its parent process
+    ends: for DataLoader workers, which no one reads from after their main process is gone."""
+    global _END_WITH_PARENT
+    _END_WITH_PARENT = True
+
+
+def _unlock(fd: int) -> bool:
+    """Close a lock descriptor (closing, never LOCK_UN: a forked copy must not unlock the parent's);
+    False where it was closed already, or closed for us after a fork."""
     with _HELD_GUARD:
         if fd not in _HELD:
-            return  # already closed, or closed for us after a fork
+            return False
         _HELD.discard(fd)
     os.close(fd)
+    return True
 
 
 def _remove_lock(path: Path, fd: int) -> None:
@@ -164,13 +196,19 @@ def _remove_lock(path: Path, fd: int) -> None:
 class Lease:
     """A reference to one cached file: while it is held, no process on the node evicts the file."""
 
-    def __init__(self, path: Path, fd: int | None = None) -> None:
+    def __init__(self, path: Path, fd: int | None = None, room: tuple[Path, int] | None = None) -> None:
         self.path = path
         self._fd = fd
+        self._room = room  # (cache folder, bytes) counted in `leased_here` while held
+        if fd is not None and room is not None:
+            with _HELD_GUARD:
+                _LEASED_BYTES[room[0]] = _LEASED_BYTES.get(room[0], 0) + room[1]
 
     def release(self) -> None:
         if self._fd is not None:
-            _unlock(self._fd)
+            if _unlock(self._fd) and self._room is not None:
+                with _HELD_GUARD:
+                    _LEASED_BYTES[self._room[0]] -= self._room[1]
             self._fd = None
 
     def __enter__(self) -> Path:
@@ -246,7 +284,11 @@ class ShardCache:
         except BaseException:
             _unlock(use)
             raise
-        return Lease(path, use)
+        return Lease(path, use, (self.root, file.bytes))
+
+    def leased_here(self) -> int:
+        """Bytes of this cache's files that this process holds leases on now."""
+        return _LEASED_BYTES.get(self.root, 0)
 
     def has(self, file: CachedFile) -> bool:
         """Whether `file` is in the cache now (another reader may evict it unless a lease holds it)."""
@@ -262,8 +304,7 @@ class ShardCache:
     def _download(self, file: CachedFile, path: Path, fetcher: Fetcher, make_room: Callable[[], bool] | None,
                   ahead: Ahead | None) -> None:
         get_path = self._lock_path(file, "get")
-        get = _lock(get_path, exclusive=True)  # one download per file per node; others wait here
-        assert get is not None
+        get = self._download_lock(file, get_path, make_room)  # one download per file per node; others wait here
         try:
             if self._present(path, file):
                 return  # downloaded while we waited
@@ -288,12 +329,68 @@ class ShardCache:
         finally:
             _remove_lock(get_path, get)
 
+    def _download_lock(self, file: CachedFile, get_path: Path, make_room: Callable[[], bool] | None) -> int:
+        """The file's download lock, once no other process downloads it. While another's download of
+        it waits for room (no part file yet), `make_room` gives back the caller's own leases, one per
+        poll: that download may be waiting for exactly those (two map-style workers, one holding the
+        cache full, the other downloading the file the first wants, waited on each other for good).
+        Fails in one line once the download neither starts nor grows for `room_timeout`."""
+        deadline = time.monotonic() + self.room_timeout
+        parent = os.getppid()
+        progress = -1
+        while True:
+            get = _lock(get_path, exclusive=True, wait=False)
+            if get is not None:
+                return get
+            parts = self._part_sizes(file)
+            if not parts and make_room is not None:
+                make_room()
+            if parts and max(parts) != progress:
+                progress = max(parts)
+                deadline = time.monotonic() + self.room_timeout
+            self._check_wait(parent, deadline, f"another process's download of {file.name}"
+                             + ("" if parts else ", which waits for room"))
+            time.sleep(ROOM_POLL_S)
+
+    def _part_sizes(self, file: CachedFile) -> list[int]:
+        """The bytes so far of each download of `file` under way (one, or a dead one's until removed)."""
+        sizes = []
+        for part in (self.root / "tmp").glob(f"{file.sha256}.*.part"):
+            try:
+                sizes.append(part.stat().st_size)
+            except FileNotFoundError:
+                continue
+        return sizes
+
+    def _check_wait(self, parent: int, deadline: float, waiting_for: str) -> None:
+        """End a wait in one line: past its deadline, or in a DataLoader worker whose main process
+        has ended (`end_waits_with_parent`), which would otherwise wait on after it, orphaned."""
+        if _END_WITH_PARENT and os.getppid() != parent:
+            raise DatasetError(f"{self.root}: stopped waiting for {waiting_for}: the main process has ended")
+        if time.monotonic() > deadline:
+            raise DatasetError(f"{self.root}: waited {self.room_timeout:.0f} s for {waiting_for}; cache_limit "
+                               f"{'none' if self.limit is None else format_size(self.limit)}, {self.held()}")
+
+    def held(self) -> str:
+        """What the cache holds now, in words: files leased by readers (any process), unleased
+        files, downloads under way."""
+        leased, leased_bytes, idle, idle_bytes = 0, 0, 0, 0
+        for path, size, _ in self._objects():
+            if _in_use(self.root / "locks" / f"{path.name.split('.', 1)[0]}.use"):
+                leased, leased_bytes = leased + 1, leased_bytes + size
+            else:
+                idle, idle_bytes = idle + 1, idle_bytes + size
+        downloads = sum(1 for entry in os.scandir(self.root / "tmp") if _PART.fullmatch(entry.name))
+        return (f"files held by readers: {leased} ({format_size(leased_bytes)}), not held: {idle} "
+                f"({format_size(idle_bytes)}), downloads under way: {downloads}")
+
     def _reserve(self, file: CachedFile, make_room: Callable[[], bool] | None, ahead: Ahead | None) -> Path:
         """Create the download's part file once the cache has room for the whole file."""
         if self.limit is not None and file.bytes > self.limit:
             raise DatasetError(f"{file.name}: {format_size(file.bytes)} does not fit in cache_limit "
                                f"{format_size(self.limit)} of {self.root}")
         deadline = time.monotonic() + self.room_timeout
+        parent = os.getppid()
         waiting = False
         wanted = file.bytes + (ahead.headroom if ahead is not None else 0)
         while True:
@@ -310,11 +407,7 @@ class ShardCache:
                 raise NoRoom(file.name)
             if make_room is not None and make_room():
                 continue
-            if time.monotonic() > deadline:
-                raise DatasetError(
-                    f"{self.root}: waited {self.room_timeout:.0f} s for room for {file.name} "
-                    f"({format_size(file.bytes)}); cache_limit {format_size(self.limit)} is all held by readers "
-                    "still using their shards")
+            self._check_wait(parent, deadline, f"room for {file.name} ({format_size(file.bytes)})")
             if not waiting:
                 log.info("%s: cache full (limit %s), waiting for readers to release shards", self.root,
                          format_size(self.limit))

@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, Sampler
 from torch.utils.data._utils.collate import default_collate
 
 from .base import PackedDataset
-from .cache import format_size
+from .cache import end_waits_with_parent, format_size
 from .cpus import THREAD_VARIABLES, default_num_workers
 from .handover import Handover, Scalars
 from .mixed import MIX_FIELDS, MixedDataset, sources_of
@@ -100,7 +100,8 @@ class ShardWindowBatchSampler(Sampler[list[int]], RankSplit):
 
 
 class _WorkerInit:
-    """Per-worker setup: one thread for torch and for OpenMP/MKL/BLAS users, then the user's hook.
+    """Per-worker setup: one thread for torch and for OpenMP/MKL/BLAS users, waits in the shard
+    cache that end with the main process (`end_waits_with_parent`), then the user's hook.
 
     The worker's torch, `random` and numpy seeds are set by DataLoader from its generator, which
     make_loader seeds from (seed, rank, epoch); this class is picklable for spawn contexts.
@@ -111,6 +112,7 @@ class _WorkerInit:
 
     def __call__(self, worker_id: int) -> None:
         torch.set_num_threads(1)
+        end_waits_with_parent()
         for name in THREAD_VARIABLES:
             os.environ[name] = "1"
         if self.user_fn is not None:
@@ -417,6 +419,24 @@ class StreamingLoader(PackedLoader):
         # Streaming workers make the eval masks; DataLoader's default_convert made the pair a list.
         return tuple(batch) if self.sampler.mode == "eval" else batch
 
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """As PackedLoader's; where the width of the shard mix was chosen (`mix_shards` not given),
+        the state's width is taken if the cache holds it, so the rest of the epoch is the one saved."""
+        mine, saved, widest = self.sampler.mix_shards, state.get("mix_shards"), self.sampler.widest_mix
+        if widest is not None and isinstance(saved, int) and saved >= 1 and saved != mine:
+            workers = max(1, self.sampler.num_workers)
+            tight = tight_cache(self.dataset, saved, workers)
+            if tight is not None:
+                raise ValueError(f"loader state was saved reading mix_shards={saved} shards at once; cache_limit "
+                                 f"{format_size(tight[0])} holds {widest} for {workers} workers: to resume exactly, "
+                                 f"raise cache_limit to hold {tight[1]} of this dataset's largest shard")
+            self.sampler.mix_shards = saved
+        try:
+            super().load_state_dict(state)
+        except ValueError:
+            self.sampler.mix_shards = mine
+            raise
+
 
 def _datasets_changed(saved: list[str], now: list[str]) -> str:
     """What differs between the datasets a state names and this loader's, in a few words."""
@@ -444,10 +464,28 @@ def warn_class_sorted(dataset: PackedDataset) -> None:
 
 
 def check_cache_room(dataset: PackedDataset | MixedDataset, mix_shards: int, workers: int) -> None:
+    """Refuse a `cache_limit` too small for `mix_shards` (`tight_cache`) in one line."""
+    tight = tight_cache(dataset, mix_shards, workers)
+    if tight is not None:
+        limit, needed, largest = tight
+        local_ranks = _local_ranks()
+        ranks = f"{local_ranks} ranks x " if local_ranks > 1 else ""
+        raise ValueError(
+            f"cache_limit {format_size(limit)} is too small for streaming: {ranks}{workers} workers reading "
+            f"mix_shards={mix_shards} shards at once need room for {needed} of this dataset's largest shard, "
+            f"{format_size(needed * largest)}; raise cache_limit, or lower mix_shards or num_workers")
+
+
+def _local_ranks() -> int:
+    return int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+
+
+def tight_cache(dataset: PackedDataset | MixedDataset, mix_shards: int, workers: int) -> tuple[int, int, int] | None:
     """A streaming worker opens a shard while it holds up to `mix_shards - 1` others in the cache:
     unless the cache holds that many for every worker of every rank on the node that shares it,
     plus one, all of them could wait for room at once, for good (a cache with room for every shard
-    never makes one wait). Such a `cache_limit` is refused. A mix's sources that share a cache
+    never makes one wait). The first cache too small for that, as (its limit, the shards it must
+    hold, the largest shard's bytes); None where all hold them. A mix's sources that share a cache
     folder count together: a worker's shards may be any of theirs."""
     caches: dict[Path, tuple[int, int, int]] = {}  # folder -> its limit, the largest lease, the shards
     for source in sources_of(dataset):
@@ -455,15 +493,28 @@ def check_cache_room(dataset: PackedDataset | MixedDataset, mix_shards: int, wor
         if cache is not None and cache.limit is not None:
             _, largest, shards = caches.get(cache.root, (cache.limit, 0, 0))
             caches[cache.root] = (cache.limit, max(largest, source.largest_lease()), shards + len(source.manifest.shards))
-    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
     for limit, largest, shards in caches.values():
-        needed = min(local_ranks * workers * (mix_shards - 1) + 1, shards)  # room for all of them: none waits
+        needed = min(_local_ranks() * workers * (mix_shards - 1) + 1, shards)  # room for all of them: none waits
         if limit < needed * largest:
-            ranks = f"{local_ranks} ranks x " if local_ranks > 1 else ""
-            raise ValueError(
-                f"cache_limit {format_size(limit)} is too small for streaming: {ranks}{workers} workers reading "
-                f"mix_shards={mix_shards} shards at once need room for {needed} of this dataset's largest shard, "
-                f"{format_size(needed * largest)}; raise cache_limit, or lower mix_shards or num_workers")
+            return limit, needed, largest
+    return None
+
+
+def widest_mix(dataset: PackedDataset | MixedDataset, workers: int) -> int:
+    """The most shards a streaming worker may read at once, up to DEFAULT_MIX_SHARDS, that every
+    capped cache of the dataset holds (`tight_cache`); 1 where none wider fits."""
+    return next((mix for mix in range(DEFAULT_MIX_SHARDS, 1, -1) if tight_cache(dataset, mix, workers) is None), 1)
+
+
+def log_narrow_mix(dataset: PackedDataset | MixedDataset, widest: int, workers: int) -> None:
+    """Say in one line why streaming reads fewer shards at once than DEFAULT_MIX_SHARDS."""
+    tight = tight_cache(dataset, widest + 1, workers)
+    assert tight is not None  # `widest` is the widest that fits
+    limit, needed, largest = tight
+    log.warning("%s: cache_limit %s holds %d of this dataset's largest shard, and %d workers reading %d shards at "
+                "once need room for %d: streaming reads mix_shards=%d shards at once, not %d (batches mix fewer "
+                "shards; raise cache_limit for more)", dataset.root, format_size(limit), limit // largest, workers,
+                widest + 1, needed, widest, DEFAULT_MIX_SHARDS)
 
 
 def start_method(context: Any) -> str:
@@ -518,7 +569,7 @@ def make_loader(
     streaming: bool = False,
     shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER,
     prefetch_shards: int = DEFAULT_PREFETCH_SHARDS,
-    mix_shards: int = DEFAULT_MIX_SHARDS,
+    mix_shards: int | None = None,
 ) -> PackedLoader:
     """A loader for a dataset from `open_dataset`, ready for single-process or DDP training.
 
@@ -539,7 +590,9 @@ def make_loader(
       order that also depends on `num_workers`. `shuffle_window` does not apply. Each worker
       reads `mix_shards` shards at once, interleaved, so batches mix shards; a `cache_limit`
       must hold `mix_shards` of the largest shards per worker (of every rank on the node sharing
-      the cache, $LOCAL_WORLD_SIZE), checked here. Workers hand columns of bytes over through
+      the cache, $LOCAL_WORLD_SIZE), checked here: a `mix_shards` given that does not fit is
+      refused; by default it is the widest that fits, up to 4 (a narrower one is logged), and a
+      resumed state's width is taken where it fits. Workers hand columns of bytes over through
       shared memory (`readers.handover`), where /dev/shm has room for it.
     """
     if not isinstance(dataset, (PackedDataset, MixedDataset)):
@@ -560,14 +613,19 @@ def make_loader(
     collate = collate_fn or SampleCollate(dataset, scalars_as_lists=workers > 0)
     sampler: ShardWindowBatchSampler | ShardStream
     if streaming:
+        widest = widest_mix(dataset, max(1, workers)) if mix_shards is None else None
         sampler = ShardStream(
             dataset, batch_size=batch_size, collate_fn=collate, seed=seed, shuffle=shuffle,
             shuffle_buffer=shuffle_buffer, rank=rank, world_size=world_size,
             drop_last=drop_last and mode == "train", mode=mode, num_workers=workers, prefetch_shards=prefetch_shards,
-            mix_shards=mix_shards, scalars_as_lists=workers > 0,
+            mix_shards=mix_shards if widest is None else widest, scalars_as_lists=workers > 0,
             ring_slots=(2 if prefetch_factor is None else prefetch_factor) + 1 if workers > 0 else 0,
         )
         check_cache_room(dataset, sampler.mix_shards, max(1, workers))
+        if widest is not None and shuffle:
+            sampler.widest_mix = widest
+            if widest < DEFAULT_MIX_SHARDS:
+                log_narrow_mix(dataset, widest, max(1, workers))
         if shuffle and mode == "train":
             for source in sources_of(dataset):
                 warn_class_sorted(source)

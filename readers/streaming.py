@@ -305,7 +305,10 @@ class ShardStream(IterableDataset, RankSplit):
             raise ValueError(f"shuffle_buffer and prefetch_shards must be >= 0, got {shuffle_buffer}, {prefetch_shards}")
         if mix_shards < 1:
             raise ValueError(f"mix_shards must be at least 1, not {mix_shards}")
-        self.mix_shards = mix_shards if shuffle else 1  # unshuffled: stored order
+        self._mix = torch.tensor([mix_shards if shuffle else 1]).share_memory_()  # unshuffled: stored order
+        self.widest_mix: int | None = None
+        """Where the loader chose `mix_shards` (none given): the widest the cache holds, up to which
+        a resumed state's width is taken (`StreamingLoader.load_state_dict`)."""
         self.dataset = dataset
         self.collate_fn = collate_fn
         self.shuffle_buffer = shuffle_buffer
@@ -315,6 +318,15 @@ class ShardStream(IterableDataset, RankSplit):
         self.ring_slots = ring_slots  # batches of bytes a worker keeps in shared memory (readers.handover)
         self._offsets = np.concatenate(([0], np.cumsum(self.shard_sizes)))
         self._position = torch.zeros(2, dtype=torch.int64).share_memory_()  # epoch, batches to skip
+
+    @property
+    def mix_shards(self) -> int:
+        """Shards each worker reads at once; in shared memory, so persistent workers see a resumed width."""
+        return int(self._mix[0])
+
+    @mix_shards.setter
+    def mix_shards(self, mix: int) -> None:
+        self._mix[0] = mix
 
     @property
     def epoch(self) -> int:

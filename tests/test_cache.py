@@ -150,7 +150,8 @@ def test_full_cache_waits_for_a_release_then_gives_up(serve: Callable[[str], str
     leases.append(cache.lease(shards[3], store))  # waits until shard 0 is released
     assert time.monotonic() - started >= 0.25 and not leases[0].path.exists()
     cache.room_timeout = 0.2  # shards 1, 2 and 3 are held now
-    with pytest.raises(readers.DatasetError, match="waited 0 s for room for .* all held by readers"):
+    with pytest.raises(readers.DatasetError,
+                       match="waited 0 s for room for .*; cache_limit .*, files held by readers: 3 "):
         cache.lease(shards[0], store)
 
 
@@ -318,3 +319,74 @@ def test_a_shard_already_in_the_cache_is_taken_without_waiting_for_its_thread(ht
     finally:
         stuck.set()
         prefetcher.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_reader_waiting_for_a_download_that_waits_for_room_gives_its_shards_back(
+        serve: Callable[[str], str], http_server: LoopbackHTTP, tmp_path: Path) -> None:
+    """Reader A holds the cache full and wants the shard reader B is downloading; B waits for room.
+    A waited on B's download lock for good (two map-style workers, no output for 15 minutes); now A
+    gives its own shards back, one per poll, while that download has no room, and both go on."""
+    url = serve("lmdb")
+    store, shards = store_and_shards(url)
+    sizes = [shard.bytes for shard in shards]
+    limit = sum(sizes[:3]) + sizes[3] - 1  # shard 3 fits once any of the three is given back
+    held = [ShardCache(tmp_path, limit).lease(shard, store) for shard in shards[:3]]
+    given_back = []
+
+    def give_back() -> bool:
+        if not held:
+            return False
+        given_back.append(held.pop(0))
+        given_back[-1].release()
+        return True
+
+    downloader = ShardCache(tmp_path, limit)
+    downloader.room_timeout = 20.0  # before: B gave up after this, A never moved
+    results: dict[str, object] = {}
+
+    def read(name: str, cache: ShardCache, make_room: Callable[[], bool] | None) -> None:
+        try:
+            with cache.lease(shards[3], store, make_room=make_room) as path:
+                results[name] = path.read_bytes()
+        except Exception as exc:  # noqa: BLE001 - the test reports it
+            results[name] = exc
+
+    b = threading.Thread(target=read, args=("b", downloader, None))
+    b.start()
+    get_path = tmp_path / "locks" / f"{shards[3].sha256}.get"
+    deadline = time.monotonic() + 30
+    while (probe := _lock(get_path, exclusive=True, wait=False)) is not None:  # until B holds it
+        _unlock(probe)
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    a = threading.Thread(target=read, args=("a", ShardCache(tmp_path, limit), give_back))
+    a.start()
+    a.join(40)
+    b.join(40)
+    expected = (http_server.directory / urllib.parse.urlsplit(url).path.strip("/") / shards[3].name).read_bytes()
+    assert results == {"a": expected, "b": expected}
+    assert 1 <= len(given_back) <= 3 and http_server.gets[path_of(url, shards[3].name)] == 1
+    for lease in held:
+        lease.release()
+
+
+@pytest.mark.timeout(60)
+def test_a_wait_for_another_download_ends_in_one_line(serve: Callable[[str], str], tmp_path: Path) -> None:
+    url = serve("lmdb")
+    store, shards = store_and_shards(url)
+    cache = ShardCache(tmp_path, 3 * max(shard.bytes for shard in shards))
+    lease = cache.lease(shards[0], store)
+    holder = _lock(tmp_path / "locks" / f"{shards[1].sha256}.get", exclusive=True)  # a download that never starts
+    cache.room_timeout = 0.2
+    try:
+        with pytest.raises(readers.DatasetError) as error:
+            cache.lease(shards[1], store)
+    finally:
+        assert holder is not None
+        _unlock(holder)
+        lease.release()
+    assert str(error.value) == (
+        f"{tmp_path}: waited 0 s for another process's download of {shards[1].name}, which waits for room; "
+        f"cache_limit {readers.cache.format_size(cache.limit)}, files held by readers: 1 "
+        f"({readers.cache.format_size(shards[0].bytes)}), not held: 0 (0 bytes), downloads under way: 0")

@@ -5,18 +5,23 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+from imagefolders import make_image_folder
+from workers import children
 
 import readers
 from packer.pipeline import pack
 from packer.plan import PackOptions
 from packer.writers import WRITERS
+from readers.cache import ShardCache, _in_use, _lock, _unlock
 from readers.remote import RemoteStore
 
 FIELDS = ("image", "label", "path", "index")
@@ -104,3 +109,78 @@ def test_a_forked_child_leaves_the_parents_pooled_connections_working(serve: Cal
     answered = threading.Event()
     threading.Thread(target=lambda: (RemoteStore(url).manifest(), answered.set()), daemon=True).start()
     assert answered.wait(30), "the parent's request after the fork never got its answer"
+
+
+@pytest.fixture(scope="module")
+def twelve_shards(http_server: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    """36 images packed as lmdb in 12 shards of 3, served over HTTP: (URL, local copy)."""
+    root = tmp_path_factory.mktemp("twelve")
+    make_image_folder(root / "src", classes=3, per_class=12)
+    out = http_server.directory / "twelve-lmdb"
+    pack(root / "src", out, PackOptions(format="lmdb", shard_size=3))
+    return f"{http_server.url}/twelve-lmdb", out
+
+
+@pytest.mark.timeout(40)
+def test_map_style_workers_in_a_three_shard_cache_never_wait_on_each_other(
+        twelve_shards: tuple[str, Path], http_server: Any, tmp_path: Path) -> None:
+    """Map-style over a URL, 2 workers, a cache that holds 3 shards, shuffled: one worker held 3
+    shards and waited for the other's download of a 4th, which waited for room: a hang. A worker
+    waiting for another's download gives its own idle shards back while that download waits for room."""
+    url, out = twelve_shards
+    local = readers.open_dataset(out, decode="bytes", fields=FIELDS)
+    limit = 3 * local.largest_lease()
+    remote = readers.open_dataset(url, decode="bytes", fields=FIELDS, cache_dir=tmp_path, cache_limit=limit)
+    http_server.delay_s = 0.02  # downloads overlap
+    try:
+        for epoch in range(3):
+            loader = readers.make_loader(remote, 4, seed=epoch, num_workers=2, shuffle_window=None)
+            expected = [local[i] for i in loader.indices().tolist()]
+            got = [sample for images, labels, paths, indexes in loader
+                   for sample in zip(images, labels.tolist(), paths, indexes.tolist())]
+            assert got == expected
+    finally:
+        http_server.delay_s = 0.0
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_waiting_on_the_cache_ends_with_its_main_process(serve: Callable[[str], str],
+                                                                    tmp_path: Path) -> None:
+    """A DataLoader worker waiting for another process's download (here one that never starts) stops
+    waiting once its main process is gone; orphaned workers stayed stuck on the lock for good."""
+    url = serve("lmdb")
+    shard = RemoteStore(url).manifest().shards[0]
+    cache = ShardCache(tmp_path / "cache")
+    holder = _lock(cache.root / "locks" / f"{shard.sha256}.get", exclusive=True)
+    code = ("import sys, readers\n"
+            "ds = readers.open_dataset(sys.argv[1], cache_dir=sys.argv[2], decode='bytes', fields=('index',))\n"
+            "next(iter(readers.make_loader(ds, 4, num_workers=1, shuffle=False)))\n")
+    main = subprocess.Popen([sys.executable, "-c", code, url, str(cache.root)])
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while not _in_use(cache.root / "locks" / f"{shard.sha256}.use"):  # the worker's lease, waiting
+            assert main.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        workers = [pid for pid in children(main.pid)
+                   if b"resource_tracker" not in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        assert len(workers) == 1
+        main.kill()
+        main.wait()
+        while alive(workers[0]):
+            assert time.monotonic() < deadline + 30, "the orphaned worker still waits"
+            time.sleep(0.05)
+    finally:
+        main.kill()
+        for pid in workers:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        assert holder is not None
+        _unlock(holder)
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -4,6 +4,7 @@ prefetch; the same loader over a URL yields what it yields locally."""
 from __future__ import annotations
 
 import hashlib
+import logging
 import multiprocessing
 import shutil
 import time
@@ -395,6 +396,40 @@ def test_a_cache_too_small_for_the_shards_mixed_is_refused_in_one_line(serve: Ca
     assert len(streaming(ds, num_workers=2, mix_shards=2)) == 7  # 2 x 1 + 1 = 3 fit
     whole = open_indexed(serve("wds"), cache_dir=tmp_path / "whole", cache_limit=5 * largest)
     assert len(streaming(whole, num_workers=2, mix_shards=4)) == 7  # room for every shard: none waits
+
+
+@pytest.mark.filterwarnings("ignore:.*shuffled pack")
+def test_the_default_mix_is_the_widest_a_capped_cache_holds_and_resumes_exactly(
+        serve: Callable[[str], str], packed_as: Callable, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A cache of 4 shards, 2 workers: the default mix of 4 needs room for 5 (2 x 3 + 1, the
+    dataset's 5), 3 as many, 2 needs 3: it reads 2 at once, says so in one line, streams every
+    sample once an epoch and resumes exactly (the width is part of the state). It was refused
+    ("too small for streaming"), though the same call streamed before the shard mix existed."""
+    largest = open_indexed(packed_as("wds")[0]).largest_lease()
+    url = serve("wds")
+    ds = open_indexed(url, cache_dir=tmp_path / "capped", cache_limit=4 * largest)
+    with caplog.at_level(logging.INFO, logger="readers"):
+        whole = streaming(ds, batch_size=2, num_workers=2)
+    said = [record.getMessage() for record in caplog.records if "mix_shards" in record.getMessage()]
+    assert len(said) == 1 and "\n" not in said[0] and said[0].startswith(f"{url}: cache_limit ")
+    assert "reads mix_shards=2 shards at once, not 4" in said[0] and whole.sampler.mix_shards == 2
+    whole.set_epoch(1)
+    expected = [batch[0].tolist() for batch in whole]
+    assert sorted(i for batch in expected for i in batch) == list(range(len(ds)))
+    head, state = interrupted(streaming(ds, batch_size=2, num_workers=2), 1, 3)
+    assert state["mix_shards"] == 2
+    roomy = open_indexed(url, cache_dir=tmp_path / "roomy")  # no limit: it would read 4 at once
+    assert streaming(roomy, batch_size=2, num_workers=2).sampler.mix_shards == 4
+    for resumed in (streaming(ds, batch_size=2, num_workers=2), streaming(roomy, batch_size=2, num_workers=2)):
+        resumed.load_state_dict(state)  # the roomy loader reads the 2 at once that the state says
+        assert head + [batch[0].tolist() for batch in resumed] == expected
+    wide = streaming(roomy, batch_size=2, num_workers=2)
+    _, wide_state = interrupted(wide, 1, 3)
+    with pytest.raises(ValueError, match=r"^loader state was saved reading mix_shards=4 shards at once; cache_limit "
+                                         r".* holds 2 for 2 workers"):
+        streaming(ds, batch_size=2, num_workers=2).load_state_dict(wide_state)
+    with pytest.raises(ValueError, match=r"mix_shards 2 \(now 3\)"):  # given explicitly: no other width taken
+        streaming(roomy, batch_size=2, num_workers=2, mix_shards=3).load_state_dict(state)
 
 
 def test_streaming_a_class_sorted_pack_warns_once_and_pack_info_says_so(class_sorted: Path) -> None:
