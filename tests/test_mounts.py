@@ -12,6 +12,7 @@ import pytest
 from latencyfs import missing_requirements, mounted
 
 import readers
+import readers.mounts
 from readers.mounts import filesystem_type, is_network_type, parse_mountinfo, reads_as_network
 from readers.remote import CachedFiles, LocalFiles
 
@@ -49,6 +50,26 @@ def test_storage_option_overrides_and_is_checked(tmp_path: Path) -> None:
     assert reads_as_network(tmp_path, "local") == (False, "storage='local'")
     with pytest.raises(ValueError, match="storage='nfs': expected one of auto, local, network"):
         reads_as_network(tmp_path, "nfs")
+
+
+def test_auto_copies_from_a_networked_folder_into_a_local_cache_only(
+        packed_as: Callable, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache on networked storage too (a home directory on NFS) would gain nothing: read in place."""
+    shutil.copytree(packed_as("hdf5")[0], tmp_path / "nfs" / "ds")
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(f"22 1 8:1 / / rw - ext4 /dev/sda1 rw\n40 22 0:35 / {tmp_path}/nfs rw - nfs4 fs:/e rw\n")
+    monkeypatch.setattr(readers.mounts, "MOUNTINFO", mountinfo)
+    local = readers.open_dataset(packed_as("hdf5")[0], decode="bytes", fields=FIELDS)
+    nfs_cache = tmp_path / "nfs" / "cache"
+    for cache_dir, storage, kind in ((tmp_path / "cache", "auto", CachedFiles), (nfs_cache, "auto", LocalFiles),
+                                     (nfs_cache, "network", CachedFiles)):
+        ds = readers.open_dataset(tmp_path / "nfs" / "ds", decode="bytes", fields=FIELDS, cache_dir=cache_dir,
+                                  storage=storage)
+        assert type(ds.files) is kind
+        assert read_all(ds) == read_all(local)
+        ds.close()
+        copied = list((cache_dir / "objects").iterdir()) if (cache_dir / "objects").exists() else []
+        assert len(copied) == (len(local.manifest.shards) if kind is CachedFiles else 0)
 
 
 def read_all(ds: readers.PackedDataset) -> list[Any]:
