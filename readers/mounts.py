@@ -9,7 +9,6 @@ large reads several at a time, and read from the copy. Imports no torch and no f
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 import re
 from collections import deque
@@ -19,13 +18,11 @@ from pathlib import Path
 
 from .manifest import DatasetChanged, DatasetError, plain_name
 
-log = logging.getLogger(__name__)
-
 STORAGE_CHOICES = ("auto", "local", "network")
 """`open_dataset(storage=...)`: "auto" asks the mount table; the others say so."""
 NETWORK_FILESYSTEMS = frozenset({
     "nfs", "nfs4", "lustre", "gpfs", "cifs", "smb3", "smbfs", "9p", "ceph", "glusterfs", "beegfs", "afs",
-    "pvfs2", "orangefs", "virtiofs", "fuse", "davfs", "ncpfs", "panfs", "wekafs",
+    "pvfs2", "orangefs", "fuse", "davfs", "ncpfs", "panfs", "wekafs",
 })
 """Filesystem types (as /proc/self/mountinfo names them) whose files live behind a network."""
 LOCAL_FUSE = frozenset({"fuseblk", "fuse.lxcfs", "fuse.portal", "fuse.gvfsd-fuse"})
@@ -83,11 +80,14 @@ def is_network_type(fstype: str) -> bool:
     return fstype in NETWORK_FILESYSTEMS or fstype.split(".", 1)[0] in NETWORK_FILESYSTEMS
 
 
+def check_storage(storage: str) -> None:
+    if storage not in STORAGE_CHOICES:
+        raise ValueError(f"storage={storage!r}: expected one of {', '.join(STORAGE_CHOICES)}")
+
+
 def reads_as_network(path: str | os.PathLike[str], storage: str) -> tuple[bool, str]:
     """Whether the dataset folder `path` is read as networked storage (shards copied into the cache)
     and why, in words for the log: the `storage` asked for, or the mount's type for "auto"."""
-    if storage not in STORAGE_CHOICES:
-        raise ValueError(f"storage={storage!r}: expected one of {', '.join(STORAGE_CHOICES)}")
     if storage != "auto":
         return storage == "network", f"storage={storage!r}"
     fstype = filesystem_type(path)

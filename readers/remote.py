@@ -29,7 +29,7 @@ from .manifest import (
     parse_manifest,
     plain_name,
 )
-from .mounts import MountedStore, reads_as_network
+from .mounts import MountedStore, check_storage, reads_as_network
 
 log = logging.getLogger(__name__)
 
@@ -328,6 +328,7 @@ def open_files(path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str
                storage: str = "auto") -> tuple[ShardFiles, Manifest]:
     """The files of the dataset at `path` (a directory or URL) and its manifest, read first. A
     directory on networked storage (`storage`, see `mounts.reads_as_network`) is read as a URL is."""
+    check_storage(storage)
     if not is_url(path):
         local = LocalFiles(path)
         network, why = reads_as_network(local.root, storage)

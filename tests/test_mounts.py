@@ -48,8 +48,9 @@ def test_mountinfo_types_by_longest_mount_point() -> None:
 def test_storage_option_overrides_and_is_checked(tmp_path: Path) -> None:
     assert reads_as_network(tmp_path, "network") == (True, "storage='network'")
     assert reads_as_network(tmp_path, "local") == (False, "storage='local'")
-    with pytest.raises(ValueError, match="storage='nfs': expected one of auto, local, network"):
-        reads_as_network(tmp_path, "nfs")
+    for path in (tmp_path, "http://127.0.0.1:9/ds"):  # said before anything is read
+        with pytest.raises(ValueError, match="storage='nfs': expected one of auto, local, network"):
+            readers.open_dataset(path, storage="nfs")
 
 
 def test_auto_copies_from_a_networked_folder_into_a_local_cache_only(
