@@ -62,7 +62,9 @@ class CachedFile(Protocol):
 class Fetcher(Protocol):
     """Downloads a dataset's files by name (retrying what is transient) and names their URLs."""
 
-    def fetch(self, name: str, dest: Path, size: int) -> None: ...
+    def fetch(self, name: str, dest: Path, size: int) -> str | None:
+        """Write the file to `dest` (synced to disk where it returns a digest); its sha256 where
+        it hashed the bytes on the way, else None (the cache reads the file back to hash it)."""
     def url_of(self, name: str) -> str: ...
 
 
@@ -314,8 +316,7 @@ class ShardCache:
             try:
                 url = fetcher.url_of(file.name)
                 for attempt in (1, 2):
-                    fetcher.fetch(file.name, part, file.bytes)
-                    digest = file_sha256(part)
+                    digest = fetcher.fetch(file.name, part, file.bytes) or file_sha256(part)
                     if digest == file.sha256:
                         break
                     log.warning("%s: downloaded sha256 %s, index.json says %s (attempt %d of 2)", url, digest,

@@ -26,6 +26,7 @@ def open_dataset(
     cache_dir: str | os.PathLike[str] | None = None,
     cache_limit: int | str | None = None,
     storage_options: dict[str, Any] | None = None,
+    storage: str = "auto",
 ) -> PackedDataset:
     """Open a packed dataset, a directory or any fsspec URL; the format is read from its `index.json`.
 
@@ -36,6 +37,10 @@ def open_dataset(
     limit) caps it, evicting the least recently used shards no reader holds. `storage_options`
     go to fsspec (endpoint, credentials, anon=True), as do fsspec's config and the environment.
 
+    `storage` says where a directory is: "network" reads it as a URL is (each shard copied whole
+    into the cache, with large reads several at a time, then read there), "local" in place; "auto"
+    (the default) asks the mount table: NFS, Lustre, GPFS, SMB, 9p, FUSE and the like are networked.
+
     `on_error="fail"` raises `DatasetError` on a damaged sample; `"skip"` stands the next readable
     sample in for it and counts it in `dataset.skipped` (per process). The words are those of
     `pack --on-error`; the former `"raise"` still works, with a DeprecationWarning.
@@ -43,7 +48,8 @@ def open_dataset(
     `decode_size=(H, W)` decodes images straight to about that size (JPEG DCT scaling, a
     power-of-two reduction) when the training transform resizes or crops small anyway.
     """
-    files, manifest = open_files(path, cache_dir=cache_dir, cache_limit=cache_limit, storage_options=storage_options)
+    files, manifest = open_files(path, cache_dir=cache_dir, cache_limit=cache_limit, storage_options=storage_options,
+                                 storage=storage)
     try:
         cls = DATASETS[manifest.format]
     except KeyError:

@@ -29,6 +29,7 @@ from .manifest import (
     parse_manifest,
     plain_name,
 )
+from .mounts import MountedStore, check_storage, reads_as_network
 
 log = logging.getLogger(__name__)
 
@@ -303,9 +304,10 @@ class LocalFiles:
 
 
 class CachedFiles:
-    """A dataset at a URL: each file is downloaded whole into the cache when first leased."""
+    """A dataset at a URL, or in a folder on networked storage: each file is copied whole into the
+    cache when first leased."""
 
-    def __init__(self, store: RemoteStore, cache: ShardCache) -> None:
+    def __init__(self, store: RemoteStore | MountedStore, cache: ShardCache) -> None:
         self.store = store
         self.cache = cache
         self.root = store.url
@@ -322,17 +324,32 @@ class CachedFiles:
 
 
 def open_files(path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | None,
-               cache_limit: int | str | None, storage_options: dict[str, Any] | None) -> tuple[ShardFiles, Manifest]:
-    """The files of the dataset at `path` (a directory or URL) and its manifest, read first."""
+               cache_limit: int | str | None, storage_options: dict[str, Any] | None,
+               storage: str = "auto") -> tuple[ShardFiles, Manifest]:
+    """The files of the dataset at `path` (a directory or URL) and its manifest, read first. A
+    directory on networked storage (`storage`, see `mounts.reads_as_network`) is read as a URL is."""
+    check_storage(storage)
     if not is_url(path):
         local = LocalFiles(path)
+        network, why = reads_as_network(local.root, storage)
         index = local.root / MANIFEST_NAME
         before = identity_or_none(index)
         manifest = load_manifest(local.root)
         check_shard_sizes(manifest, local.sizes(manifest), lambda name: str(local.root / name))
         if identity_or_none(index) != before:  # the shards' identities may be the new dataset's
             raise DatasetChanged(f"{index}: replaced while the dataset was opened; open it again")
-        return local, manifest
+        root = local.root.resolve()
+        cache_root = Path(default_cache_dir(str(root)) if cache_dir is None else cache_dir).expanduser()
+        if network and storage == "auto" and reads_as_network(cache_root, "auto")[0]:
+            log.info("%s: read in place: on networked storage (%s), but so is the cache %s", root, why, cache_root)
+            return local, manifest
+        if not network:
+            log.debug("%s: read in place (%s)", local.root, why)
+            return local, manifest
+        cache = ShardCache(cache_root, cache_limit)
+        log.info("%s: networked storage (%s): %d shards copied whole through %r", root, why,
+                 len(manifest.shards), cache)
+        return CachedFiles(MountedStore(root), cache), manifest
     url = str(path)
     store = RemoteStore(url, storage_options)
     manifest = store.manifest()

@@ -132,6 +132,11 @@ def epoch(make: Callable[[], tuple[Any, Iterable[Any]]]) -> tuple[float, float]:
     return first or total, total
 
 
+def read_cache(work: Path) -> Path:
+    """Where a dataset on the mount is copied to (the readers see a network mount); emptied before each run."""
+    return work / "read-cache"
+
+
 def reading_cases(args: argparse.Namespace) -> dict[str, tuple[str, Callable[[Path], tuple[Any, Iterable[Any]]]]]:
     """name -> (what to mount: "loose" or "packed", the dataset and loader over that mount)."""
     def loose(mount: Path) -> tuple[Any, Iterable[Any]]:
@@ -141,7 +146,8 @@ def reading_cases(args: argparse.Namespace) -> dict[str, tuple[str, Callable[[Pa
 
     def packed(fmt: str, streaming: bool) -> Callable[[Path], tuple[Any, Iterable[Any]]]:
         def make(mount: Path) -> tuple[Any, Iterable[Any]]:
-            dataset = readers.open_dataset(mount / fmt, decode="bytes", fields=("image", "label"))
+            dataset = readers.open_dataset(mount / fmt, decode="bytes", fields=("image", "label"),
+                                           cache_dir=read_cache(args.work))
             return dataset, readers.make_loader(dataset, args.batch_size, num_workers=args.workers,
                                                 collate_fn=keep_list, pin_memory=False, streaming=streaming)
         return make
@@ -182,6 +188,7 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     for round_number in range(args.repeat):
         for latency in args.latency_ms:
             for part, name, mount_src, run in jobs:
+                shutil.rmtree(read_cache(work), ignore_errors=True)  # every run starts cold
                 with mounted(mount_src, latency, read_cap_kb=args.read_cap, bandwidth_mbps=args.bandwidth) as mount:
                     result = run(mount)
                 runs.setdefault((part, latency, name), []).append(result)
