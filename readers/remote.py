@@ -325,7 +325,7 @@ class CachedFiles:
 
 def open_files(path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | None,
                cache_limit: int | str | None, storage_options: dict[str, Any] | None,
-               storage: str = "auto") -> tuple[ShardFiles, Manifest]:
+               storage: str = "local") -> tuple[ShardFiles, Manifest]:
     """The files of the dataset at `path` (a directory or URL) and its manifest, read first. A
     directory on networked storage (`storage`, see `mounts.reads_as_network`) is read as a URL is."""
     check_storage(storage)
