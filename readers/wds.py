@@ -149,7 +149,7 @@ class WdsDataset(PackedDataset):
         for sidecar in info.sidecars:
             if sidecar.name.endswith(extension):
                 return sidecar
-        raise DatasetError(f"{self.root / 'index.json'}: no {extension} index listed for {info.name}")
+        raise DatasetError(f"{self.root}/index.json: no {extension} index listed for {info.name}")
 
     def read_sidecars(self, shard: int) -> tuple[FileInfo, ...]:
         """Only pack's offset index: the DALI `.idx` beside it is for DALI, never fetched or read here."""
