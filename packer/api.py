@@ -20,6 +20,7 @@ from readers.manifest import DatasetError, Manifest
 
 from .append import append_run
 from .descriptors import DEFAULT_SPLIT
+from .encode import ENCODE_OPTIONS
 from .errors import PackError
 from .outdir import check_out, prepare_output, work_dir
 from .pipeline import RunOptions, Summary, merge as merge_shards, pack_run
@@ -32,7 +33,7 @@ T = TypeVar("T")
 
 
 PACK_OPTION_NAMES = tuple(field.name for field in fields(PackOptions) if field.name != "format")
-RUN_OPTION_NAMES = tuple(field.name for field in fields(RunOptions))
+RUN_OPTION_NAMES = tuple(field.name for field in fields(RunOptions) if field.name != "given_encoding")
 
 
 def split_options(format: str, options: dict[str, Any]) -> tuple[PackOptions, RunOptions]:
@@ -49,11 +50,19 @@ def split_options(format: str, options: dict[str, Any]) -> tuple[PackOptions, Ru
             raise PackError(f"--shard-bytes: {exc}") from None
     if isinstance(options.get("sidecars"), str):  # "txt,json", as the flag takes it
         options["sidecars"] = tuple(part.strip().lstrip(".") for part in options["sidecars"].split(",") if part.strip())
+    if options.get("store") is None:  # not given: original, or an append's OUT's
+        options.pop("store", None)
+    given_encoding = None
+    if options.get("append"):
+        given_encoding = {name: options[name] for name in ENCODE_OPTIONS if options.get(name) is not None}
+        if "store" not in given_encoding:  # OUT's store decides what the others may be (`with_outs_defaults`)
+            options = {name: value for name, value in options.items() if name not in ENCODE_OPTIONS}
     try:
         pack_options = PackOptions(format=format, **{name: options[name] for name in PACK_OPTION_NAMES if name in options})
     except TypeError as exc:  # a value of the wrong kind that a check compared (None < 1)
         raise PackError(f"invalid option value: {exc}") from None
-    return pack_options, RunOptions(**{name: options[name] for name in RUN_OPTION_NAMES if name in options})
+    return pack_options, RunOptions(**{name: options[name] for name in RUN_OPTION_NAMES if name in options},
+                                    given_encoding=given_encoding)
 
 
 EXPECTED_ERRORS = (PackError, ScanError, DatasetError, OSError)

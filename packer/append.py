@@ -40,7 +40,7 @@ from readers.remote import location
 from .changes import run_changes
 from .encode import ENCODE_OPTIONS
 from .errors import PackError
-from .options import PackOptions, differing_options, option_flag, shown_value
+from .options import STORE_FILLED, PackOptions, differing_options, option_flag, shown_value
 from .outdir import listing_path, part_dir
 from .output import Output, opened_output
 from .partition import Partition
@@ -72,7 +72,7 @@ def append_into(src: str | os.PathLike[str], out: Output, options: PackOptions, 
     src_path = location(src)
     run.check(out, partition)
     manifest = published_manifest(out)
-    options = with_outs_defaults(options, manifest)
+    options = with_outs_defaults(out, options, manifest, run.given_encoding)
     check_compatible(out, manifest, options)
     base = base_plan(out, manifest)
     parts = recorded_parts(out, manifest, base)
@@ -114,20 +114,33 @@ SIZE_OPTIONS = ("shard_size", "shard_bytes")
 RESIZING_OPTIONS = ("resize", "max_side", "center_crop")
 
 
-def with_outs_defaults(options: PackOptions, manifest: Manifest) -> PackOptions:
+def with_outs_defaults(out: Output, options: PackOptions, manifest: Manifest,
+                       given_encoding: dict[str, Any] | None) -> PackOptions:
     """The append's options, OUT's where not given: its shard size and bytes (a part cut at the
     default 10,000 where OUT's shards hold 200 is not what anyone means; given, a part may have its
-    own), and its store options: all of them where no --store is given, the resizing where the
-    store is OUT's. A --mode or --quality a given --store fills in is not told from a given one,
-    so it must be OUT's (`check_compatible`)."""
+    own), and its store options: all of them where no --store is given (a --resize or --quality
+    given alone is then held to OUT's store), the others not given where the store is OUT's.
+    `given_encoding` is `RunOptions.given_encoding`; without it (PackOptions built by the caller)
+    an option is given if it is not its default, and a --mode or --quality a given --store fills
+    in is not told from a given one, so it must be OUT's (`check_compatible`)."""
     recorded = manifest.options
     taken = [name for name in SIZE_OPTIONS if not options.is_given(name)]
-    if not options.is_given("store"):
+    store_given = options.is_given("store") if given_encoding is None else "store" in given_encoding
+    if not store_given:
         taken += ENCODE_OPTIONS
     elif options.store == recorded.get("store"):
         taken += [name for name in RESIZING_OPTIONS if getattr(options, name) is None]
+        if given_encoding is not None:  # the --mode and --quality the store filled in were not given
+            taken += [name for name in STORE_FILLED if name not in given_encoding]
     inherited = {name: recorded[name] for name in taken if name in recorded}
-    return replace(options, **inherited) if inherited else options
+    if not store_given and given_encoding:
+        inherited.update(given_encoding)
+    try:
+        return replace(options, **inherited) if inherited else options
+    except PackError as exc:  # a given option OUT's store takes none of
+        raise PackError(f"{out}: {exc} (OUT's store is {recorded.get('store')})") from None
+    except TypeError as exc:  # a value of the wrong kind, as `api.split_options` says it
+        raise PackError(f"invalid option value: {exc}") from None
 
 
 def check_compatible(out: Output, manifest: Manifest, options: PackOptions) -> None:

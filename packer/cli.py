@@ -152,9 +152,10 @@ def ignored_examples(count: int, names: list[str], shown: int = 3) -> str:
 def packing_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """The options that shape the packed result; their names are PackOptions' fields."""
     decorators = [
-        click.option("--store", type=click.Choice(STORES), default="original", show_default=True,
-                     help="original: the file's bytes unchanged; raw: decoded uint8 HWC pixels; "
-                          "bmp: lossless BMP; jpeg: re-encoded JPEG (after --resize/--center-crop)."),
+        click.option("--store", type=click.Choice(STORES), default=None,
+                     help="original: the file's bytes unchanged; raw: decoded uint8 HWC pixels; bmp: lossless BMP; "
+                          "jpeg: re-encoded JPEG (after --resize/--center-crop).  "
+                          "[default: original; an append: OUT's]"),
         click.option("--mode", type=click.Choice(PIXEL_MODES, case_sensitive=False), default=None,
                      metavar="[" + "|".join(PIXEL_MODES) + "]",  # click would show the choices lower-cased
                      help="Pixel mode of decoding stores.  [default: RGB]"),

@@ -83,6 +83,9 @@ class RunOptions:
     split: str = DEFAULT_SPLIT
     staging: str | os.PathLike[str] | None = None  # a URL OUT: where shards are written before upload
     storage_options: dict[str, Any] | None = None  # a URL OUT: fsspec's options (endpoint, credentials)
+    # An append's store options as given (`--store` among them only if given), which PackOptions
+    # cannot tell from its defaults; None: those of PackOptions that differ from the defaults.
+    given_encoding: dict[str, Any] | None = None
 
     @property
     def policy(self) -> ErrorPolicy:

@@ -543,8 +543,9 @@ def check_picklable(dataset: PackedDataset | MixedDataset, method: str, function
             pickle.dumps(function)
         except Exception:
             name = getattr(function, "__qualname__", None) or type(function).__qualname__
+            crop = " or readers.RandomResizedCrop" if role == "transform" else ""
             raise ValueError(f"{role} {name} can't be pickled for multiprocessing_context={method!r}: use a function "
-                             "defined at module top level (def ...) or readers.RandomResizedCrop") from None
+                             f"defined at module top level (def ...){crop}") from None
 
 
 def make_loader(

@@ -443,6 +443,40 @@ def test_an_append_takes_outs_shard_size_and_store_options_unless_given(sources:
     assert [shard.num_samples for shard in readers.load_manifest(again).shards][5:] == [6, 6, 3]
 
 
+def test_an_appends_store_options_given_without_store_are_held_to_outs(sources: tuple[Path, Path],
+                                                                        tmp_path: Path) -> None:
+    """Without --store an append takes OUT's store, so a --resize or --quality given alone is
+    OUT's or named against OUT's; it was checked against the default store first ('--resize needs
+    a store that decodes ... original keeps file bytes', of a jpeg OUT). An explicit --store
+    original is not OUT's jpeg: it was taken for no --store and packed jpeg. --store jpeg alone
+    takes OUT's quality: '--quality 80 in OUT, 90 now' named a quality never given."""
+    old, new = sources
+    out = tmp_path / "out"
+    assert run("lmdb", old, out, "--shard-size", 4, "--store", "jpeg", "--quality", 80, "--resize", 24, "-q")[0] == 0
+    code, output = run("lmdb", new, out, "--append", "--store", "original", "-q")
+    assert code == 1 and output == f"Error: {out}: an append stores samples as OUT does; --store jpeg in OUT, " \
+                                   "original now; --resize 24 in OUT, not set now\n", output
+    code, output = run("lmdb", new, out, "--append", "--resize", 32, "-q")
+    assert code == 1, output
+    assert output == f"Error: {out}: an append stores samples as OUT does; --resize 24 in OUT, 32 now\n", output
+    assert readers.load_manifest(out).num_samples == 18  # OLD's alone
+    code, output = run("lmdb", new, out, "--append", "--store", "jpeg", "-q")  # was '--quality 80 in OUT, 90 now'
+    assert code == 0 and "appended 15 samples" in output, output
+    again = tmp_path / "again"
+    assert run("lmdb", old, again, "--store", "jpeg", "--quality", 80, "--resize", 24, "-q")[0] == 0
+    code, output = run("lmdb", new, again, "--append", "--resize", 24, "--quality", 80, "-q")  # OUT's own: taken
+    assert code == 0 and "appended 15 samples" in output, output
+    for dataset in out, again:
+        manifest = readers.load_manifest(dataset)
+        assert {name: manifest.parts[1]["options"][name] for name in ("store", "quality", "resize", "mode")} == \
+            {"store": "jpeg", "quality": 80, "resize": 24, "mode": "RGB"}
+    raw = tmp_path / "raw"
+    assert run("lmdb", old, raw, "--store", "raw", "-q")[0] == 0
+    code, output = run("lmdb", new, raw, "--append", "--quality", 80, "-q")  # OUT's store takes no quality
+    assert code == 1, output
+    assert output == f"Error: {raw}: --quality applies only to --store jpeg (OUT's store is raw)\n", output
+
+
 def test_appended_paths_that_outs_samples_have_are_counted_in_a_warning(sources: tuple[Path, Path], tmp_path: Path,
                                                                         caplog: pytest.LogCaptureFixture) -> None:
     """NEW's class_00..02 repeat OLD's names with other images: 12 samples would share a path

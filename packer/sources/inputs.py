@@ -343,13 +343,21 @@ def expand_pattern(text: str) -> list[str]:
 
 
 READ_AHEAD_BYTES = 8 << 20
+URL_BLOCK_BYTES = 2 << 20
+"""A URL input is fetched in aligned blocks of this many bytes, each once while cached."""
+URL_BLOCKS = 64
+"""Blocks a URL input keeps (at most 128 MiB): a shuffled pack reads up to `packer.order`'s
+WINDOW_RUNS (64) places of a container in turn, each front to back, so each keeps its block."""
 
 
 class RangeFile:
     """One input file, read by byte range from any thread: a local file with pread (no shared
-    position); a URL through fsspec, whose file reads READ_AHEAD_BYTES blocks ahead with ranged
-    requests (its one position under a lock). `handle` is the file object, for walks front to
-    back; fsspec's own errors arrive as OSError, which the callers name the file in."""
+    position); a URL through fsspec, in ranged requests of URL_BLOCK_BYTES blocks, the last
+    URL_BLOCKS kept (one file object under a lock). One block read ahead from the last read, as
+    fsspec's readahead cache does, fetched a shuffled pack's data dozens of times over: each
+    jump to another place of the file dropped the block of the place before. `handle` is the
+    file object, for walks front to back; fsspec's own errors arrive as OSError, which the
+    callers name the file in."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -360,7 +368,8 @@ class RangeFile:
 
             with fsspec_errors():
                 fs, key = filesystem(path)
-                self.handle: Any = fs.open(key, "rb", block_size=READ_AHEAD_BYTES, cache_type="readahead")
+                self.handle: Any = fs.open(key, "rb", block_size=URL_BLOCK_BYTES, cache_type="blockcache",
+                                           cache_options={"maxblocks": URL_BLOCKS})
                 self.size: int = self.handle.size
         else:
             self.handle = open(path, "rb")
