@@ -257,7 +257,7 @@ def test_verify_checks_the_loader_descriptors_against_index_json(packed_as: Call
     code, output = run("verify", out, "-q")
     assert code == 1
     assert output.strip().splitlines() == [f"{out / 'README.md'}: names class 0 'class_00', index.json 'cat'",
-                                           f"Error: {out}: 1 problems found"]
+                                           f"Error: {out}: 1 problem found"]
 
     def move_a_sample(data: dict[str, Any]) -> None:
         data["shards"][0]["num_samples"] -= 1
@@ -281,4 +281,4 @@ def test_verify_holds_index_json_classes_against_those_hdf5_shards_record(packed
     assert code == 1
     assert output.strip().splitlines() == [
         f"{out / 'index.json'}: classes disagree with the shards': {out / 'shard-000000.h5'} names class 0 "
-        "'class_00', index.json 'cat' (and 4 more shards)", f"Error: {out}: 1 problems found"]
+        "'class_00', index.json 'cat' (and 4 more shards)", f"Error: {out}: 1 problem found"]
