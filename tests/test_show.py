@@ -29,7 +29,7 @@ from PIL import Image
 import readers
 from packer.pipeline import pack
 from packer.plan import PackOptions
-from packer.show import CELL, fit, show
+from packer.inspect.show import CELL, fit, show
 
 ROOT = Path(__file__).resolve().parents[1]
 
