@@ -23,7 +23,7 @@ from .descriptors import DEFAULT_SPLIT
 from .errors import PackError
 from .outdir import check_out, prepare_output, work_dir
 from .pipeline import RunOptions, Summary, merge as merge_shards, pack_run
-from .options import PackOptions
+from .plan.options import PackOptions
 from .sources.listing import ScanError
 from .sources.samples import save_samples
 from .validate import ErrorPolicy

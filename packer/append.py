@@ -37,17 +37,17 @@ from typing import Any, Callable
 from readers.manifest import FORMAT_VERSION, MANIFEST_NAME, REJECTS_NAME, DatasetError, Manifest, parse_manifest
 from readers.remote import location
 
-from .changes import source_changes
+from .plan.changes import source_changes
 from .encode import ENCODE_OPTIONS
 from .errors import PackError
-from .options import PackOptions, differing_options, option_flag, shown_value
+from .plan.options import PackOptions, differing_options, option_flag, shown_value
 from .outdir import listing_path, part_dir
 from .output import Output, opened_output
-from .partition import Partition
+from .plan.partition import Partition
 from .pipeline import RunOptions, Summary, canonical_options, pack_shards, plan_differences, run_summary
-from .plan import Plan, write_plan
+from .plan.plan import Plan, write_plan
 from .publish import base_plan, next_shard, publish_part, recorded_parts
-from .scan import scan_source
+from .plan.scan import scan_source
 from .shard import Progress
 from .sources.inputs import Source, resolve_source
 from .sources.listing import Listing

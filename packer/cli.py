@@ -28,7 +28,7 @@ from .errors import PackError
 from .fsutil import limit_malloc_arenas
 from .api import EXPECTED_ERRORS, one_line, run, split_options
 from .pipeline import RunOptions, Summary, ensure_plan, merge
-from .options import (DEFAULT_IMAGE_KEY, DEFAULT_LABEL_KEY, DEFAULT_ORDER, DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SIZE,
+from .plan.options import (DEFAULT_IMAGE_KEY, DEFAULT_LABEL_KEY, DEFAULT_ORDER, DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SIZE,
                    MAX_SEED, ORDERS, PackOptions)
 from .sources.inputs import CLI_INPUT_FORMATS
 from .sources.metadata import DEFAULT_LABEL_COLUMN

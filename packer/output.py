@@ -25,7 +25,7 @@ from readers.remote import local_root
 
 from .fsutil import atomic_write_text, publish, sha256_file
 from .outdir import PARTS_DIR, check_paths, lock_path, marker_path, plan_path, prepare_output, wait_for_lock, work_dir
-from .plan import Plan, load_plan
+from .plan.plan import Plan, load_plan
 
 log = logging.getLogger(__name__)
 

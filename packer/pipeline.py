@@ -21,16 +21,16 @@ from readers.formats import ALIASES, FORMATS
 from readers.manifest import MANIFEST_NAME, REJECTS_NAME, Manifest, parse_manifest
 from readers.remote import location
 
-from .changes import source_changes
+from .plan.changes import source_changes
 from .descriptors import DEFAULT_SPLIT
 from .engines import get_engine
 from .errors import FinishedOutput, PackError
 from .fsutil import release_freed_memory
 from .output import Output, opened_output
-from .partition import Partition, resolve_partition
-from .options import PackOptions, option_differences
-from .plan import Plan, write_plan
-from .scan import scan_source
+from .plan.partition import Partition, resolve_partition
+from .plan.options import PackOptions, option_differences
+from .plan.plan import Plan, write_plan
+from .plan.scan import scan_source
 from .publish import merge, publish
 from .shard import Progress, ShardResult, check_rejects, clean_tmp, finished_shards
 from .sources.inputs import Source, resolve_source
@@ -89,7 +89,7 @@ class RunOptions:
         return ErrorPolicy(on_error=self.on_error, max_errors=self.max_errors)
 
     def partition(self) -> Partition:
-        """This task's share: the flags, else the environment (`packer.partition.resolve_partition`)."""
+        """This task's share: the flags, else the environment (`packer.plan.partition.resolve_partition`)."""
         return resolve_partition(self.task_index, self.task_count)
 
     def check(self, out: object, partition: Partition) -> None:

@@ -26,13 +26,13 @@ from typing import Any
 from readers.layouts.wds import image_extension
 from readers.manifest import CARD_NAME, MANIFEST_NAME, REJECTS_NAME, DatasetError, FileInfo, Manifest, parse_manifest
 
-from .changes import source_changes
+from .plan.changes import source_changes
 from .descriptors import DEFAULT_SPLIT, descriptor_texts, write_descriptors
 from .errors import PackError
 from .fsutil import atomic_write_text
 from .outdir import PARTS_DIR, PLAN_NAME, WORK_DIR, part_dir, tmp_dir
 from .output import Output, opened_output
-from .plan import Plan, parse_plan
+from .plan.plan import Plan, parse_plan
 from .shard import ShardResult, check_rejects, finished_shards, parse_marker, shard_file_name
 from .sources.inputs import Source
 from .sources.listing import ScanError
@@ -74,7 +74,7 @@ def merge(out: str | os.PathLike[str] | Output, policy: ErrorPolicy = ErrorPolic
 
 
 def check_source(out: Output, plan: Plan, way_on: str) -> None:
-    """Before a merge publishes: SRC unchanged since the plan (`packer.changes`), so the shards
+    """Before a merge publishes: SRC unchanged since the plan (`packer.plan.changes`), so the shards
     that tasks packed at different times hold one state of it; a task checks SRC when it starts,
     this sees what changed while they ran. Where SRC cannot be listed from here (a merge on
     another machine), that is said and the check left out."""

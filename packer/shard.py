@@ -25,7 +25,7 @@ from .errors import PackError, RejectedFile
 from .fsutil import free_bytes, sha256_file, sync_and_hash
 from .load import READ_THREADS, load_samples
 from .outdir import final_name, temp_name, tmp_dir
-from .plan import Plan, read_shard_entries
+from .plan.plan import Plan, read_shard_entries
 from .output import Commits, Output
 from .sources.containers import open_records
 from .sources.inputs import read_mode

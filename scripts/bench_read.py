@@ -62,8 +62,8 @@ from torch.utils.data import DataLoader, Dataset
 import readers
 from packer.pipeline import pack
 from packer.pixels import center_crop, resized_size
-from packer.plan import PackOptions
-from packer.scan import scan
+from packer.plan.options import PackOptions
+from packer.plan.scan import scan
 from packer.writers import WRITERS
 from readers.bench import keep_list
 from readers.decode import reduction

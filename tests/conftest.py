@@ -11,7 +11,7 @@ from imagefolders import add_non_utf8_file, image_bytes, make_image_folder
 from loopback import LoopbackHTTP
 
 from packer.pipeline import pack
-from packer.plan import PackOptions
+from packer.plan.options import PackOptions
 from packer.writers import WRITERS
 
 pytest_plugins = ["timeouts"]

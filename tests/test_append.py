@@ -25,7 +25,7 @@ import readers
 from packer.api import pack as api_pack
 from packer.api import pack_samples
 from packer.errors import PackError
-from packer.options import PackOptions
+from packer.plan.options import PackOptions
 from packer.pipeline import RunOptions, merge, pack_run
 from packer.writers import WRITERS
 

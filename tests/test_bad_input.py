@@ -21,7 +21,7 @@ from PIL import Image
 import readers
 from packer.errors import PackError, RejectedFile
 from packer.pipeline import pack
-from packer.plan import PackOptions
+from packer.plan.options import PackOptions
 from packer.validate import ErrorPolicy, check_image, header_size
 from packer.writers import WRITERS
 

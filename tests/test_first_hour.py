@@ -192,7 +192,7 @@ def test_the_summary_names_what_it_ignored_and_v_names_all(image_folder: tuple[P
     code, output = run("lmdb", root, tmp_path / "out", "--order", "sorted")
     assert code == 0, output
     summary = output.strip().splitlines()[-1]
-    with caplog.at_level("INFO", logger="packer.plan"):
+    with caplog.at_level("INFO", logger="packer.plan.plan"):
         code, output = run("hdf5", root, tmp_path / "out2", "--order", "sorted")
     assert code == 0
     logged = [record.getMessage()[len("ignored: "):] for record in caplog.records

@@ -16,7 +16,7 @@ import pytest
 
 from packer import outdir, output, pipeline
 from packer.errors import PackError
-from packer.plan import PackOptions
+from packer.plan.options import PackOptions
 from packer.writers import WRITERS
 
 PACK = [sys.executable, "-m", "packer.cli"]

@@ -14,7 +14,7 @@ from imagefolders import image_bytes
 
 import readers
 from packer.pipeline import pack
-from packer.plan import PackOptions
+from packer.plan.options import PackOptions
 from packer.writers import Sample
 from packer.writers import hdf5 as hdf5_writer
 from packer.writers.hdf5 import HDF5Writer

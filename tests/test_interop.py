@@ -22,7 +22,7 @@ import webdataset
 from imagefolders import image_bytes, make_caption_folder
 
 from packer.pipeline import pack
-from packer.plan import PackOptions
+from packer.plan.options import PackOptions
 import readers
 from readers.layouts.lmdb import parse_record
 

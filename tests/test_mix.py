@@ -15,7 +15,7 @@ from imagefolders import image_bytes
 
 import readers
 from packer.pipeline import pack
-from packer.plan import PackOptions
+from packer.plan.options import PackOptions
 from readers.mixed import MixOrders, apportion, epoch_counts
 
 FIELDS = ("index", "image", "label")

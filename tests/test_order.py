@@ -18,12 +18,12 @@ from test_inputs import write_tars
 
 import packer
 import readers
-from packer import order
+from packer.plan import order
 from packer.errors import PackError
-from packer.partition import Partition
+from packer.plan.partition import Partition
 from packer.pipeline import merge, pack
-from packer.plan import PackOptions
-from packer.scan import scan
+from packer.plan.options import PackOptions
+from packer.plan.scan import scan
 
 MASK = 2**64 - 1
 

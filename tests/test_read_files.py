@@ -17,7 +17,7 @@ from packer import load
 from packer.encode import Encoded
 from packer.errors import PackError, RejectedFile
 from packer.outdir import listing_path
-from packer.plan import Entry, PackOptions, load_plan, read_shard_entries
+from packer.plan.plan import Entry, PackOptions, load_plan, read_shard_entries
 
 
 @pytest.mark.parametrize("scanned_size", [0, 5, 4095, 4096, 4097, 10_000])

@@ -22,10 +22,10 @@ from clirun import run
 from loopback import LoopbackHTTP
 from imagefolders import image_bytes, make_image_folder
 from recordfiles import recordio_payload, write_recordio
-from packer.partition import Partition
+from packer.plan.partition import Partition
 from packer.pipeline import merge, pack
 from packer.remote_out import RemoteOut
-from packer.plan import PackOptions
+from packer.plan.options import PackOptions
 from packer.writers import WRITERS
 
 FIELDS = ("image", "label", "path", "index")

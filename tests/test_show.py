@@ -28,7 +28,7 @@ from PIL import Image
 
 import readers
 from packer.pipeline import pack
-from packer.plan import PackOptions
+from packer.plan.options import PackOptions
 from packer.inspect.show import CELL, fit, show
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -19,9 +19,9 @@ import random
 
 import readers
 from packer.errors import PackError
-from packer.partition import Partition
+from packer.plan.partition import Partition
 from packer.pipeline import merge, pack
-from packer.plan import PackOptions
+from packer.plan.options import PackOptions
 
 OPTIONS = ("--shard-size", 4, "--workers", 1, "-q")
 

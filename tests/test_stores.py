@@ -19,7 +19,7 @@ from packer.encode import encode
 from packer.errors import PackError
 from packer.pipeline import pack
 from packer.pixels import resized_size
-from packer.plan import PackOptions
+from packer.plan.options import PackOptions
 from packer.writers import WRITERS
 from readers.decode import decode_numpy, decode_tensor, reduction
 

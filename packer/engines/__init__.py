@@ -11,7 +11,7 @@ from readers.formats import Registry
 
 from ..errors import PackError
 from ..output import Output
-from ..plan import Plan
+from ..plan.plan import Plan
 from ..validate import ErrorPolicy
 
 

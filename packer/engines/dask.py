@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from ..errors import PackError
 from ..shard import run_shard
-from ..plan import Plan
+from ..plan.plan import Plan
 from ..output import Output
 from ..validate import ErrorPolicy
 

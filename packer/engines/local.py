@@ -27,7 +27,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any, Callable, Iterator
 
 from ..errors import PackError
-from ..plan import Plan
+from ..plan.plan import Plan
 from ..output import Commits, Output
 from ..shard import ShardResult, run_shard, shard_file_name
 from ..validate import ErrorPolicy

@@ -10,7 +10,7 @@ from typing import Any
 
 from readers.datasets import open_dataset
 
-from ..options import PackOptions
+from ..plan.options import PackOptions
 from .dataset import read_manifest, small_cache, stored_size
 
 SIZE_SAMPLE = 1000

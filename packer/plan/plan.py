@@ -5,7 +5,7 @@ The plan lives in OUT/.pack/: `plan.json` (options, classes, fields, shard bound
 values come with the listing, from a metadata file, and `[path, label, size, values or null,
 [input, offset, length]]` for a sample inside a container input: a tar shard, a record file, a
 packed dataset; `plan.inputs` names those files). The listing is in packing order (`--order`,
-`packer.order`): shard boundaries depend only on it and the shard options, and the order only on
+`packer.plan.order`): shard boundaries depend only on it and the shard options, and the order only on
 the sorted scan and the options, so every run and every task computes the same shards.
 """
 
@@ -26,11 +26,11 @@ from readers.fields import FieldSpec
 from readers.manifest import FORMAT_VERSION
 from readers.remote import is_url
 
-from .errors import PackError
-from .fsutil import atomic_write_text, hash_file
+from ..errors import PackError
+from ..fsutil import atomic_write_text, hash_file
 from .options import PackOptions
-from .outdir import listing_path, part_dir, plan_path, temp_name
-from .sources.listing import Listing
+from ..outdir import listing_path, part_dir, plan_path, temp_name
+from ..sources.listing import Listing
 
 log = logging.getLogger(__name__)
 

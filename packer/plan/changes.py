@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .options import PackOptions
-from .outdir import listing_path
-from .output import Output
+from ..outdir import listing_path
+from ..output import Output
 from .plan import Plan, listing_digest, listing_lines
 from .scan import scan_source
-from .sources.containers import input_mtimes
-from .sources.inputs import Source
-from .sources.listing import Listing
+from ..sources.containers import input_mtimes
+from ..sources.inputs import Source
+from ..sources.listing import Listing
 
 NAMES_SHOWN = 3
 """Changed files named in the message; the counts say how many there are."""
