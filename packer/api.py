@@ -26,7 +26,7 @@ from .pipeline import RunOptions, Summary, merge as merge_shards, pack_run
 from .plan.options import PackOptions
 from .sources.listing import ScanError
 from .sources.samples import save_samples
-from .validate import ErrorPolicy
+from .write.validate import ErrorPolicy
 
 T = TypeVar("T")
 

@@ -38,7 +38,7 @@ from readers.manifest import FORMAT_VERSION, MANIFEST_NAME, REJECTS_NAME, Datase
 from readers.remote import location
 
 from .plan.changes import source_changes
-from .encode import ENCODE_OPTIONS
+from .write.encode import ENCODE_OPTIONS
 from .errors import PackError
 from .plan.options import PackOptions, differing_options, option_flag, shown_value
 from .outdir import listing_path, part_dir
@@ -48,7 +48,7 @@ from .pipeline import RunOptions, Summary, canonical_options, pack_shards, plan_
 from .plan.plan import Plan, write_plan
 from .publish import base_plan, next_shard, publish_part, recorded_parts
 from .plan.scan import scan_source
-from .shard import Progress
+from .write.shard import Progress
 from .sources.inputs import Source, resolve_source
 from .sources.listing import Listing
 

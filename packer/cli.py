@@ -22,7 +22,7 @@ from readers.remote import location
 
 from .version import __version__
 from .descriptors import DEFAULT_SPLIT
-from .encode import DEFAULT_QUALITY, PIXEL_MODES, STORES
+from .write.encode import DEFAULT_QUALITY, PIXEL_MODES, STORES
 from .engines import ENGINES
 from .errors import PackError
 from .fsutil import limit_malloc_arenas
@@ -33,8 +33,8 @@ from .plan.options import (DEFAULT_IMAGE_KEY, DEFAULT_LABEL_KEY, DEFAULT_ORDER, 
 from .sources.inputs import CLI_INPUT_FORMATS
 from .sources.metadata import DEFAULT_LABEL_COLUMN
 from .slurm import slurm_script
-from .validate import DEFAULT_MAX_PIXELS, VALIDATE_MODES, ErrorPolicy
-from .writers import WRITERS
+from .write.validate import DEFAULT_MAX_PIXELS, VALIDATE_MODES, ErrorPolicy
+from .write.writers import WRITERS
 
 if TYPE_CHECKING:
     from readers.bench import BenchResult

@@ -34,7 +34,7 @@ FileCheck = Callable[[list[tuple[str, int, str]]], bool]
 
 
 class ShardMarker(Protocol):
-    """What an output commits: a staged shard's marker (`packer.shard.ShardResult`)."""
+    """What an output commits: a staged shard's marker (`packer.write.shard.ShardResult`)."""
 
     name: str
 

@@ -1,7 +1,7 @@
 """The top level: scan -> plan -> shards (run by an engine) -> manifest.
 
 `pack` plans once (`ensure_plan`), hands the shards not yet done to an engine, which runs
-`packer.shard.run_shard` on each (`pack_shards`), and then `packer.publish` writes `index.json`
+`packer.write.shard.run_shard` on each (`pack_shards`), and then `packer.publish` writes `index.json`
 once every planned shard has its marker (`merge` after tasks, imported here as `pipeline.merge`).
 A rerun of the same command resumes: finished shards are kept. `packer.append` builds on
 `pack_shards` and `run_summary` for `pack --append`.
@@ -32,9 +32,9 @@ from .plan.options import PackOptions, option_differences
 from .plan.plan import Plan, write_plan
 from .plan.scan import scan_source
 from .publish import merge, publish
-from .shard import Progress, ShardResult, check_rejects, clean_tmp, finished_shards
+from .write.shard import Progress, ShardResult, check_rejects, clean_tmp, finished_shards
 from .sources.inputs import Source, resolve_source
-from .validate import ErrorPolicy
+from .write.validate import ErrorPolicy
 
 log = logging.getLogger(__name__)
 

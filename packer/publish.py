@@ -33,10 +33,10 @@ from .fsutil import atomic_write_text
 from .outdir import PARTS_DIR, PLAN_NAME, WORK_DIR, part_dir, tmp_dir
 from .output import Output, opened_output
 from .plan.plan import Plan, parse_plan
-from .shard import ShardResult, check_rejects, finished_shards, parse_marker, shard_file_name
+from .write.shard import ShardResult, check_rejects, finished_shards, parse_marker, shard_file_name
 from .sources.inputs import Source
 from .sources.listing import ScanError
-from .validate import ErrorPolicy
+from .write.validate import ErrorPolicy
 from .version import __version__
 
 log = logging.getLogger(__name__)

@@ -37,7 +37,7 @@ from .outdir import DONE_DIR, LISTING_NAME, PARTS_DIR, PLAN_NAME, TMP_DIR, WORK_
     part_dir, plan_path, temp_name
 from .output import FileCheck, Output
 from .plan.plan import Plan, listing_sha256, load_plan
-from .shard import BackgroundUploads, ShardResult
+from .write.shard import BackgroundUploads, ShardResult
 from .sources.remote import modified_ns
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ from loopback import LoopbackHTTP
 
 from packer.pipeline import pack
 from packer.plan.options import PackOptions
-from packer.writers import WRITERS
+from packer.write.writers import WRITERS
 
 pytest_plugins = ["timeouts"]
 

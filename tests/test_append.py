@@ -27,7 +27,7 @@ from packer.api import pack_samples
 from packer.errors import PackError
 from packer.plan.options import PackOptions
 from packer.pipeline import RunOptions, merge, pack_run
-from packer.writers import WRITERS
+from packer.write.writers import WRITERS
 
 PACK = [sys.executable, "-m", "packer.cli"]
 PUBLISHED = {"index.json", "rejects.jsonl", "README.md", "_info.json", "wids.json"}

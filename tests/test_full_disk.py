@@ -17,7 +17,7 @@ import pytest
 from packer import outdir, output, pipeline
 from packer.errors import PackError
 from packer.plan.options import PackOptions
-from packer.writers import WRITERS
+from packer.write.writers import WRITERS
 
 PACK = [sys.executable, "-m", "packer.cli"]
 

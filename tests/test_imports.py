@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from packer.writers import WRITERS
+from packer.write.writers import WRITERS
 from readers.formats import ALIASES, FORMATS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,7 +21,7 @@ def test_packer_imports_no_torch_with_every_writer_and_layout_loaded() -> None:
     code = (
         "import importlib, sys, readers, packer.cli, packer.engines.local\n"
         "from readers.formats import FORMATS\n"
-        "from packer.writers import WRITERS\n"
+        "from packer.write.writers import WRITERS\n"
         "for name, spec in FORMATS.items():\n"
         "    importlib.import_module(spec.layout)\n"
         "    assert WRITERS[name].format == name, name\n"

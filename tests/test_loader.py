@@ -32,7 +32,7 @@ import readers
 import readers.prefetch
 from packer.pipeline import pack
 from packer.plan.options import PackOptions
-from packer.writers import WRITERS
+from packer.write.writers import WRITERS
 from readers.loader import RESULT_PIPE_BYTES
 from readers.order import epoch_order, shard_order, split_for_rank
 

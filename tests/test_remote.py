@@ -20,7 +20,7 @@ from workers import children
 import readers
 from packer.pipeline import pack
 from packer.plan.options import PackOptions
-from packer.writers import WRITERS
+from packer.write.writers import WRITERS
 from readers.cache import ShardCache, _in_use, _lock, _unlock
 from readers.remote import RemoteStore
 

@@ -26,7 +26,7 @@ from packer.plan.partition import Partition
 from packer.pipeline import merge, pack
 from packer.remote_out import RemoteOut
 from packer.plan.options import PackOptions
-from packer.writers import WRITERS
+from packer.write.writers import WRITERS
 
 FIELDS = ("image", "label", "path", "index")
 
@@ -317,7 +317,7 @@ def test_a_task_on_another_machine_mirrors_the_plan_first(image_folder: tuple[Pa
     listing from the bucket, checks it against the plan's hash, and packs its shard."""
     from packer.pipeline import ensure_plan
     from packer.remote_out import RemoteOut
-    from packer.shard import finished_shards, run_shard
+    from packer.write.shard import finished_shards, run_shard
 
     src, _ = image_folder
     url = f"s3://{S3_BUCKET}/elsewhere"
@@ -355,7 +355,7 @@ def test_background_uploads_hold_back_shards_past_their_budget(s3_options: dict,
     most count of shards) is spent; each upload leaves its files and marker in the bucket and
     frees its staging space."""
     from packer.remote_out import RemoteOut
-    from packer.shard import BackgroundUploads, ShardResult
+    from packer.write.shard import BackgroundUploads, ShardResult
 
     out = RemoteOut(f"s3://{S3_BUCKET}/background", staging=tmp_path / "staging", storage_options=s3_options)
     out.staging.mkdir(parents=True)

@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader
 
 import readers
 from packer.fsutil import sha256_file
-from packer.writers import WRITERS
+from packer.write.writers import WRITERS
 from readers.lmdb import READAHEAD_MIN_BYTES
 
 

@@ -12,7 +12,7 @@ from readers.formats import Registry
 from ..errors import PackError
 from ..output import Output
 from ..plan.plan import Plan
-from ..validate import ErrorPolicy
+from ..write.validate import ErrorPolicy
 
 
 class Engine(Protocol):

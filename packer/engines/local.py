@@ -29,8 +29,8 @@ from typing import Any, Callable, Iterator
 from ..errors import PackError
 from ..plan.plan import Plan
 from ..output import Commits, Output
-from ..shard import ShardResult, run_shard, shard_file_name
-from ..validate import ErrorPolicy
+from ..write.shard import ShardResult, run_shard, shard_file_name
+from ..write.validate import ErrorPolicy
 
 log = logging.getLogger(__name__)
 
