@@ -21,7 +21,7 @@ from readers.manifest import DatasetError, Manifest
 from .append import append_run
 from .descriptors import DEFAULT_SPLIT
 from .errors import PackError
-from .outdir import check_out, prepare_output, work_dir
+from .stores.outdir import check_out, prepare_output, work_dir
 from .pipeline import RunOptions, Summary, merge as merge_shards, pack_run
 from .plan.options import PackOptions
 from .sources.listing import ScanError

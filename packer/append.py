@@ -41,8 +41,8 @@ from .plan.changes import source_changes
 from .write.encode import ENCODE_OPTIONS
 from .errors import PackError
 from .plan.options import PackOptions, differing_options, option_flag, shown_value
-from .outdir import listing_path, part_dir
-from .output import Output, opened_output
+from .stores.outdir import listing_path, part_dir
+from .stores.output import Output, opened_output
 from .plan.partition import Partition
 from .pipeline import RunOptions, Summary, canonical_options, pack_shards, plan_differences, run_summary
 from .plan.plan import Plan, write_plan

@@ -25,7 +25,7 @@ from .descriptors import DEFAULT_SPLIT
 from .write.encode import DEFAULT_QUALITY, PIXEL_MODES, STORES
 from .engines import ENGINES
 from .errors import PackError
-from .fsutil import limit_malloc_arenas
+from .stores.fsutil import limit_malloc_arenas
 from .api import EXPECTED_ERRORS, one_line, run, split_options
 from .pipeline import RunOptions, Summary, ensure_plan, merge
 from .plan.options import (DEFAULT_IMAGE_KEY, DEFAULT_LABEL_KEY, DEFAULT_ORDER, DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SIZE,

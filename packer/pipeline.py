@@ -25,8 +25,8 @@ from .plan.changes import source_changes
 from .descriptors import DEFAULT_SPLIT
 from .engines import get_engine
 from .errors import FinishedOutput, PackError
-from .fsutil import release_freed_memory
-from .output import Output, opened_output
+from .stores.fsutil import release_freed_memory
+from .stores.output import Output, opened_output
 from .plan.partition import Partition, resolve_partition
 from .plan.options import PackOptions, option_differences
 from .plan.plan import Plan, write_plan

@@ -29,9 +29,9 @@ from readers.manifest import CARD_NAME, MANIFEST_NAME, REJECTS_NAME, DatasetErro
 from .plan.changes import source_changes
 from .descriptors import DEFAULT_SPLIT, descriptor_texts, write_descriptors
 from .errors import PackError
-from .fsutil import atomic_write_text
-from .outdir import PARTS_DIR, PLAN_NAME, WORK_DIR, part_dir, tmp_dir
-from .output import Output, opened_output
+from .stores.fsutil import atomic_write_text
+from .stores.outdir import PARTS_DIR, PLAN_NAME, WORK_DIR, part_dir, tmp_dir
+from .stores.output import Output, opened_output
 from .plan.plan import Plan, parse_plan
 from .write.shard import ShardResult, check_rejects, finished_shards, parse_marker, shard_file_name
 from .sources.inputs import Source

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from packer import outdir, pipeline
+from packer import pipeline
+from packer.stores import outdir
 from packer.errors import PackError
-from packer.outdir import lock_path
+from packer.stores.outdir import lock_path
 from packer.plan.partition import Partition, resolve_partition
 from packer.pipeline import merge, pack
 from packer.plan.options import PackOptions

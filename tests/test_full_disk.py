@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from packer import outdir, output, pipeline
+from packer import pipeline
+from packer.stores import outdir, output
 from packer.errors import PackError
 from packer.plan.options import PackOptions
 from packer.write.writers import WRITERS

@@ -16,7 +16,7 @@ from imagefolders import image_bytes, make_image_folder
 from packer.write import load
 from packer.write.encode import Encoded
 from packer.errors import PackError, RejectedFile
-from packer.outdir import listing_path
+from packer.stores.outdir import listing_path
 from packer.plan.plan import Entry, PackOptions, load_plan, read_shard_entries
 
 

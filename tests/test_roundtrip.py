@@ -19,7 +19,7 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 import readers
-from packer.fsutil import sha256_file
+from packer.stores.fsutil import sha256_file
 from packer.write.writers import WRITERS
 from readers.lmdb import READAHEAD_MIN_BYTES
 

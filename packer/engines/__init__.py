@@ -10,7 +10,7 @@ from typing import Callable, Protocol
 from readers.formats import Registry
 
 from ..errors import PackError
-from ..output import Output
+from ..stores.output import Output
 from ..plan.plan import Plan
 from ..write.validate import ErrorPolicy
 

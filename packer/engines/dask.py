@@ -12,7 +12,7 @@ from typing import Any, Callable
 from ..errors import PackError
 from ..write.shard import run_shard
 from ..plan.plan import Plan
-from ..output import Output
+from ..stores.output import Output
 from ..write.validate import ErrorPolicy
 
 log = logging.getLogger(__name__)

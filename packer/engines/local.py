@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator
 
 from ..errors import PackError
 from ..plan.plan import Plan
-from ..output import Commits, Output
+from ..stores.output import Commits, Output
 from ..write.shard import ShardResult, run_shard, shard_file_name
 from ..write.validate import ErrorPolicy
 

@@ -17,7 +17,7 @@ from readers.manifest import CARD_NAME, MANIFEST_NAME, TIMM_INFO_NAME, DatasetEr
 from readers.remote import is_url, listed_files
 
 from ..descriptors import timm_info, wids_descriptor
-from ..fsutil import sha256_file
+from ..stores.fsutil import sha256_file
 from .dataset import read_manifest, small_cache
 
 

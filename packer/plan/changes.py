@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .options import PackOptions
-from ..outdir import listing_path
-from ..output import Output
+from ..stores.outdir import listing_path
+from ..stores.output import Output
 from .plan import Plan, listing_digest, listing_lines
 from .scan import scan_source
 from ..sources.containers import input_mtimes

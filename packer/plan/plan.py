@@ -27,9 +27,9 @@ from readers.manifest import FORMAT_VERSION
 from readers.remote import is_url
 
 from ..errors import PackError
-from ..fsutil import atomic_write_text, hash_file
+from ..stores.fsutil import atomic_write_text, hash_file
 from .options import PackOptions
-from ..outdir import listing_path, part_dir, plan_path, temp_name
+from ..stores.outdir import listing_path, part_dir, plan_path, temp_name
 from ..sources.listing import Listing
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ from readers.remote import local_root
 
 from .fsutil import atomic_write_text, publish, sha256_file
 from .outdir import PARTS_DIR, check_paths, lock_path, marker_path, plan_path, prepare_output, wait_for_lock, work_dir
-from .plan.plan import Plan, load_plan
+from ..plan.plan import Plan, load_plan
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class Output(ABC):
     """Where a pack goes. Picklable: it travels to worker processes and Dask workers."""
 
     staging: Path
-    """The local folder shards are written in, with OUT's layout (`packer.outdir`)."""
+    """The local folder shards are written in, with OUT's layout (`packer.stores.outdir`)."""
     fresh: bool = False
     """True once `planning` found OUT empty (or emptied it): no plan, marker or upload of an earlier run there."""
 
@@ -253,8 +253,8 @@ class LocalOut(Output):
 
 
 STORES: Registry[type[Output]] = Registry({
-    "bucket": "packer.remote_out:RemoteOut",  # any fsspec URL but file://
-    "folder": "packer.output:LocalOut",  # takes every OUT: last
+    "bucket": "packer.stores.remote_out:RemoteOut",  # any fsspec URL but file://
+    "folder": "packer.stores.output:LocalOut",  # takes every OUT: last
 })
 """Where OUT can be, asked in order (`Output.takes`)."""
 

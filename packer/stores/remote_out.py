@@ -31,14 +31,14 @@ from typing import Any, Callable, Iterator, TypeVar
 from readers.manifest import MANIFEST_NAME
 from readers.remote import UrlFilesystem, is_url, url_folder_name
 
-from .errors import FinishedOutput, PackError
+from ..errors import FinishedOutput, PackError
 from .fsutil import atomic_write_text
 from .outdir import DONE_DIR, LISTING_NAME, PARTS_DIR, PLAN_NAME, TMP_DIR, WORK_DIR, final_name, listing_path, pack_outputs, \
     part_dir, plan_path, temp_name
 from .output import FileCheck, Output
-from .plan.plan import Plan, listing_sha256, load_plan
-from .write.shard import BackgroundUploads, ShardResult
-from .sources.remote import modified_ns
+from ..plan.plan import Plan, listing_sha256, load_plan
+from ..write.shard import BackgroundUploads, ShardResult
+from ..sources.remote import modified_ns
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from typing import IO
 
 from readers.manifest import DESCRIPTOR_NAMES, MANIFEST_NAME, REJECTS_NAME, SHARD_PREFIX
 
-from .errors import FinishedOutput, PackError
+from ..errors import FinishedOutput, PackError
 
 WORK_DIR = ".pack"
 PLAN_NAME = "plan.json"
