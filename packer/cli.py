@@ -21,18 +21,18 @@ from readers.manifest import DECODE_MODES, MANIFEST_NAME, ON_ERROR_MODES, REJECT
 from readers.remote import location
 
 from .version import __version__
-from .descriptors import DEFAULT_SPLIT
+from .run.descriptors import DEFAULT_SPLIT
 from .write.encode import DEFAULT_QUALITY, PIXEL_MODES, STORES
 from .engines import ENGINES
 from .errors import PackError
 from .stores.fsutil import limit_malloc_arenas
 from .api import EXPECTED_ERRORS, one_line, run, split_options
-from .pipeline import RunOptions, Summary, ensure_plan, merge
+from .run.pipeline import RunOptions, Summary, ensure_plan, merge
 from .plan.options import (DEFAULT_IMAGE_KEY, DEFAULT_LABEL_KEY, DEFAULT_ORDER, DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SIZE,
                    MAX_SEED, ORDERS, PackOptions)
 from .sources.inputs import CLI_INPUT_FORMATS
 from .sources.metadata import DEFAULT_LABEL_COLUMN
-from .slurm import slurm_script
+from .engines.slurm import slurm_script
 from .write.validate import DEFAULT_MAX_PIXELS, VALIDATE_MODES, ErrorPolicy
 from .write.writers import WRITERS
 

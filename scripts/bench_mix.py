@@ -45,7 +45,7 @@ import numpy as np
 from bench_read import cpu_seconds, make_source, small_jpeg
 
 import readers
-from packer.pipeline import pack
+from packer.run.pipeline import pack
 from packer.plan.options import PackOptions
 from packer.write.writers import WRITERS
 

@@ -36,7 +36,7 @@ import benchlib
 from bench_remote import serve_s3
 
 import readers
-from packer.pipeline import pack
+from packer.run.pipeline import pack
 from packer.plan.options import PackOptions
 from readers.cache import format_size
 

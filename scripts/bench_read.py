@@ -60,7 +60,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 import readers
-from packer.pipeline import pack
+from packer.run.pipeline import pack
 from packer.write.pixels import center_crop, resized_size
 from packer.plan.options import PackOptions
 from packer.plan.scan import scan

@@ -49,7 +49,7 @@ from loopback import LoopbackHTTP, LoopbackS3, PeakSampler
 from torch.utils.data import DataLoader, Dataset
 
 import readers
-from packer.pipeline import pack
+from packer.run.pipeline import pack
 from packer.plan.options import PackOptions
 from packer.plan.scan import scan
 from readers.cache import format_size, parse_size

@@ -10,7 +10,7 @@ import pytest
 from imagefolders import add_non_utf8_file, image_bytes, make_image_folder
 from loopback import LoopbackHTTP
 
-from packer.pipeline import pack
+from packer.run.pipeline import pack
 from packer.plan.options import PackOptions
 from packer.write.writers import WRITERS
 

@@ -20,7 +20,7 @@ from PIL import Image
 
 import readers
 from packer.errors import PackError, RejectedFile
-from packer.pipeline import pack
+from packer.run.pipeline import pack
 from packer.plan.options import PackOptions
 from packer.write.validate import ErrorPolicy, check_image, header_size
 from packer.write.writers import WRITERS

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from packer import pipeline
+from packer.run import pipeline
 from packer.stores import outdir
 from packer.errors import PackError
 from packer.stores.outdir import lock_path
 from packer.plan.partition import Partition, resolve_partition
-from packer.pipeline import merge, pack
+from packer.run.pipeline import merge, pack
 from packer.plan.options import PackOptions
 
 PACK = [sys.executable, "-m", "packer.cli"]

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from imagefolders import make_image_folder
 
-from packer.pipeline import pack
+from packer.run.pipeline import pack
 from packer.plan.options import PackOptions
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,7 +15,7 @@ from clirun import run
 from recordfiles import recordio_payload, write_recordio
 
 import packer.cli
-import packer.pipeline
+import packer.run.pipeline
 import readers
 
 REPO = Path(__file__).resolve().parents[1]
@@ -218,7 +218,7 @@ def test_a_rerun_with_another_store_names_the_options_given_not_those_never_set(
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(packer.pipeline, "pack_shards", interrupted)  # the plan stays, unfinished
+    monkeypatch.setattr(packer.run.pipeline, "pack_shards", interrupted)  # the plan stays, unfinished
     code, output = run("lmdb", root, out, "-q")
     assert code == 130, output
     monkeypatch.undo()

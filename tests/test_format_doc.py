@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from packer.pipeline import pack
+from packer.run.pipeline import pack
 from packer.plan.options import PackOptions
 from readers.formats import FORMATS
 

@@ -12,7 +12,7 @@ from clirun import run
 
 import readers
 from readers.manifest import FORMAT_VERSION
-from packer.pipeline import pack
+from packer.run.pipeline import pack
 from packer.plan.options import PackOptions
 
 V1 = Path(__file__).parent / "data" / "v1"

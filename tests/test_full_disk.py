@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from packer import pipeline
+from packer.run import pipeline
 from packer.stores import outdir, output
 from packer.errors import PackError
 from packer.plan.options import PackOptions

@@ -13,7 +13,7 @@ import pytest
 from imagefolders import image_bytes
 
 import readers
-from packer.pipeline import pack
+from packer.run.pipeline import pack
 from packer.plan.options import PackOptions
 from packer.write.writers import Sample
 from packer.write.writers import hdf5 as hdf5_writer

@@ -19,7 +19,7 @@ from imagefolders import image_bytes
 import readers
 from packer.plan.partition import Partition
 from packer.sources import containers
-from packer.pipeline import pack
+from packer.run.pipeline import pack
 from packer.plan.options import PackOptions
 from packer.sources.inputs import expand_braces, resolve_source
 from packer.sources.listing import ScanError

@@ -30,7 +30,7 @@ from imagefolders import make_image_folder
 
 import readers
 import readers.prefetch
-from packer.pipeline import pack
+from packer.run.pipeline import pack
 from packer.plan.options import PackOptions
 from packer.write.writers import WRITERS
 from readers.loader import RESULT_PIPE_BYTES

@@ -14,7 +14,7 @@ import pytest
 import wids
 
 import readers
-from packer.pipeline import pack
+from packer.run.pipeline import pack
 from packer.plan.options import PackOptions
 from clirun import run
 from imagefolders import image_bytes as jpeg_bytes

@@ -14,7 +14,7 @@ import pytest
 from imagefolders import image_bytes
 
 import readers
-from packer.pipeline import pack
+from packer.run.pipeline import pack
 from packer.plan.options import PackOptions
 from readers.mixed import MixOrders, apportion, epoch_counts
 

@@ -23,7 +23,7 @@ from loopback import LoopbackHTTP
 from imagefolders import image_bytes, make_image_folder
 from recordfiles import recordio_payload, write_recordio
 from packer.plan.partition import Partition
-from packer.pipeline import merge, pack
+from packer.run.pipeline import merge, pack
 from packer.stores.remote_out import RemoteOut
 from packer.plan.options import PackOptions
 from packer.write.writers import WRITERS
@@ -315,7 +315,7 @@ def test_a_task_on_another_machine_mirrors_the_plan_first(image_folder: tuple[Pa
                                                           s3_options: dict, tmp_path: Path) -> None:
     """A shard task whose staging folder is empty (a Dask worker elsewhere) downloads the plan's
     listing from the bucket, checks it against the plan's hash, and packs its shard."""
-    from packer.pipeline import ensure_plan
+    from packer.run.pipeline import ensure_plan
     from packer.stores.remote_out import RemoteOut
     from packer.write.shard import finished_shards, run_shard
 
@@ -337,7 +337,7 @@ def test_a_listing_that_does_not_match_its_plan_is_refused(image_folder: tuple[P
     """Two tasks writing different plans at once can leave one's listing beside the other's plan:
     the listing's sha256 in plan.json catches it."""
     from packer.errors import PackError
-    from packer.pipeline import ensure_plan
+    from packer.run.pipeline import ensure_plan
     from packer.stores.remote_out import RemoteOut
 
     url = f"s3://{S3_BUCKET}/mixed-plan"

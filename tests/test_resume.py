@@ -16,7 +16,7 @@ from workers import signal_all, stop_workers_as_they_start
 
 import readers
 from packer.errors import PackError
-from packer.pipeline import pack
+from packer.run.pipeline import pack
 from packer.plan.options import PackOptions
 
 PACK = [sys.executable, "-m", "packer.cli"]

@@ -27,7 +27,7 @@ from loopback import LoopbackHTTP
 from PIL import Image
 
 import readers
-from packer.pipeline import pack
+from packer.run.pipeline import pack
 from packer.plan.options import PackOptions
 from packer.inspect.show import CELL, fit, show
 

@@ -20,7 +20,7 @@ import random
 import readers
 from packer.errors import PackError
 from packer.plan.partition import Partition
-from packer.pipeline import merge, pack
+from packer.run.pipeline import merge, pack
 from packer.plan.options import PackOptions
 
 OPTIONS = ("--shard-size", 4, "--workers", 1, "-q")

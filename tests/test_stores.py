@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 import readers
 from packer.write.encode import encode
 from packer.errors import PackError
-from packer.pipeline import pack
+from packer.run.pipeline import pack
 from packer.write.pixels import resized_size
 from packer.plan.options import PackOptions
 from packer.write.writers import WRITERS

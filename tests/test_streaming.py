@@ -22,7 +22,7 @@ from loopback import LoopbackHTTP
 
 import readers
 import readers.cache
-from packer.pipeline import pack
+from packer.run.pipeline import pack
 from packer.plan.options import PackOptions
 from packer.write.writers import WRITERS
 from readers.order import shard_order, stream_order

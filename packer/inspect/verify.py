@@ -16,7 +16,7 @@ from readers.datasets import open_dataset
 from readers.manifest import CARD_NAME, MANIFEST_NAME, TIMM_INFO_NAME, DatasetError, FileInfo, Manifest
 from readers.remote import is_url, listed_files
 
-from ..descriptors import timm_info, wids_descriptor
+from ..run.descriptors import timm_info, wids_descriptor
 from ..stores.fsutil import sha256_file
 from .dataset import read_manifest, small_cache
 
@@ -267,9 +267,9 @@ def labelled_by_folders(manifest: Manifest) -> bool:
 
 CARD_HEADING = re.compile(r"^# (.+): (\d+) samples in (\d+) (\w+) shards\n\nPacked by .* \(store `(\w+)`\)",
                           re.MULTILINE)
-"""The heading of a dataset card (`packer.descriptors.dataset_card`)."""
+"""The heading of a dataset card (`packer.run.descriptors.dataset_card`)."""
 CARD_CLASS = re.compile(r'^ +"(\d+)": (".*")$', re.MULTILINE)
-"""A class name of the card's class_label, as `packer.descriptors.to_yaml` writes it."""
+"""A class name of the card's class_label, as `packer.run.descriptors.to_yaml` writes it."""
 
 
 def descriptor_problem(manifest: Manifest, name: str, files: LocalFiles) -> str | None:

@@ -61,7 +61,7 @@ class Plan:
     fields: list[FieldSpec] = field(default_factory=list)
     input_kind: str = "folder"  # packer.sources.inputs.INPUT_KINDS; "folder": files under `source`
     inputs: list[str] = field(default_factory=list)  # container inputs, absolute paths, in order
-    first_shard: int = 0  # an append's (packer.append): its shards are numbered from here, after OUT's
+    first_shard: int = 0  # an append's (packer.run.append): its shards are numbered from here, after OUT's
     unclassed: int = 0  # images beside the class folders, left out (`Listing.unclassed`)
     unclassed_names: list[str] = field(default_factory=list)
     aliases: list[str] = field(default_factory=list)  # class folders aliased inside another (`Listing.aliases`)

@@ -67,7 +67,7 @@ class Output(ABC):
                  append: bool = False) -> contextlib.AbstractContextManager[None]:
         """Around making or reusing the plan: refuse a finished dataset or foreign files (with
         overwrite, remove ours), and serialise concurrent tasks where the store can. `append`: the
-        plan of a part added to the published dataset in OUT (`packer.append`): OUT is kept."""
+        plan of a part added to the published dataset in OUT (`packer.run.append`): OUT is kept."""
 
     @abstractmethod
     def stored_plan(self, first_shard: int = 0) -> Plan | None:
