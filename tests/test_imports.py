@@ -89,3 +89,12 @@ def test_data_flows_one_way_with_no_import_cycle() -> None:
 
     for name in graph:
         visit(name, [])
+
+
+def test_inspection_commands_share_one_helper_and_never_import_each_other() -> None:
+    """info, show and verify open a dataset through packer.inspect.dataset, not through one another."""
+    commands = {"packer.inspect.info", "packer.inspect.show", "packer.inspect.verify"}
+    for name in sorted(commands):
+        imported = imports_of(ROOT / (name.replace(".", "/") + ".py"), "packer.inspect")
+        assert not imported & (commands - {name}), name
+        assert "packer.inspect.dataset" in imported, name
