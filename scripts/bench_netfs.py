@@ -45,7 +45,7 @@ import torch
 from bench_pack import copies, jpeg_pool
 from bench_scale import link_farm
 from latencyfs import missing_requirements, mounted
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 import readers
 from packer.write.writers import WRITERS
@@ -53,7 +53,6 @@ from readers.bench import keep_list
 
 PARTS = ("pack", "plan", "read")
 DISTINCT_IMAGES = 256
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 
 
 def photo_source(work: Path, files: int, classes: int) -> Path:
@@ -116,25 +115,6 @@ def planning_commands(work: Path) -> dict[str, Callable[[Path], float]]:
             "pack plan": pack_plan}
 
 
-class LooseFolder(Dataset):
-    """The baseline a user writes, as torchvision's ImageFolder does it: list the class folders
-    (names and types from the listing, no stat per file), then open + read one file per sample."""
-
-    def __init__(self, root: Path) -> None:
-        classes = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
-        self.samples = [(os.path.join(folder, name), label) for label, cls in enumerate(classes)
-                        for folder, _, names in sorted(os.walk(root / cls))
-                        for name in sorted(names) if name.lower().endswith(IMAGE_EXTENSIONS)]
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def __getitem__(self, index: int) -> tuple[bytes, int]:
-        path, label = self.samples[index]
-        with open(path, "rb") as handle:
-            return handle.read(), label
-
-
 def epoch(make: Callable[[], tuple[Any, Iterable[Any]]]) -> tuple[float, float]:
     """Seconds to the first batch and to the last of one epoch; `make` opens the dataset and its loader."""
     started = time.perf_counter()
@@ -155,7 +135,7 @@ def epoch(make: Callable[[], tuple[Any, Iterable[Any]]]) -> tuple[float, float]:
 def reading_cases(args: argparse.Namespace) -> dict[str, tuple[str, Callable[[Path], tuple[Any, Iterable[Any]]]]]:
     """name -> (what to mount: "loose" or "packed", the dataset and loader over that mount)."""
     def loose(mount: Path) -> tuple[Any, Iterable[Any]]:
-        dataset = LooseFolder(mount)
+        dataset = benchlib.LooseFiles(mount)
         return dataset, DataLoader(dataset, batch_size=args.batch_size, shuffle=True, num_workers=args.workers,
                                    collate_fn=keep_list, generator=torch.Generator().manual_seed(0))
 

@@ -63,7 +63,6 @@ import readers
 from packer.run.pipeline import pack
 from packer.write.pixels import center_crop, resized_size
 from packer.plan.options import PackOptions
-from packer.plan.scan import scan
 from packer.write.writers import WRITERS
 from readers.bench import keep_list
 from readers.decode import reduction
@@ -99,22 +98,6 @@ def make_source(root: Path, count: int, *, classes: int = 10, seed: int = 0,
     rng = np.random.default_rng(seed)
     benchlib.make_source(root, count, (image(rng) for _ in range(count)), classes=classes,
                          recipe={"seed": seed, "image": image.__name__})
-
-
-class LooseFiles(Dataset):
-    """The baseline: a plain Dataset over a list of file paths, like torchvision's ImageFolder."""
-
-    def __init__(self, root: Path) -> None:
-        listing = scan(root)
-        self.samples = [(str(root / path), int(label)) for path, label in zip(listing.paths, listing.labels)]
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def __getitem__(self, index: int) -> tuple[bytes, int]:
-        path, label = self.samples[index]
-        with open(path, "rb") as handle:
-            return handle.read(), label
 
 
 # Page cache ------------------------------------------------------------------------------
@@ -158,7 +141,7 @@ class Case:
 
 def loose_case(workers: int, name: str, goal: float | None) -> Case:
     def batches(ctx: Context) -> Iterable[Any]:
-        return DataLoader(LooseFiles(ctx.src), batch_size=ctx.args.batch_size, shuffle=True, num_workers=workers,
+        return DataLoader(benchlib.LooseFiles(ctx.src), batch_size=ctx.args.batch_size, shuffle=True, num_workers=workers,
                           collate_fn=keep_list, generator=torch.Generator().manual_seed(0))
 
     return Case(name, lambda ctx: files_under(ctx.src), batches, baseline=None, goal=goal)
@@ -407,7 +390,7 @@ def to_tensor_224(image: Image.Image) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(array.transpose(2, 0, 1)))
 
 
-class LooseDecoded(LooseFiles):
+class LooseDecoded(benchlib.LooseFiles):
     """The decoding baseline: what an ImageFolder pipeline does per sample, from the loose files."""
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:  # type: ignore[override]

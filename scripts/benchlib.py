@@ -11,7 +11,10 @@ import shutil
 from pathlib import Path
 from typing import Any, Iterable
 
+from torch.utils.data import Dataset
+
 SOURCE_MARKER = ".bench-source.json"
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 
 
 def make_source(root: Path, count: int, images: Iterable[bytes], *, classes: int, recipe: dict[str, Any]) -> Path:
@@ -72,3 +75,22 @@ def children(pid: int) -> list[int]:
         except FileNotFoundError:  # a thread (a DataLoader's, say) that ended since the listing
             continue
     return pids
+
+
+class LooseFiles(Dataset):
+    """The baseline a user writes, as torchvision's ImageFolder does it: list the class folders
+    (names and types from the listing, no stat per file), then open + read one file per sample."""
+
+    def __init__(self, root: Path) -> None:
+        classes = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
+        self.samples = [(os.path.join(folder, name), label) for label, cls in enumerate(classes)
+                        for folder, _, names in sorted(os.walk(root / cls))
+                        for name in sorted(names) if name.lower().endswith(IMAGE_EXTENSIONS)]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[bytes, int]:
+        path, label = self.samples[index]
+        with open(path, "rb") as handle:
+            return handle.read(), label

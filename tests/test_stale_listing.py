@@ -5,6 +5,7 @@ holds two states of SRC, and a rerun never calls a stale dataset up to date."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -21,7 +22,7 @@ import readers
 from packer.errors import PackError
 from packer.plan.partition import Partition
 from packer.run.pipeline import merge, pack
-from packer.plan.options import PackOptions
+from packer.plan.plan import PackOptions, load_plan, read_shard_entries
 
 OPTIONS = ("--shard-size", 4, "--workers", 1, "-q")
 
@@ -126,16 +127,44 @@ def test_a_resume_after_src_changed_is_refused_and_keeps_the_finished_shards(tmp
     assert not (out / "index.json").exists()
 
 
-def test_a_task_after_src_changed_is_refused_and_merge_publishes_nothing(tmp_path: Path) -> None:
+def task_files(out: Path, task: int, count: int) -> list[str]:
+    """The paths the shards of one task of `count` pack, from OUT's plan."""
+    plan = load_plan(out)
+    assert plan is not None
+    shards = Partition(task, count).shards(plan.num_shards)
+    return [entry.path for shard in shards for entry in read_shard_entries(out, plan, shard)]
+
+
+def test_a_task_after_its_files_changed_is_refused_and_merge_publishes_nothing(tmp_path: Path) -> None:
+    """A task stats the files of its own shards (not a walk of SRC: N tasks would walk it N times):
+    one of them removed, another rewritten, stops it in one line naming them."""
     src, out = tmp_path / "src", tmp_path / "out"
     make_image_folder(src, classes=3, per_class=5, seed=1)
     options = PackOptions(format="lmdb", shard_size=4)
     pack(src, out, options, partition=Partition(0, 2), workers=1)
-    removed(src)
-    with pytest.raises(PackError, match=r"SRC changed since .*: 0 added, 1 removed, 0 changed"):
+    gone, edited = task_files(out, 1, 2)[:2]
+    (src / gone).unlink()
+    os.utime(src / edited, ns=(time.time_ns() + 10**9, time.time_ns() + 10**9))
+    first = re.escape(sorted([gone, edited])[0])
+    with pytest.raises(PackError, match=rf"SRC changed since .*: 0 added, 1 removed, 1 changed \({first}, "):
         pack(src, out, options, partition=Partition(1, 2), workers=1)
     with pytest.raises(PackError, match="shards unfinished"):
         merge(out)
+    assert not (out / "index.json").exists()
+
+
+def test_files_added_while_tasks_run_are_found_by_merge(tmp_path: Path) -> None:
+    """A task does not list SRC, so a file added after the plan is not its business: merge, which
+    lists SRC once, stops before publishing."""
+    src, out = tmp_path / "src", tmp_path / "out"
+    make_image_folder(src, classes=3, per_class=5, seed=1)
+    options = PackOptions(format="lmdb", shard_size=4)
+    pack(src, out, options, partition=Partition(0, 2), workers=1)
+    added(src)
+    pack(src, out, options, partition=Partition(1, 2), workers=1)
+    code, output = run("merge", out)
+    assert (code, output) == (1, f"Error: {src}: SRC changed since {out}'s plan: 1 added, 0 removed, 0 changed "
+                                 "(class_01/img new.jpg); nothing was published; pack it again with --overwrite\n")
     assert not (out / "index.json").exists()
 
 

@@ -1,5 +1,6 @@
 """Whether SRC is still what OUT's plan listed: a rerun, a resume, a task and an append compare
-SRC's listing now with the plan's before they trust it (#35).
+SRC's listing now with the plan's before they trust it (#35). One task of several checks only
+its own shards' files (`run_changes`): N tasks do not walk SRC N times.
 
 Shards finished from the plan hold the files as they were when it was made; packing the rest, or
 calling the dataset up to date, after SRC changed would give one output of two states of SRC, or
@@ -21,13 +22,18 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from readers.remote import location
 
 from .options import PackOptions
 from ..stores.outdir import listing_path
 from ..stores.output import Output
-from .plan import Plan, listing_digest, listing_lines
+from .partition import Partition
+from .plan import Plan, listing_digest, listing_lines, read_shard_entries
 from .scan import scan_source
 from ..sources.containers import input_mtimes
 from ..sources.inputs import Source
@@ -135,6 +141,51 @@ def display_name(source: str, name: str) -> str:
     """An input as a message names it: relative to SRC when inside it."""
     prefix = source.rstrip("/") + "/"
     return name[len(prefix):] if name.startswith(prefix) else name
+
+
+TASK_STAT_THREADS = 32
+"""Stats in flight while a task checks its shards' files: on a networked filesystem each is a round trip."""
+
+
+def run_changes(src: Path | str, source: Source, out: Output, plan: Plan, options: PackOptions,
+                partition: Partition) -> Changes | None:
+    """What changed in SRC since `plan`, as a run of `partition` needs to know it before packing:
+    one task of several stats only the files of its own shards (`task_changes`), so N tasks look at
+    SRC once between them rather than walk it N times (and files added since are found by `pack
+    merge`, which lists SRC once); a whole run, or a SRC in a bucket (listed by the thousand),
+    lists SRC again (`source_changes`)."""
+    if partition.is_whole or source.kind != "folder" or source.is_url:
+        return source_changes(src, source, out, plan, options)
+    return task_changes(out, plan, partition.shards(plan.num_shards))
+
+
+def task_changes(out: Output, plan: Plan, shards: Sequence[int]) -> Changes | None:
+    """The files of `shards` that are gone, of another size, or modified after the plan was made:
+    a stat each, many in flight; no file is read and no folder listed."""
+    listing_file = listing_path(out.staging, plan.first_shard)
+    planned_at = plan_time(listing_file)
+    root = str(location(plan.source))
+    rows = [(entry.path, entry.size) for shard in shards for entry in read_shard_entries(out.staging, plan, shard)]
+
+    def state(row: tuple[str, int]) -> str | None:
+        try:
+            info = os.stat(os.path.join(root, row[0]))
+        except FileNotFoundError:
+            return "removed"
+        except OSError:
+            return None  # unreadable: the shard rejects it, as it would have
+        return "changed" if info.st_size != row[1] or info.st_mtime_ns > planned_at else None
+
+    changes = Changes()
+    with ThreadPoolExecutor(TASK_STAT_THREADS) as pool:
+        for (path, _), found in zip(rows, pool.map(state, rows)):
+            if found == "removed":
+                changes.removed.append(path)
+            elif found == "changed":
+                changes.changed.append(path)
+    changes.removed.sort()
+    changes.changed.sort()
+    return changes or None
 
 
 def source_changes(src: Path | str, source: Source, out: Output, plan: Plan, options: PackOptions) -> Changes | None:

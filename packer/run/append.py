@@ -37,7 +37,7 @@ from typing import Any, Callable
 from readers.manifest import FORMAT_VERSION, MANIFEST_NAME, REJECTS_NAME, DatasetError, Manifest, parse_manifest
 from readers.remote import location
 
-from ..plan.changes import source_changes
+from ..plan.changes import run_changes
 from ..write.encode import ENCODE_OPTIONS
 from ..errors import PackError
 from ..plan.options import PackOptions, differing_options, option_flag, shown_value
@@ -77,7 +77,7 @@ def append_into(src: str | os.PathLike[str], out: Output, options: PackOptions, 
     base = base_plan(out, manifest)
     parts = recorded_parts(out, manifest, base)
     plan = ensure_part_plan(src_path, out, options, manifest, parts, next_shard(out, manifest, base),
-                            again=run.append_again)
+                            again=run.append_again, partition=partition)
     if isinstance(plan, dict):
         return up_to_date_summary(out, manifest, plan, started)
     final, resumed = pack_shards(out, plan, run, partition, progress=progress, planned=planned)
@@ -147,7 +147,8 @@ def check_compatible(out: Output, manifest: Manifest, options: PackOptions) -> N
 
 
 def ensure_part_plan(src: Path | str, out: Output, options: PackOptions, manifest: Manifest,
-                     parts: list[dict[str, Any]], first: int, *, again: bool = False) -> Plan | dict[str, Any]:
+                     parts: list[dict[str, Any]], first: int, *, again: bool = False,
+                     partition: Partition = Partition()) -> Plan | dict[str, Any]:
     """The plan of this append (its shards numbered from `first`), written once and reused by
     reruns and tasks; or the recorded part that already holds exactly what it would pack. The same
     listing and options from another path (a symlink, a copy) are refused unless `again`."""
@@ -155,7 +156,7 @@ def ensure_part_plan(src: Path | str, out: Output, options: PackOptions, manifes
         plan = out.stored_plan(first)
         source = resolve_source(src, options.input_format)
         if plan is not None:
-            return unfinished(src, plan, source, out, options)
+            return unfinished(src, plan, source, out, options, partition)
         folder = part_dir(out.staging, first)
         try:
             listing = part_listing(src, source, out, options, manifest)
@@ -231,7 +232,8 @@ def rejected_paths(out: Output) -> set[str]:
     return paths
 
 
-def unfinished(src: Path | str, plan: Plan, source: Source, out: Output, options: PackOptions) -> Plan:
+def unfinished(src: Path | str, plan: Plan, source: Source, out: Output, options: PackOptions,
+               partition: Partition) -> Plan:
     """The plan of an append that was started and not published, when it is this one's and SRC
     has not changed since it was made (its finished shards hold SRC as it was then)."""
     differences = plan_differences(plan, source, options)
@@ -239,7 +241,7 @@ def unfinished(src: Path | str, plan: Plan, source: Source, out: Output, options
     if differences:
         raise PackError(f"{out}: an unfinished append of {differences} is under way; rerun that command (or its "
                         f"tasks and `pack merge`) to finish it first, or remove {folder} to drop it")
-    changes = source_changes(src, source, out, plan, options)
+    changes = run_changes(src, source, out, plan, options, partition)
     if changes:
         raise PackError(changes.describe(src, out, f"remove {folder} to drop the unfinished append, then append "
                                                    "SRC again"))

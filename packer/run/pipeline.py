@@ -21,7 +21,7 @@ from readers.formats import ALIASES, FORMATS
 from readers.manifest import MANIFEST_NAME, REJECTS_NAME, Manifest, parse_manifest
 from readers.remote import location
 
-from ..plan.changes import source_changes
+from ..plan.changes import run_changes, source_changes
 from .descriptors import DEFAULT_SPLIT
 from ..engines import get_engine
 from ..errors import FinishedOutput, PackError
@@ -161,7 +161,7 @@ def pack_into(src: str | os.PathLike[str], out_path: Output, options: PackOption
         raise PackError(f"{out_path}: pack_run packs; an append goes through packer.run.append.append_run (or api.run)")
     policy = run.policy
     try:
-        plan = ensure_plan(src_path, out_path, options, overwrite=run.overwrite)
+        plan = ensure_plan(src_path, out_path, options, overwrite=run.overwrite, partition=partition)
     except FinishedOutput as finished:
         return up_to_date_summary(src_path, out_path, options, finished, started)
     final, resumed = pack_shards(out_path, plan, run, partition, progress=progress, planned=planned)
@@ -254,7 +254,7 @@ def canonical_options(options: PackOptions) -> PackOptions:
 
 
 def ensure_plan(src: str | os.PathLike[str], out: str | os.PathLike[str] | Output, options: PackOptions, *,
-                overwrite: bool = False) -> Plan:
+                overwrite: bool = False, partition: Partition = Partition()) -> Plan:
     """The plan in OUT, written once: the first process scans SRC, the others (and reruns) reuse it.
 
     The output serialises concurrent tasks where it can (a local folder's file lock), so N tasks
@@ -267,7 +267,7 @@ def ensure_plan(src: str | os.PathLike[str], out: str | os.PathLike[str] | Outpu
         plan = target.stored_plan()
         source = resolve_source(src, options.input_format)  # once: the scan and the plan's check take it
         if plan is not None:
-            return reuse_plan(plan, source, target, options)
+            return reuse_plan(plan, source, target, options, partition)
         return target.publish_plan(write_plan(target.staging, scan_source(src, source, options), options))
 
 
@@ -282,12 +282,14 @@ def plan_differences(plan: Plan, source: Source, options: PackOptions) -> str | 
     return f"other options ({'; '.join(changed)})" if changed else None
 
 
-def reuse_plan(plan: Plan, source: Source, out: Output, options: PackOptions) -> Plan:
+def reuse_plan(plan: Plan, source: Source, out: Output, options: PackOptions, partition: Partition) -> Plan:
+    """OUT's `plan`, for a rerun or a task of `partition`, when it is this SRC's and these options',
+    and SRC has not changed since (`changes.run_changes`)."""
     differences = plan_differences(plan, source, options)
     if differences:
         raise PackError(f"{out}: holds an unfinished run of {differences}; rerun with those, or pass --overwrite "
                         "to start over")
-    changes = source_changes(source.location, source, out, plan, options)
+    changes = run_changes(source.location, source, out, plan, options, partition)
     if changes:
         raise PackError(changes.describe(source.location, out, changes.pack_way_on(published=False)))
     log.info("%s: reusing the plan (%d shards)", out, plan.num_shards)
