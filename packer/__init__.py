@@ -25,7 +25,7 @@ def __getattr__(name: str) -> Any:
 
         return PackError
     if name == "Summary":
-        from .pipeline import Summary
+        from .run.pipeline import Summary
 
         return Summary
     raise AttributeError(f"module 'packer' has no attribute {name!r}")

@@ -18,16 +18,16 @@ from typing import Any, Callable, Sequence, TypeVar
 from readers.cache import parse_size
 from readers.manifest import DatasetError, Manifest
 
-from .append import append_run
-from .descriptors import DEFAULT_SPLIT
-from .encode import ENCODE_OPTIONS
+from .run.append import append_run
+from .run.descriptors import DEFAULT_SPLIT
+from .write.encode import ENCODE_OPTIONS
 from .errors import PackError
-from .outdir import check_out, prepare_output, work_dir
-from .pipeline import RunOptions, Summary, merge as merge_shards, pack_run
-from .options import PackOptions
+from .stores.outdir import check_out, prepare_output, work_dir
+from .run.pipeline import RunOptions, Summary, merge as merge_shards, pack_run
+from .plan.options import PackOptions
 from .sources.listing import ScanError
 from .sources.samples import save_samples
-from .validate import ErrorPolicy
+from .write.validate import ErrorPolicy
 
 T = TypeVar("T")
 
@@ -91,7 +91,7 @@ def run(src: str | os.PathLike[str], out: str | os.PathLike[str], options: PackO
         progress: Callable[[int], None] | None = None, planned: Callable[[int], None] | None = None) -> Summary:
     """Pack with options already split (the CLI's path after parsing); `planned(total)` once the
     plan says how many samples this run packs, before the first `progress`. `run_options.append`:
-    add to the dataset in OUT (`packer.append`) instead of packing it."""
+    add to the dataset in OUT (`packer.run.append`) instead of packing it."""
     pack_or_append = append_run if run_options.append else pack_run
     return one_line_errors(lambda: pack_or_append(src, out, options, run_options, progress=progress, planned=planned))
 

@@ -21,20 +21,20 @@ from readers.manifest import DECODE_MODES, MANIFEST_NAME, ON_ERROR_MODES, REJECT
 from readers.remote import location
 
 from .version import __version__
-from .descriptors import DEFAULT_SPLIT
-from .encode import DEFAULT_QUALITY, PIXEL_MODES, STORES
+from .run.descriptors import DEFAULT_SPLIT
+from .write.encode import DEFAULT_QUALITY, PIXEL_MODES, STORES
 from .engines import ENGINES
 from .errors import PackError
-from .fsutil import limit_malloc_arenas
+from .stores.fsutil import limit_malloc_arenas
 from .api import EXPECTED_ERRORS, one_line, run, split_options
-from .pipeline import RunOptions, Summary, ensure_plan, merge
-from .options import (DEFAULT_IMAGE_KEY, DEFAULT_LABEL_KEY, DEFAULT_ORDER, DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SIZE,
+from .run.pipeline import RunOptions, Summary, ensure_plan, merge
+from .plan.options import (DEFAULT_IMAGE_KEY, DEFAULT_LABEL_KEY, DEFAULT_ORDER, DEFAULT_SHARD_BYTES, DEFAULT_SHARD_SIZE,
                    MAX_SEED, ORDERS, PackOptions)
 from .sources.inputs import CLI_INPUT_FORMATS
 from .sources.metadata import DEFAULT_LABEL_COLUMN
-from .slurm import slurm_script
-from .validate import DEFAULT_MAX_PIXELS, VALIDATE_MODES, ErrorPolicy
-from .writers import WRITERS
+from .engines.slurm import slurm_script
+from .write.validate import DEFAULT_MAX_PIXELS, VALIDATE_MODES, ErrorPolicy
+from .write.writers import WRITERS
 
 if TYPE_CHECKING:
     from readers.bench import BenchResult
@@ -424,10 +424,8 @@ def merge_command(out: Path | str, on_error: str, max_errors: int | None, split:
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def verify_command(out: Path | str, full: bool, quiet: bool) -> None:
     """Check OUT's shards against index.json (presence, size, sha256, sample counts) and index.json against them."""
-    from .verify import (  # reads through `readers`, which imports torch: only when asked
-        read_manifest,
-        verify,
-    )
+    from .inspect.dataset import read_manifest  # reads through `readers`, which imports torch: only when asked
+    from .inspect.verify import verify
 
     total = read_manifest(out).num_samples
     with progress_bar("verify", quiet) as bar:
@@ -445,7 +443,7 @@ def verify_command(out: Path | str, full: bool, quiet: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 def info_command(out: Path | str, as_json: bool) -> None:
     """Describe a packed dataset: format, store, counts, classes, shard and image sizes, options."""
-    from .info import (  # reads through `readers`, which imports torch: only when asked
+    from .inspect.info import (  # reads through `readers`, which imports torch: only when asked
         describe,
         non_default_options,
     )
@@ -502,7 +500,7 @@ def show_command(out: Path | str, sheet_path: Path | None, html_path: Path | Non
     """Draw samples of OUT as the reader returns them, per class, into a PNG contact sheet and/or an HTML page."""
     if sheet_path is None and html_path is None:
         raise click.UsageError("nothing to write: give -o SHEET.png and/or --html PAGE.html")
-    from .show import show  # reads through `readers`, which imports torch: only when asked
+    from .inspect.show import show  # reads through `readers`, which imports torch: only when asked
 
     sheet = show(out, sheet_path=sheet_path, html_path=html_path, per_class=per_class, classes=classes,
                  field=field, seed=seed)

@@ -1,6 +1,6 @@
 """The one table of formats: for each, its layout module, writer, dataset class and aliases.
 
-A fourth format is a layout (`readers/layouts/`), a writer (`packer/writers/`), a dataset
+A fourth format is a layout (`readers/layouts/`), a writer (`packer/write/writers/`), a dataset
 (`readers/`) and one row here. Everything is named by import path and loaded on first use:
 this module imports no torch and never imports `packer` (only the packer resolves `writer`).
 The packer's CLI commands and the tests' parametrisation derive from this table.
@@ -20,7 +20,7 @@ T = TypeVar("T")
 class Format:
     name: str
     layout: str  # module: the format's constants and paired encode/parse functions (torch-free)
-    writer: str  # "module:Class" of its packer.writers.ShardWriter
+    writer: str  # "module:Class" of its packer.write.writers.ShardWriter
     dataset: str  # "module:Class" of its readers.base.PackedDataset
     extension: str  # of its shard files: `shard-NNNNNN<extension>`
     sidecars: tuple[str, ...] = ()  # extensions of the files beside each shard: `shard-NNNNNN<ext>`
@@ -33,11 +33,11 @@ class Format:
 FORMATS: dict[str, Format] = {
     spec.name: spec
     for spec in (
-        Format("lmdb", "readers.layouts.lmdb", "packer.writers.lmdb:LMDBWriter", "readers.lmdb:LMDBDataset",
+        Format("lmdb", "readers.layouts.lmdb", "packer.write.writers.lmdb:LMDBWriter", "readers.lmdb:LMDBDataset",
                extension=".lmdb", min_sample_bytes=24),  # an LMDB node: 8 bytes, a key of 10+, a record of 8+
-        Format("hdf5", "readers.layouts.hdf5", "packer.writers.hdf5:HDF5Writer", "readers.hdf5:HDF5Dataset",
+        Format("hdf5", "readers.layouts.hdf5", "packer.write.writers.hdf5:HDF5Writer", "readers.hdf5:HDF5Dataset",
                extension=".h5", min_sample_bytes=20),  # a label, a CRC-32 and a codec name per sample
-        Format("wds", "readers.layouts.wds", "packer.writers.wds:WdsWriter", "readers.wds:WdsDataset",
+        Format("wds", "readers.layouts.wds", "packer.write.writers.wds:WdsWriter", "readers.wds:WdsDataset",
                extension=".tar", sidecars=(".packidx", ".idx"), min_sample_bytes=3 * 512,
                aliases=("webdataset",)),
     )

@@ -45,9 +45,9 @@ import numpy as np
 from bench_read import cpu_seconds, make_source, small_jpeg
 
 import readers
-from packer.pipeline import pack
-from packer.plan import PackOptions
-from packer.writers import WRITERS
+from packer.run.pipeline import pack
+from packer.plan.options import PackOptions
+from packer.write.writers import WRITERS
 
 GOAL = 0.95
 FIELDS = ("image", "label")

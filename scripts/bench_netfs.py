@@ -48,7 +48,7 @@ from latencyfs import missing_requirements, mounted
 from torch.utils.data import DataLoader
 
 import readers
-from packer.writers import WRITERS
+from packer.write.writers import WRITERS
 from readers.bench import keep_list
 
 PARTS = ("pack", "plan", "read")

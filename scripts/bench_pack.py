@@ -59,7 +59,7 @@ import benchlib
 import numpy as np
 from PIL import Image
 
-from packer.writers import WRITERS
+from packer.write.writers import WRITERS
 
 GOALS = {"lmdb": 2.0, "wds": 2.0, "hdf5": 1.5}
 DISTINCT_IMAGES = 256

@@ -36,8 +36,8 @@ import benchlib
 from bench_remote import serve_s3
 
 import readers
-from packer.pipeline import pack
-from packer.plan import PackOptions
+from packer.run.pipeline import pack
+from packer.plan.options import PackOptions
 from readers.cache import format_size
 
 SHARD_BYTES = 8_000_000
@@ -96,7 +96,7 @@ class Epoch:
 
 
 def samples(source: Path) -> list[tuple[str, int]]:
-    from packer.scan import scan
+    from packer.plan.scan import scan
 
     listing = scan(source)
     return [(str(source / path), int(label)) for path, label in zip(listing.paths, listing.labels)]

@@ -8,7 +8,7 @@
 1. The source: --src, or --images seeded photo-like JPEGs generated with Pillow into WORK/src
    (kept there and reused when --work is given): ImageNet-sized (500x375 or 375x500, ~97 KB), or
    with --image-kind small 285x214 (~33 KB, as downsampled datasets are; in WORK/src-small).
-2. Packs it with every format in packer.writers.WRITERS into WORK/<format>.
+2. Packs it with every format in packer.write.writers.WRITERS into WORK/<format>.
 3. Each case drops the page cache (/proc/sys/vm/drop_caches as root, else posix_fadvise
    DONTNEED on each of its files), reads every sample once, shuffled, through a DataLoader with
    --workers workers and decode="bytes" (container only: no JPEG decoding), then reads again
@@ -60,10 +60,10 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 import readers
-from packer.pipeline import pack
-from packer.pixels import center_crop, resized_size
-from packer.plan import PackOptions
-from packer.writers import WRITERS
+from packer.run.pipeline import pack
+from packer.write.pixels import center_crop, resized_size
+from packer.plan.options import PackOptions
+from packer.write.writers import WRITERS
 from readers.bench import keep_list
 from readers.decode import reduction
 from readers.manifest import MANIFEST_NAME, FileInfo, ShardInfo, load_manifest, shard_name

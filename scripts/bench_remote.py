@@ -49,9 +49,9 @@ from loopback import LoopbackHTTP, LoopbackS3, PeakSampler
 from torch.utils.data import DataLoader, Dataset
 
 import readers
-from packer.pipeline import pack
-from packer.plan import PackOptions
-from packer.scan import scan
+from packer.run.pipeline import pack
+from packer.plan.options import PackOptions
+from packer.plan.scan import scan
 from readers.cache import format_size, parse_size
 
 

@@ -38,7 +38,7 @@ import benchlib
 from bench_pack import copies, jpeg_pool, tree_rss
 from PIL import Image
 
-from packer.writers import WRITERS
+from packer.write.writers import WRITERS
 
 SMALL_GOALS = {"wds": 1.5, "lmdb": 1.5, "hdf5": 1.3}
 CPU_GOAL = 2.0

@@ -22,8 +22,8 @@ from typing import Callable
 import numpy as np
 import webdataset
 
-from packer.writers.base import Sample
-from packer.writers.wds import WdsWriter
+from packer.write.writers.base import Sample
+from packer.write.writers.wds import WdsWriter
 from readers.manifest import sample_key
 
 

@@ -6,7 +6,7 @@ cd "$ROOT"
 DEMO="${DEMO_DIR:-$ROOT/demo-out}"
 rm -rf "$DEMO"
 "$PY" scripts/make_sample.py "$DEMO/images" --classes 4 --per-class 25
-FORMATS=$("$PY" -c "from packer.writers import WRITERS; print(' '.join(WRITERS))")
+FORMATS=$("$PY" -c "from packer.write.writers import WRITERS; print(' '.join(WRITERS))")
 OUTS=()
 for fmt in $FORMATS; do
     echo "+ pack $fmt $DEMO/images $DEMO/$fmt --shard-size 40"

@@ -10,9 +10,9 @@ import pytest
 from imagefolders import add_non_utf8_file, image_bytes, make_image_folder
 from loopback import LoopbackHTTP
 
-from packer.pipeline import pack
-from packer.plan import PackOptions
-from packer.writers import WRITERS
+from packer.run.pipeline import pack
+from packer.plan.options import PackOptions
+from packer.write.writers import WRITERS
 
 pytest_plugins = ["timeouts"]
 

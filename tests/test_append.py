@@ -25,9 +25,9 @@ import readers
 from packer.api import pack as api_pack
 from packer.api import pack_samples
 from packer.errors import PackError
-from packer.options import PackOptions
-from packer.pipeline import RunOptions, merge, pack_run
-from packer.writers import WRITERS
+from packer.plan.options import PackOptions
+from packer.run.pipeline import RunOptions, merge, pack_run
+from packer.write.writers import WRITERS
 
 PACK = [sys.executable, "-m", "packer.cli"]
 PUBLISHED = {"index.json", "rejects.jsonl", "README.md", "_info.json", "wids.json"}
@@ -218,7 +218,7 @@ def test_tasks_then_merge_equal_one_run(sources: tuple[Path, Path], tmp_path: Pa
 
 
 def test_the_librarys_merge_knows_parts(sources: tuple[Path, Path], tmp_path: Path) -> None:
-    """packer.pipeline.merge (which `pack merge` and api.merge call) publishes an append its tasks
+    """packer.run.pipeline.merge (which `pack merge` and api.merge call) publishes an append its tasks
     packed and keeps an appended dataset: never republished from the first pack's plan alone."""
     old, new = sources
     out = tmp_path / "out"
@@ -228,7 +228,7 @@ def test_the_librarys_merge_knows_parts(sources: tuple[Path, Path], tmp_path: Pa
         (33, 9, [0, 5])
     published = digests(out)
     assert merge(out).num_samples == 33 and digests(out) == published
-    with pytest.raises(PackError, match="an append goes through packer.append.append_run"):  # never a silent pack
+    with pytest.raises(PackError, match="an append goes through packer.run.append.append_run"):  # never a silent pack
         pack_run(new, out, PackOptions(format="wds", shard_size=4), RunOptions(append=True))
     assert len(samples(out)) == 33 and run("verify", out, "-q")[0] == 0
 
@@ -376,12 +376,12 @@ def test_appending_a_changed_src_again_warns_of_duplicates(sources: tuple[Path, 
     out = tmp_path / "out"
     api_pack(old, out, "wds", shard_size=4)
     api_pack(grown, out, "wds", shard_size=4, append=True)
-    with caplog.at_level("WARNING", logger="packer.append"):
+    with caplog.at_level("WARNING", logger="packer.run.append"):
         assert api_pack(grown, out, "wds", shard_size=4, append=True).up_to_date
     assert "twice" not in caplog.text
     make_image_folder(tmp_path / "more", classes=1, per_class=1, seed=5)
     (tmp_path / "more" / "class_00" / "img 000.jpg").rename(grown / "class_00" / "img added.jpg")
-    with caplog.at_level("WARNING", logger="packer.append"):
+    with caplog.at_level("WARNING", logger="packer.run.append"):
         api_pack(grown, out, "wds", shard_size=4, append=True)
     assert f"{grown} was packed into {out} before (the part from shard 5, 4 samples)" in caplog.text
     assert "those it held then are in" in caplog.text and "twice" in caplog.text
@@ -484,7 +484,7 @@ def test_appended_paths_that_outs_samples_have_are_counted_in_a_warning(sources:
     old, new = sources
     out = tmp_path / "out"
     assert run("wds", old, out, "--shard-size", 4, "-q")[0] == 0
-    with caplog.at_level("WARNING", logger="packer.append"):
+    with caplog.at_level("WARNING", logger="packer.run.append"):
         code, output = run("wds", new, out, "--append", "-q")
     assert code == 0, output
     assert f"{out}: 12 appended samples share a path with samples already in OUT (class_00/img 000.jpg, " \
@@ -492,7 +492,7 @@ def test_appended_paths_that_outs_samples_have_are_counted_in_a_warning(sources:
     shared = [path for _, _, path in samples(out)]
     assert len(shared) - len(set(shared)) == 12
     caplog.clear()
-    with caplog.at_level("WARNING", logger="packer.append"):
+    with caplog.at_level("WARNING", logger="packer.run.append"):
         code, output = run("wds", old / "class_02", out, "--append", "-q")  # sub/deeper/img 003.jpg: not OUT's
     assert code == 0 and "share a path" not in caplog.text, output
     (out / ".pack" / "listing.jsonl").unlink()  # a listing gone: its paths are not compared, the append goes on

@@ -20,10 +20,10 @@ from PIL import Image
 
 import readers
 from packer.errors import PackError, RejectedFile
-from packer.pipeline import pack
-from packer.plan import PackOptions
-from packer.validate import ErrorPolicy, check_image, header_size
-from packer.writers import WRITERS
+from packer.run.pipeline import pack
+from packer.plan.options import PackOptions
+from packer.write.validate import ErrorPolicy, check_image, header_size
+from packer.write.writers import WRITERS
 
 
 def encoded(image: Image.Image, fmt: str, **params: object) -> bytes:

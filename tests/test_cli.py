@@ -14,7 +14,7 @@ import pytest
 from clirun import run
 
 import readers
-from packer.writers import WRITERS
+from packer.write.writers import WRITERS
 
 
 @pytest.mark.parametrize("fmt", sorted(WRITERS))

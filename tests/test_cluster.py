@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from packer import outdir, pipeline
+from packer.run import pipeline
+from packer.stores import outdir
 from packer.errors import PackError
-from packer.outdir import lock_path
-from packer.partition import Partition, resolve_partition
-from packer.pipeline import merge, pack
-from packer.plan import PackOptions
+from packer.stores.outdir import lock_path
+from packer.plan.partition import Partition, resolve_partition
+from packer.run.pipeline import merge, pack
+from packer.plan.options import PackOptions
 
 PACK = [sys.executable, "-m", "packer.cli"]
 OPTIONS = ["--shard-size", "3", "-q"]

@@ -19,8 +19,8 @@ from clirun import run
 from imagefolders import image_bytes
 
 import readers
-from packer.fsutil import sha256_file
-from packer.writers import WRITERS, Sample, sidecar_path
+from packer.stores.fsutil import sha256_file
+from packer.write.writers import WRITERS, Sample, sidecar_path
 from readers.fields import FieldSpec, encode_value
 from readers.manifest import FileInfo, Manifest, ShardInfo, payload_crc32, sample_key, shard_name
 

@@ -15,7 +15,7 @@ from clirun import run
 from recordfiles import recordio_payload, write_recordio
 
 import packer.cli
-import packer.pipeline
+import packer.run.pipeline
 import readers
 
 REPO = Path(__file__).resolve().parents[1]
@@ -192,7 +192,7 @@ def test_the_summary_names_what_it_ignored_and_v_names_all(image_folder: tuple[P
     code, output = run("lmdb", root, tmp_path / "out", "--order", "sorted")
     assert code == 0, output
     summary = output.strip().splitlines()[-1]
-    with caplog.at_level("INFO", logger="packer.plan"):
+    with caplog.at_level("INFO", logger="packer.plan.plan"):
         code, output = run("hdf5", root, tmp_path / "out2", "--order", "sorted")
     assert code == 0
     logged = [record.getMessage()[len("ignored: "):] for record in caplog.records
@@ -218,7 +218,7 @@ def test_a_rerun_with_another_store_names_the_options_given_not_those_never_set(
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(packer.pipeline, "pack_shards", interrupted)  # the plan stays, unfinished
+    monkeypatch.setattr(packer.run.pipeline, "pack_shards", interrupted)  # the plan stays, unfinished
     code, output = run("lmdb", root, out, "-q")
     assert code == 130, output
     monkeypatch.undo()

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from packer.pipeline import pack
-from packer.plan import PackOptions
+from packer.run.pipeline import pack
+from packer.plan.options import PackOptions
 from readers.formats import FORMATS
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "FORMAT.md"

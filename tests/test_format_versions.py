@@ -12,8 +12,8 @@ from clirun import run
 
 import readers
 from readers.manifest import FORMAT_VERSION
-from packer.pipeline import pack
-from packer.plan import PackOptions
+from packer.run.pipeline import pack
+from packer.plan.options import PackOptions
 
 V1 = Path(__file__).parent / "data" / "v1"
 V1_DATASETS = sorted(path.name for path in V1.iterdir() if (path / "index.json").is_file())

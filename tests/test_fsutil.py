@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from packer import fsutil
+from packer.stores import fsutil
 
 
 def test_sync_and_hash_syncs_every_file_and_hashes_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from packer import outdir, output, pipeline
+from packer.run import pipeline
+from packer.stores import outdir, output
 from packer.errors import PackError
-from packer.plan import PackOptions
-from packer.writers import WRITERS
+from packer.plan.options import PackOptions
+from packer.write.writers import WRITERS
 
 PACK = [sys.executable, "-m", "packer.cli"]
 

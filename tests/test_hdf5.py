@@ -13,11 +13,11 @@ import pytest
 from imagefolders import image_bytes
 
 import readers
-from packer.pipeline import pack
-from packer.plan import PackOptions
-from packer.writers import Sample
-from packer.writers import hdf5 as hdf5_writer
-from packer.writers.hdf5 import HDF5Writer
+from packer.run.pipeline import pack
+from packer.plan.options import PackOptions
+from packer.write.writers import Sample
+from packer.write.writers import hdf5 as hdf5_writer
+from packer.write.writers.hdf5 import HDF5Writer
 from readers.hdf5 import read_raw_paths
 from readers.manifest import sample_key
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from packer.writers import WRITERS
+from packer.write.writers import WRITERS
 from readers.formats import ALIASES, FORMATS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,7 +21,7 @@ def test_packer_imports_no_torch_with_every_writer_and_layout_loaded() -> None:
     code = (
         "import importlib, sys, readers, packer.cli, packer.engines.local\n"
         "from readers.formats import FORMATS\n"
-        "from packer.writers import WRITERS\n"
+        "from packer.write.writers import WRITERS\n"
         "for name, spec in FORMATS.items():\n"
         "    importlib.import_module(spec.layout)\n"
         "    assert WRITERS[name].format == name, name\n"
@@ -89,3 +89,12 @@ def test_data_flows_one_way_with_no_import_cycle() -> None:
 
     for name in graph:
         visit(name, [])
+
+
+def test_inspection_commands_share_one_helper_and_never_import_each_other() -> None:
+    """info, show and verify open a dataset through packer.inspect.dataset, not through one another."""
+    commands = {"packer.inspect.info", "packer.inspect.show", "packer.inspect.verify"}
+    for name in sorted(commands):
+        imported = imports_of(ROOT / (name.replace(".", "/") + ".py"), "packer.inspect")
+        assert not imported & (commands - {name}), name
+        assert "packer.inspect.dataset" in imported, name

@@ -17,10 +17,10 @@ from clirun import run
 from imagefolders import image_bytes
 
 import readers
-from packer.partition import Partition
+from packer.plan.partition import Partition
 from packer.sources import containers
-from packer.pipeline import pack
-from packer.plan import PackOptions
+from packer.run.pipeline import pack
+from packer.plan.options import PackOptions
 from packer.sources.inputs import expand_braces, resolve_source
 from packer.sources.listing import ScanError
 from readers.tar import read_members

@@ -21,8 +21,8 @@ import pytest
 import webdataset
 from imagefolders import image_bytes, make_caption_folder
 
-from packer.pipeline import pack
-from packer.plan import PackOptions
+from packer.run.pipeline import pack
+from packer.plan.options import PackOptions
 import readers
 from readers.layouts.lmdb import parse_record
 

@@ -16,7 +16,7 @@ from PIL import Image
 
 import readers
 from packer.errors import RejectedFile
-from packer.validate import check_image
+from packer.write.validate import check_image
 
 
 def write_tree(root: Path, files: dict[str, bytes]) -> None:

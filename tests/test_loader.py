@@ -30,9 +30,9 @@ from imagefolders import make_image_folder
 
 import readers
 import readers.prefetch
-from packer.pipeline import pack
-from packer.plan import PackOptions
-from packer.writers import WRITERS
+from packer.run.pipeline import pack
+from packer.plan.options import PackOptions
+from packer.write.writers import WRITERS
 from readers.loader import RESULT_PIPE_BYTES
 from readers.order import epoch_order, shard_order, split_for_rank
 

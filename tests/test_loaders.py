@@ -14,8 +14,8 @@ import pytest
 import wids
 
 import readers
-from packer.pipeline import pack
-from packer.plan import PackOptions
+from packer.run.pipeline import pack
+from packer.plan.options import PackOptions
 from clirun import run
 from imagefolders import image_bytes as jpeg_bytes
 from imagefolders import make_caption_folder, make_image_folder

@@ -14,8 +14,8 @@ import pytest
 from imagefolders import image_bytes
 
 import readers
-from packer.pipeline import pack
-from packer.plan import PackOptions
+from packer.run.pipeline import pack
+from packer.plan.options import PackOptions
 from readers.mixed import MixOrders, apportion, epoch_counts
 
 FIELDS = ("index", "image", "label")

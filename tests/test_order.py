@@ -18,12 +18,12 @@ from test_inputs import write_tars
 
 import packer
 import readers
-from packer import order
+from packer.plan import order
 from packer.errors import PackError
-from packer.partition import Partition
-from packer.pipeline import merge, pack
-from packer.plan import PackOptions
-from packer.scan import scan
+from packer.plan.partition import Partition
+from packer.run.pipeline import merge, pack
+from packer.plan.options import PackOptions
+from packer.plan.scan import scan
 
 MASK = 2**64 - 1
 
@@ -222,7 +222,7 @@ def test_every_input_kind_is_shuffled_by_default(tmp_path: Path) -> None:
         listed = {}
         for mode in ("sorted", "shuffled"):
             out = tmp_path / f"{kind}-{mode}"
-            ensure = packer.pipeline.ensure_plan(src, out, PackOptions(format="lmdb", order=mode, **extra))
+            ensure = packer.run.pipeline.ensure_plan(src, out, PackOptions(format="lmdb", order=mode, **extra))
             listed[mode] = (out / ".pack" / "listing.jsonl").read_text().splitlines()
             assert ensure.num_listed == 10, kind
         assert listed["shuffled"] != listed["sorted"] and sorted(listed["shuffled"]) == sorted(listed["sorted"]), kind

@@ -13,11 +13,11 @@ import pytest
 from clirun import run
 from imagefolders import image_bytes, make_image_folder
 
-from packer import load
-from packer.encode import Encoded
+from packer.write import load
+from packer.write.encode import Encoded
 from packer.errors import PackError, RejectedFile
-from packer.outdir import listing_path
-from packer.plan import Entry, PackOptions, load_plan, read_shard_entries
+from packer.stores.outdir import listing_path
+from packer.plan.plan import Entry, PackOptions, load_plan, read_shard_entries
 
 
 @pytest.mark.parametrize("scanned_size", [0, 5, 4095, 4096, 4097, 10_000])

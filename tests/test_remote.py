@@ -18,9 +18,9 @@ from imagefolders import make_image_folder
 from workers import children
 
 import readers
-from packer.pipeline import pack
-from packer.plan import PackOptions
-from packer.writers import WRITERS
+from packer.run.pipeline import pack
+from packer.plan.options import PackOptions
+from packer.write.writers import WRITERS
 from readers.cache import ShardCache, _in_use, _lock, _unlock
 from readers.remote import RemoteStore
 

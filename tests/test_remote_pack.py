@@ -22,11 +22,11 @@ from clirun import run
 from loopback import LoopbackHTTP
 from imagefolders import image_bytes, make_image_folder
 from recordfiles import recordio_payload, write_recordio
-from packer.partition import Partition
-from packer.pipeline import merge, pack
-from packer.remote_out import RemoteOut
-from packer.plan import PackOptions
-from packer.writers import WRITERS
+from packer.plan.partition import Partition
+from packer.run.pipeline import merge, pack
+from packer.stores.remote_out import RemoteOut
+from packer.plan.options import PackOptions
+from packer.write.writers import WRITERS
 
 FIELDS = ("image", "label", "path", "index")
 
@@ -315,9 +315,9 @@ def test_a_task_on_another_machine_mirrors_the_plan_first(image_folder: tuple[Pa
                                                           s3_options: dict, tmp_path: Path) -> None:
     """A shard task whose staging folder is empty (a Dask worker elsewhere) downloads the plan's
     listing from the bucket, checks it against the plan's hash, and packs its shard."""
-    from packer.pipeline import ensure_plan
-    from packer.remote_out import RemoteOut
-    from packer.shard import finished_shards, run_shard
+    from packer.run.pipeline import ensure_plan
+    from packer.stores.remote_out import RemoteOut
+    from packer.write.shard import finished_shards, run_shard
 
     src, _ = image_folder
     url = f"s3://{S3_BUCKET}/elsewhere"
@@ -337,8 +337,8 @@ def test_a_listing_that_does_not_match_its_plan_is_refused(image_folder: tuple[P
     """Two tasks writing different plans at once can leave one's listing beside the other's plan:
     the listing's sha256 in plan.json catches it."""
     from packer.errors import PackError
-    from packer.pipeline import ensure_plan
-    from packer.remote_out import RemoteOut
+    from packer.run.pipeline import ensure_plan
+    from packer.stores.remote_out import RemoteOut
 
     url = f"s3://{S3_BUCKET}/mixed-plan"
     ensure_plan(image_folder[0], RemoteOut(url, staging=tmp_path / "a", storage_options=s3_options),
@@ -354,8 +354,8 @@ def test_background_uploads_hold_back_shards_past_their_budget(s3_options: dict,
     """Staged shards go up from threads; `full()` says when the budget (bytes, with a least and a
     most count of shards) is spent; each upload leaves its files and marker in the bucket and
     frees its staging space."""
-    from packer.remote_out import RemoteOut
-    from packer.shard import BackgroundUploads, ShardResult
+    from packer.stores.remote_out import RemoteOut
+    from packer.write.shard import BackgroundUploads, ShardResult
 
     out = RemoteOut(f"s3://{S3_BUCKET}/background", staging=tmp_path / "staging", storage_options=s3_options)
     out.staging.mkdir(parents=True)

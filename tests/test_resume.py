@@ -16,8 +16,8 @@ from workers import signal_all, stop_workers_as_they_start
 
 import readers
 from packer.errors import PackError
-from packer.pipeline import pack
-from packer.plan import PackOptions
+from packer.run.pipeline import pack
+from packer.plan.options import PackOptions
 
 PACK = [sys.executable, "-m", "packer.cli"]
 
@@ -181,5 +181,5 @@ def test_shards_of_another_layout_version_are_not_resumed(image_folder: tuple[Pa
     (out / "index.json").unlink()
     assert pack(root, out, options).resumed_shards == 4
     (out / "index.json").unlink()
-    monkeypatch.setattr("packer.plan.FORMAT_VERSION", 3)  # in this process only: no worker processes
+    monkeypatch.setattr("packer.plan.plan.FORMAT_VERSION", 3)  # in this process only: no worker processes
     assert pack(root, out, options, workers=1).resumed_shards == 0

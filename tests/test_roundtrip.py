@@ -19,8 +19,8 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 import readers
-from packer.fsutil import sha256_file
-from packer.writers import WRITERS
+from packer.stores.fsutil import sha256_file
+from packer.write.writers import WRITERS
 from readers.lmdb import READAHEAD_MIN_BYTES
 
 

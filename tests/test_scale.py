@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from packer.plan import listing_lines, shard_bounds
+from packer.plan.plan import listing_lines, shard_bounds
 from packer.sources.listing import Listing, PathList
 from packer.sources.walk import walk
 

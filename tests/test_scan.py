@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from imagefolders import image_bytes, make_image_folder
 
-from packer.scan import UNLABELLED, ScanError, scan
+from packer.plan.scan import UNLABELLED, ScanError, scan
 
 
 def test_classes_sorted_and_paths_sorted(image_folder: tuple[Path, dict[str, bytes]]) -> None:

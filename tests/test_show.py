@@ -27,9 +27,9 @@ from loopback import LoopbackHTTP
 from PIL import Image
 
 import readers
-from packer.pipeline import pack
-from packer.plan import PackOptions
-from packer.show import CELL, fit, show
+from packer.run.pipeline import pack
+from packer.plan.options import PackOptions
+from packer.inspect.show import CELL, fit, show
 
 ROOT = Path(__file__).resolve().parents[1]
 

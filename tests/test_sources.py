@@ -15,7 +15,7 @@ from imagefolders import make_caption_folder
 
 import readers
 from packer.cli import main
-from packer.writers import WRITERS
+from packer.write.writers import WRITERS
 
 
 def rejects(out: Path) -> list[dict[str, str]]:

@@ -20,9 +20,9 @@ import random
 
 import readers
 from packer.errors import PackError
-from packer.partition import Partition
-from packer.pipeline import merge, pack
-from packer.plan import PackOptions, load_plan, read_shard_entries
+from packer.plan.partition import Partition
+from packer.run.pipeline import merge, pack
+from packer.plan.plan import PackOptions, load_plan, read_shard_entries
 
 OPTIONS = ("--shard-size", 4, "--workers", 1, "-q")
 

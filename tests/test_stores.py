@@ -15,12 +15,12 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 import readers
-from packer.encode import encode
+from packer.write.encode import encode
 from packer.errors import PackError
-from packer.pipeline import pack
-from packer.pixels import resized_size
-from packer.plan import PackOptions
-from packer.writers import WRITERS
+from packer.run.pipeline import pack
+from packer.write.pixels import resized_size
+from packer.plan.options import PackOptions
+from packer.write.writers import WRITERS
 from readers.decode import decode_numpy, decode_tensor, reduction
 
 RNG = np.random.default_rng(7)

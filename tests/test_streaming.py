@@ -22,9 +22,9 @@ from loopback import LoopbackHTTP
 
 import readers
 import readers.cache
-from packer.pipeline import pack
-from packer.plan import PackOptions
-from packer.writers import WRITERS
+from packer.run.pipeline import pack
+from packer.plan.options import PackOptions
+from packer.write.writers import WRITERS
 from readers.order import shard_order, stream_order
 from readers.streaming import batches_before, buffer_order, mixed_read_order, worker_spans
 

@@ -15,8 +15,8 @@ from torch.utils.data import DataLoader
 
 import readers
 from packer.errors import PackError
-from packer.pipeline import pack
-from packer.plan import PackOptions
+from packer.run.pipeline import pack
+from packer.plan.options import PackOptions
 from readers.tar import Member, canonical_header, encode_header, encode_member, parse_header
 
 

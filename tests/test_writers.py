@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from packer.writers import WRITERS, Sample
+from packer.write.writers import WRITERS, Sample
 from readers.manifest import payload_crc32, sample_key
 
 

@@ -1,4 +1,6 @@
-"""Where shard tasks run. An engine takes the shards still to pack and runs `run_shard` on each.
+"""Where shard tasks run. An engine takes the shards still to pack and runs `run_shard` on each:
+`local` in processes of this machine, `dask` on a Dask cluster; `slurm` writes the script of a
+Slurm array whose tasks each pack their share of the shards, then merge.
 
 Registered like the writers: name -> "module:function", imported when chosen (Dask only then).
 """
@@ -10,9 +12,9 @@ from typing import Callable, Protocol
 from readers.formats import Registry
 
 from ..errors import PackError
-from ..output import Output
-from ..plan import Plan
-from ..validate import ErrorPolicy
+from ..stores.output import Output
+from ..plan.plan import Plan
+from ..write.validate import ErrorPolicy
 
 
 class Engine(Protocol):

@@ -10,10 +10,10 @@ import logging
 from typing import Any, Callable
 
 from ..errors import PackError
-from ..shard import run_shard
-from ..plan import Plan
-from ..output import Output
-from ..validate import ErrorPolicy
+from ..write.shard import run_shard
+from ..plan.plan import Plan
+from ..stores.output import Output
+from ..write.validate import ErrorPolicy
 
 log = logging.getLogger(__name__)
 RETRIES = 2

@@ -27,10 +27,10 @@ from multiprocessing.process import BaseProcess
 from typing import Any, Callable, Iterator
 
 from ..errors import PackError
-from ..plan import Plan
-from ..output import Commits, Output
-from ..shard import ShardResult, run_shard, shard_file_name
-from ..validate import ErrorPolicy
+from ..plan.plan import Plan
+from ..stores.output import Commits, Output
+from ..write.shard import ShardResult, run_shard, shard_file_name
+from ..write.validate import ErrorPolicy
 
 log = logging.getLogger(__name__)
 

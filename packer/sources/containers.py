@@ -14,7 +14,7 @@ from readers.manifest import MANIFEST_NAME
 from readers.remote import is_url
 
 from ..errors import RejectedFile
-from ..options import PackOptions
+from ..plan.options import PackOptions
 from .inputs import INPUT_KINDS, Record, RecordReader, ShardPlan, Source
 from .listing import MAX_LABEL, UNLABELLED, Listing, ScanError
 from .remote import filesystem, modified_ns
@@ -40,7 +40,7 @@ def scan_container(source: Source, options: PackOptions) -> Listing:
 def input_mtimes(names: Sequence[str]) -> list[int]:
     """Each container input's modification time (ns; a packed dataset's is its index.json's):
     a stat each, or one listing per folder of a store's inputs. A rerun compares them with the
-    plan's time (`packer.changes`)."""
+    plan's time (`packer.plan.changes`)."""
     if not names or not is_url(names[0]):
         try:
             return [os.stat(os.path.join(name, MANIFEST_NAME) if os.path.isdir(name) else name).st_mtime_ns

@@ -8,7 +8,7 @@ the same, and nothing is extracted to disk.
 
 A kind is one module under `packer.sources` and one line in `INPUT_KINDS` (the file suffixes
 that make `resolve_source` recognise it, and the PackOptions only it reads, refused for any other
-SRC); `packer.sources.containers` calls it. The module imports `packer.options`, never the plan,
+SRC); `packer.sources.containers` calls it. The module imports `packer.plan.options`, never the plan,
 and provides:
 
     scan(source: Source, options: PackOptions) -> Listing
@@ -48,7 +48,7 @@ class InputKind:
     `in_line`: passthrough reads its records in the shard's own thread (byte ranges of a file in
     order, which the kernel reads ahead by itself), not in reader threads that would only pass the
     GIL around; not for code of the user's, which may wait on I/O. `windowed`: a shuffled pack
-    mixes its samples in windows of nearby byte ranges (`packer.order`), so reads stay nearly
+    mixes its samples in windows of nearby byte ranges (`packer.plan.order`), so reads stay nearly
     sequential; not for inputs that are each one call of the user's code, permuted fully."""
 
     suffixes: tuple[str, ...]
@@ -126,14 +126,14 @@ def read_mode(kind: str, root: str) -> ReadMode:
 
 
 class ShardPlan(Protocol):
-    """What a kind's reader is given of the plan (`packer.plan.Plan`)."""
+    """What a kind's reader is given of the plan (`packer.plan.plan.Plan`)."""
 
     source: str
     input_kind: str
     inputs: list[str]
     fields: list[FieldSpec]
     classes: list[str]
-    options: Any  # packer.options.PackOptions
+    options: Any  # packer.plan.options.PackOptions
 
 
 def check_kind_options(kind: str, options: Any) -> None:
@@ -412,7 +412,7 @@ class InputFiles:
 
     Eight threads reading neighbouring ranges of one file look random to the kernel, which then
     stops reading ahead: each read would wait for the disk; so do a shuffled pack's interleaved
-    runs (`packer.order`), several places of one file read in turn. So a read announces its
+    runs (`packer.plan.order`), several places of one file read in turn. So a read announces its
     READ_AHEAD_BYTES block of the file and the next (posix_fadvise WILLNEED), once each, and the
     kernel fetches them in large requests while the threads work, whatever the order of the runs.
     """

@@ -138,7 +138,7 @@ class Listing:
     sample, (input number, offset, length), the byte range (or position) that `load` reads.
 
     `mtimes`, `listed_at` and `newest_mtime` are not planned: they date the plan, and a rerun
-    compares SRC's times with that date (`packer.changes`).
+    compares SRC's times with that date (`packer.plan.changes`).
     """
 
     root: str

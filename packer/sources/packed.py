@@ -20,7 +20,7 @@ from readers.manifest import DatasetError, Manifest, load_manifest
 from readers.remote import RemoteStore, is_url
 
 from ..errors import RejectedFile
-from ..options import PackOptions
+from ..plan.options import PackOptions
 from .classes import ClassMap, read_classes
 from .inputs import Record, ShardPlan, Source
 from .listing import UNLABELLED, Listing, ScanError

@@ -36,7 +36,7 @@ from .inputs import InputFiles, RangeFile, Record, RecordError, ShardPlan, Sourc
 from .listing import UNLABELLED, Listing, ScanError
 
 if TYPE_CHECKING:
-    from ..options import PackOptions
+    from ..plan.options import PackOptions
 
 log = logging.getLogger(__name__)
 

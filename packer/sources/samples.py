@@ -34,7 +34,7 @@ from .inputs import Record, ShardPlan, Source
 from .listing import UNLABELLED, Listing, ScanError
 
 if TYPE_CHECKING:
-    from ..options import PackOptions
+    from ..plan.options import PackOptions
 
 SAMPLES_PREFIX = "samples-"
 ARRAY_KINDS = {"i": "int64", "u": "int64", "f": "float64", "b": "bool"}

@@ -32,7 +32,7 @@ from readers.layouts.wds import META_EXTENSION
 from readers.tar import TarDamage, read_members, split_name
 
 from ..errors import RejectedFile
-from ..options import PackOptions
+from ..plan.options import PackOptions
 from .classes import read_classes
 from .inputs import InputFiles, RangeFile, Record, ShardPlan, Source
 from .listing import IMAGE_EXTENSIONS, UNLABELLED, Listing, ScanError

@@ -36,7 +36,7 @@ import google_crc32c
 from readers.fields import FieldSpec, check_field_name, encode_value
 
 from ..errors import RejectedFile
-from ..options import PackOptions
+from ..plan.options import PackOptions
 from .classes import read_classes
 from .inputs import InputFiles, RangeFile, Record, RecordError, ShardPlan, Source, fsspec_errors, index_lines, is_file
 from .listing import UNLABELLED, Listing, ScanError

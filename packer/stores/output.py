@@ -25,7 +25,7 @@ from readers.remote import local_root
 
 from .fsutil import atomic_write_text, publish, sha256_file
 from .outdir import PARTS_DIR, check_paths, lock_path, marker_path, plan_path, prepare_output, wait_for_lock, work_dir
-from .plan import Plan, load_plan
+from ..plan.plan import Plan, load_plan
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ FileCheck = Callable[[list[tuple[str, int, str]]], bool]
 
 
 class ShardMarker(Protocol):
-    """What an output commits: a staged shard's marker (`packer.shard.ShardResult`)."""
+    """What an output commits: a staged shard's marker (`packer.write.shard.ShardResult`)."""
 
     name: str
 
@@ -47,7 +47,7 @@ class Output(ABC):
     """Where a pack goes. Picklable: it travels to worker processes and Dask workers."""
 
     staging: Path
-    """The local folder shards are written in, with OUT's layout (`packer.outdir`)."""
+    """The local folder shards are written in, with OUT's layout (`packer.stores.outdir`)."""
     fresh: bool = False
     """True once `planning` found OUT empty (or emptied it): no plan, marker or upload of an earlier run there."""
 
@@ -67,7 +67,7 @@ class Output(ABC):
                  append: bool = False) -> contextlib.AbstractContextManager[None]:
         """Around making or reusing the plan: refuse a finished dataset or foreign files (with
         overwrite, remove ours), and serialise concurrent tasks where the store can. `append`: the
-        plan of a part added to the published dataset in OUT (`packer.append`): OUT is kept."""
+        plan of a part added to the published dataset in OUT (`packer.run.append`): OUT is kept."""
 
     @abstractmethod
     def stored_plan(self, first_shard: int = 0) -> Plan | None:
@@ -253,8 +253,8 @@ class LocalOut(Output):
 
 
 STORES: Registry[type[Output]] = Registry({
-    "bucket": "packer.remote_out:RemoteOut",  # any fsspec URL but file://
-    "folder": "packer.output:LocalOut",  # takes every OUT: last
+    "bucket": "packer.stores.remote_out:RemoteOut",  # any fsspec URL but file://
+    "folder": "packer.stores.output:LocalOut",  # takes every OUT: last
 })
 """Where OUT can be, asked in order (`Output.takes`)."""
 

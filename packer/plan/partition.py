@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
-from .errors import PackError
+from ..errors import PackError
 
 
 @dataclass(frozen=True)

@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import statistics
-import tempfile
 from dataclasses import asdict
 from typing import Any
 
-from PIL import Image
-
 from readers.datasets import open_dataset
-from readers.remote import is_url
 
-from .options import PackOptions
-from .verify import read_manifest
+from ..plan.options import PackOptions
+from .dataset import read_manifest, small_cache, stored_size
 
 SIZE_SAMPLE = 1000
 
@@ -29,9 +24,7 @@ def describe(out: str | os.PathLike[str]) -> dict[str, Any]:
     total = sum(shard_bytes)
     classes = manifest.classes
     counts = manifest.class_counts or [0] * len(classes)
-    largest = max((shard.bytes + sum(s.bytes for s in shard.sidecars) for shard in manifest.shards), default=1)
-    with tempfile.TemporaryDirectory(prefix="pack-info-") as cache_dir:
-        remote = {"cache_dir": cache_dir, "cache_limit": 3 * max(largest, 1)} if is_url(out) else {}
+    with small_cache(out, manifest, "info") as remote:
         sizes = image_sizes(out, manifest.num_samples, **remote)
     return {
         "path": str(out),
@@ -79,19 +72,6 @@ def image_sizes(out: str | os.PathLike[str], num_samples: int, **remote: Any) ->
         **{name: {"min": min(values), "median": statistics.median(values), "max": max(values)}
            for name, values in (("width", widths), ("height", heights), ("pixels", pixels))},
     }
-
-
-def stored_size(meta: dict[str, Any], payload: bytes | memoryview) -> tuple[int, int] | None:
-    """(width, height) of a stored image from its meta or its header (no decode); None for a
-    payload that is not an image (pack verify --full says which)."""
-    if "shape" in meta:
-        height, width = meta["shape"][:2]
-        return int(width), int(height)
-    try:
-        with Image.open(io.BytesIO(payload)) as image:
-            return image.size
-    except (OSError, ValueError, Image.DecompressionBombError):
-        return None
 
 
 def non_default_options(options: dict[str, Any]) -> dict[str, Any]:

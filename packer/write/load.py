@@ -18,12 +18,12 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from readers.fields import FieldSpec, encode_value
 
 from .encode import Encoded, encode
-from .errors import RejectedFile
-from .options import PackOptions
-from .plan import Entry
-from .sources.inputs import ReadMode, Record, read_mode
-from .sources.remote import fetch_files
-from .sources.sidecars import read_sidecars
+from ..errors import RejectedFile
+from ..plan.options import PackOptions
+from ..plan.plan import Entry
+from ..sources.inputs import ReadMode, Record, read_mode
+from ..sources.remote import fetch_files
+from ..sources.sidecars import read_sidecars
 from .validate import check_image
 
 READ_THREADS = 8

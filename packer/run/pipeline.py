@@ -1,9 +1,9 @@
 """The top level: scan -> plan -> shards (run by an engine) -> manifest.
 
 `pack` plans once (`ensure_plan`), hands the shards not yet done to an engine, which runs
-`packer.shard.run_shard` on each (`pack_shards`), and then `packer.publish` writes `index.json`
+`packer.write.shard.run_shard` on each (`pack_shards`), and then `packer.run.publish` writes `index.json`
 once every planned shard has its marker (`merge` after tasks, imported here as `pipeline.merge`).
-A rerun of the same command resumes: finished shards are kept. `packer.append` builds on
+A rerun of the same command resumes: finished shards are kept. `packer.run.append` builds on
 `pack_shards` and `run_summary` for `pack --append`.
 """
 
@@ -21,20 +21,20 @@ from readers.formats import ALIASES, FORMATS
 from readers.manifest import MANIFEST_NAME, REJECTS_NAME, Manifest, parse_manifest
 from readers.remote import location
 
-from .changes import run_changes, source_changes
+from ..plan.changes import run_changes, source_changes
 from .descriptors import DEFAULT_SPLIT
-from .engines import get_engine
-from .errors import FinishedOutput, PackError
-from .fsutil import release_freed_memory
-from .output import Output, opened_output
-from .partition import Partition, resolve_partition
-from .options import PackOptions, option_differences
-from .plan import Plan, write_plan
-from .scan import scan_source
+from ..engines import get_engine
+from ..errors import FinishedOutput, PackError
+from ..stores.fsutil import release_freed_memory
+from ..stores.output import Output, opened_output
+from ..plan.partition import Partition, resolve_partition
+from ..plan.options import PackOptions, option_differences
+from ..plan.plan import Plan, write_plan
+from ..plan.scan import scan_source
 from .publish import merge, publish
-from .shard import Progress, ShardResult, check_rejects, clean_tmp, finished_shards
-from .sources.inputs import Source, resolve_source
-from .validate import ErrorPolicy
+from ..write.shard import Progress, ShardResult, check_rejects, clean_tmp, finished_shards
+from ..sources.inputs import Source, resolve_source
+from ..write.validate import ErrorPolicy
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class Summary:
     elapsed: float
     published: bool
     up_to_date: bool = False  # OUT already held this dataset, packed from the same SRC and options: nothing done
-    dataset: tuple[int, int, int] | None = None  # an append (packer.append): OUT's samples, shards, classes now
+    dataset: tuple[int, int, int] | None = None  # an append (packer.run.append): OUT's samples, shards, classes now
     unclassed: int = 0  # images beside the class folders, in no class: left out
     unclassed_names: list[str] = field(default_factory=list)  # the first of them
     aliases: list[str] = field(default_factory=list)  # class folders aliased inside another, packed once
@@ -72,7 +72,7 @@ class RunOptions:
 
     workers: int | None = None
     overwrite: bool = False
-    append: bool = False  # add SRC's samples to the dataset in OUT as new shards (`packer.append.append_run`)
+    append: bool = False  # add SRC's samples to the dataset in OUT as new shards (`packer.run.append.append_run`)
     append_again: bool = False  # append samples OUT holds already, from another path (a copy, a symlink)
     task_index: int | None = None
     task_count: int | None = None
@@ -92,7 +92,7 @@ class RunOptions:
         return ErrorPolicy(on_error=self.on_error, max_errors=self.max_errors)
 
     def partition(self) -> Partition:
-        """This task's share: the flags, else the environment (`packer.partition.resolve_partition`)."""
+        """This task's share: the flags, else the environment (`packer.plan.partition.resolve_partition`)."""
         return resolve_partition(self.task_index, self.task_count)
 
     def check(self, out: object, partition: Partition) -> None:
@@ -161,7 +161,7 @@ def pack_into(src: str | os.PathLike[str], out_path: Output, options: PackOption
     src_path = location(src)
     run.check(out_path, partition)
     if run.append:
-        raise PackError(f"{out_path}: pack_run packs; an append goes through packer.append.append_run (or api.run)")
+        raise PackError(f"{out_path}: pack_run packs; an append goes through packer.run.append.append_run (or api.run)")
     policy = run.policy
     try:
         plan = ensure_plan(src_path, out_path, options, overwrite=run.overwrite, partition=partition)

@@ -21,14 +21,14 @@ from typing import Any, Callable
 from readers.manifest import FileInfo, ShardInfo, sample_key, shard_name
 from readers.remote import location
 
-from .errors import PackError, RejectedFile
-from .fsutil import free_bytes, sha256_file, sync_and_hash
+from ..errors import PackError, RejectedFile
+from ..stores.fsutil import free_bytes, sha256_file, sync_and_hash
 from .load import READ_THREADS, load_samples
-from .outdir import final_name, temp_name, tmp_dir
-from .plan import Plan, read_shard_entries
-from .output import Commits, Output
-from .sources.containers import open_records
-from .sources.inputs import read_mode
+from ..stores.outdir import final_name, temp_name, tmp_dir
+from ..plan.plan import Plan, read_shard_entries
+from ..stores.output import Commits, Output
+from ..sources.containers import open_records
+from ..sources.inputs import read_mode
 from .validate import ErrorPolicy
 from .writers import Sample, get_writer, sidecar_path
 

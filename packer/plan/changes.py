@@ -30,14 +30,14 @@ from pathlib import Path
 from readers.remote import location
 
 from .options import PackOptions
-from .outdir import listing_path
-from .output import Output
+from ..stores.outdir import listing_path
+from ..stores.output import Output
 from .partition import Partition
 from .plan import Plan, listing_digest, listing_lines, read_shard_entries
 from .scan import scan_source
-from .sources.containers import input_mtimes
-from .sources.inputs import Source
-from .sources.listing import Listing
+from ..sources.containers import input_mtimes
+from ..sources.inputs import Source
+from ..sources.listing import Listing
 
 NAMES_SHOWN = 3
 """Changed files named in the message; the counts say how many there are."""

@@ -1,7 +1,7 @@
 """PackOptions: everything that changes the packed result, recorded in the plan and the manifest.
 
 Three groups, each checked where it is declared: how samples are encoded (`ENCODE_OPTIONS`,
-`packer.encode`), how they are cut into shards and ordered (`SHARD_OPTIONS`), and where they come
+`packer.write.encode`), how they are cut into shards and ordered (`SHARD_OPTIONS`), and where they come
 from (`SOURCE_OPTIONS`: the folder's options, and those an input kind declares in
 `packer.sources.inputs.INPUT_KINDS`, checked against SRC's kind by `check_kind_options`). The
 fields stay one flat record, as plan.json and index.json have always stored them.
@@ -13,16 +13,16 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable
 
-from .encode import DEFAULT_QUALITY, ENCODE_OPTIONS, PIXEL_MODES, STORES
-from .errors import PackError
-from .sources.inputs import INPUT_FORMATS
-from .sources.metadata import DEFAULT_LABEL_COLUMN
-from .sources.sidecars import extension_problem
-from .validate import DEFAULT_MAX_PIXELS, VALIDATE_MODES
+from ..write.encode import DEFAULT_QUALITY, ENCODE_OPTIONS, PIXEL_MODES, STORES
+from ..errors import PackError
+from ..sources.inputs import INPUT_FORMATS
+from ..sources.metadata import DEFAULT_LABEL_COLUMN
+from ..sources.sidecars import extension_problem
+from ..write.validate import DEFAULT_MAX_PIXELS, VALIDATE_MODES
 
 DEFAULT_ORDER = "shuffled"
 ORDERS = ("shuffled", "sorted")
-"""`--order`: how `packer.order.arrange` puts the listing in packing order."""
+"""`--order`: how `packer.plan.order.arrange` puts the listing in packing order."""
 MAX_SEED = 2**64 - 1
 
 DEFAULT_SHARD_SIZE = 10_000
@@ -64,7 +64,7 @@ class PackOptions:
     image_key: str = DEFAULT_IMAGE_KEY  # TFRecord features (packer.sources.tfrecord)
     label_key: str = DEFAULT_LABEL_KEY
     label_offset: int = 0
-    # The order samples are packed in (packer.order): a seeded shuffle, or the listing's sorted order.
+    # The order samples are packed in (packer.plan.order): a seeded shuffle, or the listing's sorted order.
     order: str = DEFAULT_ORDER
     seed: int = 0
 

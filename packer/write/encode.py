@@ -1,7 +1,7 @@
 """Bytes of one source file in, stored bytes plus record metadata out.
 
 `encode` is a pure function of the file's bytes and the options (no I/O, no globals), so it can
-run in worker processes. Stores other than `original` decode the image (see `packer.pixels`).
+run in worker processes. Stores other than `original` decode the image (see `packer.write.pixels`).
 """
 
 from __future__ import annotations

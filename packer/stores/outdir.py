@@ -1,13 +1,13 @@
 """OUT, the output folder: every name the packer uses in it, and the checks before writing there.
 
     OUT/index.json, rejects.jsonl, shard-*        what readers see (names from readers.manifest)
-    OUT/_info.json, wids.json, README.md          descriptors for other loaders (packer.descriptors)
+    OUT/_info.json, wids.json, README.md          descriptors for other loaders (packer.run.descriptors)
     OUT/.pack/plan.json, listing.jsonl            the plan every task shares
     OUT/.pack/plan.lock                           held while one task scans SRC and writes the plan
     OUT/.pack/tmp/<shard file>.tmp-<host>-<pid>   a shard being written, renamed into OUT when complete
     OUT/.pack/done/<shard file>.json              a finished shard's marker, written last
     OUT/.pack/logs/                               batch-job logs (pack slurm-script)
-    OUT/.pack/parts/<first shard>/plan.json, ...  an append's plan and listing (packer.append)
+    OUT/.pack/parts/<first shard>/plan.json, ...  an append's plan and listing (packer.run.append)
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import IO
 
 from readers.manifest import DESCRIPTOR_NAMES, MANIFEST_NAME, REJECTS_NAME, SHARD_PREFIX
 
-from .errors import FinishedOutput, PackError
+from ..errors import FinishedOutput, PackError
 
 WORK_DIR = ".pack"
 PLAN_NAME = "plan.json"
@@ -45,7 +45,7 @@ def work_dir(out: Path) -> Path:
 
 def part_dir(out: Path, first_shard: int = 0) -> Path:
     """Where a plan and its listing live: `.pack` for a pack, `.pack/parts/<first shard>` for an
-    append (packer.append), whose shards are numbered from `first_shard` on."""
+    append (packer.run.append), whose shards are numbered from `first_shard` on."""
     return work_dir(out) / PARTS_DIR / f"{first_shard:06d}" if first_shard else work_dir(out)
 
 

@@ -13,17 +13,17 @@ import os
 import time
 from pathlib import Path
 
-from .errors import PackError
+from ..errors import PackError
 from .options import PackOptions
-from .sources.classes import ClassMap, read_classes, relabel_folders
-from .sources.containers import scan_container
-from .sources.filelist import list_files
-from .sources.inputs import Source, check_kind_options, resolve_source
-from .sources.listing import UNLABELLED, Listing, ScanError
-from .sources.metadata import apply_metadata, read_metadata
-from .sources.remote import walk_url
-from .sources.sidecars import sidecar_specs
-from .sources.walk import walk
+from ..sources.classes import ClassMap, read_classes, relabel_folders
+from ..sources.containers import scan_container
+from ..sources.filelist import list_files
+from ..sources.inputs import Source, check_kind_options, resolve_source
+from ..sources.listing import UNLABELLED, Listing, ScanError
+from ..sources.metadata import apply_metadata, read_metadata
+from ..sources.remote import walk_url
+from ..sources.sidecars import sidecar_specs
+from ..sources.walk import walk
 
 __all__ = ["UNLABELLED", "Listing", "ScanError", "scan", "scan_source"]
 

@@ -7,23 +7,18 @@ import itertools
 import json
 import os
 import re
-import tempfile
 from pathlib import Path
 from collections import Counter
 from typing import Any, Callable
 
 from readers.base import PackedDataset
 from readers.datasets import open_dataset
-from readers.manifest import CARD_NAME, MANIFEST_NAME, TIMM_INFO_NAME, DatasetError, FileInfo, Manifest, load_manifest
-from readers.remote import RemoteStore, is_url, listed_files
+from readers.manifest import CARD_NAME, MANIFEST_NAME, TIMM_INFO_NAME, DatasetError, FileInfo, Manifest
+from readers.remote import is_url, listed_files
 
-from .descriptors import timm_info, wids_descriptor
-from .fsutil import sha256_file
-
-
-def read_manifest(out: str | os.PathLike[str]) -> Manifest:
-    """index.json of a dataset folder or URL."""
-    return RemoteStore(str(out)).manifest() if is_url(out) else load_manifest(out)
+from ..run.descriptors import timm_info, wids_descriptor
+from ..stores.fsutil import sha256_file
+from .dataset import read_manifest, small_cache
 
 
 class LocalFiles:
@@ -107,13 +102,8 @@ def verify(out: str | os.PathLike[str], *, full: bool = False, progress: Callabl
     checks each shard's sha256 as it downloads it; the dataset is never downloaded whole.
     """
     manifest = read_manifest(out)
-    with tempfile.TemporaryDirectory(prefix="pack-verify-") as cache_dir:
-        if is_url(out):
-            files: LocalFiles = RemoteFiles(str(out), storage_options)
-            largest = max((shard.bytes + sum(s.bytes for s in shard.sidecars) for shard in manifest.shards), default=1)
-            remote = {"cache_dir": cache_dir, "cache_limit": 3 * max(largest, 1), "storage_options": storage_options}
-        else:
-            files, remote = LocalFiles(out), {}
+    files: LocalFiles = RemoteFiles(str(out), storage_options) if is_url(out) else LocalFiles(out)
+    with small_cache(out, manifest, "verify", storage_options=storage_options) as remote:
         # Every stored field too: reading one parses it, so a damaged or missing value is named.
         dataset = open_dataset(out, decode="pil" if full else "bytes",
                                fields=("image", "label", "path", *(spec.name for spec in manifest.fields)), **remote)
@@ -277,9 +267,9 @@ def labelled_by_folders(manifest: Manifest) -> bool:
 
 CARD_HEADING = re.compile(r"^# (.+): (\d+) samples in (\d+) (\w+) shards\n\nPacked by .* \(store `(\w+)`\)",
                           re.MULTILINE)
-"""The heading of a dataset card (`packer.descriptors.dataset_card`)."""
+"""The heading of a dataset card (`packer.run.descriptors.dataset_card`)."""
 CARD_CLASS = re.compile(r'^ +"(\d+)": (".*")$', re.MULTILINE)
-"""A class name of the card's class_label, as `packer.descriptors.to_yaml` writes it."""
+"""A class name of the card's class_label, as `packer.run.descriptors.to_yaml` writes it."""
 
 
 def descriptor_problem(manifest: Manifest, name: str, files: LocalFiles) -> str | None:

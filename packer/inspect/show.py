@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import random
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,8 +28,7 @@ from readers.datasets import open_dataset
 from readers.manifest import REJECTS_NAME, DatasetError, Manifest
 from readers.remote import UrlFilesystem, is_url
 
-from .info import stored_size
-from .verify import read_manifest
+from .dataset import read_manifest, small_cache, stored_size
 
 log = logging.getLogger(__name__)
 
@@ -80,9 +78,7 @@ def show(out: str | os.PathLike[str], *, sheet_path: str | os.PathLike[str] | No
          field: str | None = None, seed: int = 0) -> Sheet:
     """Draw the sheet of `out` (a folder or URL) and write it as PNG and/or an HTML page."""
     manifest = read_manifest(out)
-    largest = max((shard.bytes + sum(s.bytes for s in shard.sidecars) for shard in manifest.shards), default=1)
-    with tempfile.TemporaryDirectory(prefix="pack-show-") as cache_dir:
-        remote: dict[str, Any] = {"cache_dir": cache_dir, "cache_limit": 3 * max(largest, 1)} if is_url(out) else {}
+    with small_cache(out, manifest, "show") as remote:
         sheet = make_sheet(out, manifest, per_class=per_class, classes=classes, field=field, seed=seed,
                            sizes=html_path is not None, **remote)
     if sheet_path is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from .outdir import LOGS_DIR, WORK_DIR
+from ..stores.outdir import LOGS_DIR, WORK_DIR
 
 
 def slurm_script(pack_command: list[str], pack_args: list[str], out: Path, *, merge_args: list[str], tasks: int, cpus_per_task: int, time_limit: str,

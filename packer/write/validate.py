@@ -19,7 +19,7 @@ from typing import Any
 from readers.manifest import ON_ERROR_MODES
 
 from .encode import sniff_codec
-from .errors import PackError, RejectedFile
+from ..errors import PackError, RejectedFile
 
 VALIDATE_MODES = ("quick", "full")
 # Above Pillow's own warning limit (~89M pixels: 9500x9500), below its hard limit (~179M).

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .sources.inputs import INPUT_KINDS
-from .sources.listing import Listing
+from ..sources.inputs import INPUT_KINDS
+from ..sources.listing import Listing
 
 RUN_BYTES = 16 << 20
 """A container input is cut into runs of this many bytes of samples, each read front to back."""

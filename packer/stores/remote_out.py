@@ -31,14 +31,14 @@ from typing import Any, Callable, Iterator, TypeVar
 from readers.manifest import MANIFEST_NAME
 from readers.remote import UrlFilesystem, is_url, url_folder_name
 
-from .errors import FinishedOutput, PackError
+from ..errors import FinishedOutput, PackError
 from .fsutil import atomic_write_text
 from .outdir import DONE_DIR, LISTING_NAME, PARTS_DIR, PLAN_NAME, TMP_DIR, WORK_DIR, final_name, listing_path, pack_outputs, \
     part_dir, plan_path, temp_name
 from .output import FileCheck, Output
-from .plan import Plan, listing_sha256, load_plan
-from .shard import BackgroundUploads, ShardResult
-from .sources.remote import modified_ns
+from ..plan.plan import Plan, listing_sha256, load_plan
+from ..write.shard import BackgroundUploads, ShardResult
+from ..sources.remote import modified_ns
 
 log = logging.getLogger(__name__)
 
@@ -334,7 +334,7 @@ class RemoteOut(UrlFilesystem, Output):
 
     def date_listing(self, name: str, local: Path) -> None:
         """Give the downloaded listing the time the bucket's copy was stored: the plan's time, which a
-        rerun compares SRC's modification times with (`packer.changes`). A time in whole seconds (S3's
+        rerun compares SRC's modification times with (`packer.plan.changes`). A time in whole seconds (S3's
         LastModified) stands for the end of its second: files written in the second of the upload,
         before it, are older than the plan, not changed since."""
         fs, _ = self.filesystem()

@@ -24,7 +24,7 @@ from readers.layouts.hdf5 import FIELDS_GROUP, STORAGE_NUMERIC, field_storage, n
 from readers.layouts.wds import LABEL_EXTENSION, META_EXTENSION, PIXELS_EXTENSION, field_extension
 from readers.manifest import CARD_NAME, TIMM_INFO_NAME, WIDS_NAME, FileInfo, Manifest
 
-from .fsutil import atomic_write_text
+from ..stores.fsutil import atomic_write_text
 
 DEFAULT_SPLIT = "train"
 PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

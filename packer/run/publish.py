@@ -1,7 +1,7 @@
 """The end of a run: OUT's index.json, for a pack or for a part an append added, and `merge`.
 
 A dataset packed once is published from its plan and its shards' markers (`publish`). A dataset
-grown by `pack --append` (`packer.append`) lists its parts in index.json: an append's plan lives
+grown by `pack --append` (`packer.run.append`) lists its parts in index.json: an append's plan lives
 in `.pack/parts/<first shard>/`, and `publish_part` adds its shards after the published ones,
 leaving every earlier entry as it was. `merge` (`pack merge OUT`) knows both, so a merge of an
 appended dataset publishes the append its tasks packed, or keeps the dataset as it is, and never
@@ -26,18 +26,18 @@ from typing import Any
 from readers.layouts.wds import image_extension
 from readers.manifest import CARD_NAME, MANIFEST_NAME, REJECTS_NAME, DatasetError, FileInfo, Manifest, parse_manifest
 
-from .changes import source_changes
+from ..plan.changes import source_changes
 from .descriptors import DEFAULT_SPLIT, descriptor_texts, write_descriptors
-from .errors import PackError
-from .fsutil import atomic_write_text
-from .outdir import PARTS_DIR, PLAN_NAME, WORK_DIR, part_dir, tmp_dir
-from .output import Output, opened_output
-from .plan import Plan, parse_plan
-from .shard import ShardResult, check_rejects, finished_shards, parse_marker, shard_file_name
-from .sources.inputs import Source
-from .sources.listing import ScanError
-from .validate import ErrorPolicy
-from .version import __version__
+from ..errors import PackError
+from ..stores.fsutil import atomic_write_text
+from ..stores.outdir import PARTS_DIR, PLAN_NAME, WORK_DIR, part_dir, tmp_dir
+from ..stores.output import Output, opened_output
+from ..plan.plan import Plan, parse_plan
+from ..write.shard import ShardResult, check_rejects, finished_shards, parse_marker, shard_file_name
+from ..sources.inputs import Source
+from ..sources.listing import ScanError
+from ..write.validate import ErrorPolicy
+from ..version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ PART_KEY = "part"
 
 def merge(out: str | os.PathLike[str] | Output, policy: ErrorPolicy = ErrorPolicy(), *,
           split: str = DEFAULT_SPLIT) -> Manifest:
-    """Publish rejects.jsonl, the loader descriptors (`packer.descriptors`, `split` named there)
+    """Publish rejects.jsonl, the loader descriptors (`packer.run.descriptors`, `split` named there)
     and, last, index.json, once every planned shard has its marker.
 
     The authoritative --max-errors check (all shards, scan-time rejects included): rejects.jsonl
@@ -74,7 +74,7 @@ def merge(out: str | os.PathLike[str] | Output, policy: ErrorPolicy = ErrorPolic
 
 
 def check_source(out: Output, plan: Plan, way_on: str) -> None:
-    """Before a merge publishes: SRC unchanged since the plan (`packer.changes`), so the shards
+    """Before a merge publishes: SRC unchanged since the plan (`packer.plan.changes`), so the shards
     that tasks packed at different times hold one state of it; a task checks SRC when it starts,
     this sees what changed while they ran. Where SRC cannot be listed from here (a merge on
     another machine), that is said and the check left out."""

@@ -14,7 +14,7 @@ from PIL import Image, ImageOps
 
 from readers.decode import to_mode
 
-from .errors import RejectedFile
+from ..errors import RejectedFile
 
 # Antialiased bilinear: what torchvision's Resize does to PIL images, so `--resize 256
 # --center-crop 224` follows `Resize(256), CenterCrop(224)`.

@@ -39,7 +39,7 @@ from readers.layouts.hdf5 import (
 )
 from readers.manifest import FORMAT_VERSION
 
-from ..fsutil import free_bytes
+from ...stores.fsutil import free_bytes
 from .base import Sample, ShardWriter
 
 IMAGE_CHUNK = 64 << 10  # one chunk per random read of a typical JPEG; see scripts/bench_hdf5_layout.py

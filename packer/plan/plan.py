@@ -5,7 +5,7 @@ The plan lives in OUT/.pack/: `plan.json` (options, classes, fields, shard bound
 values come with the listing, from a metadata file, and `[path, label, size, values or null,
 [input, offset, length]]` for a sample inside a container input: a tar shard, a record file, a
 packed dataset; `plan.inputs` names those files). The listing is in packing order (`--order`,
-`packer.order`): shard boundaries depend only on it and the shard options, and the order only on
+`packer.plan.order`): shard boundaries depend only on it and the shard options, and the order only on
 the sorted scan and the options, so every run and every task computes the same shards.
 """
 
@@ -26,11 +26,11 @@ from readers.fields import FieldSpec
 from readers.manifest import FORMAT_VERSION
 from readers.remote import is_url
 
-from .errors import PackError
-from .fsutil import atomic_write_text, hash_file
+from ..errors import PackError
+from ..stores.fsutil import atomic_write_text, hash_file
 from .options import PackOptions
-from .outdir import listing_path, part_dir, plan_path, temp_name
-from .sources.listing import Listing
+from ..stores.outdir import listing_path, part_dir, plan_path, temp_name
+from ..sources.listing import Listing
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class Plan:
     fields: list[FieldSpec] = field(default_factory=list)
     input_kind: str = "folder"  # packer.sources.inputs.INPUT_KINDS; "folder": files under `source`
     inputs: list[str] = field(default_factory=list)  # container inputs, absolute paths, in order
-    first_shard: int = 0  # an append's (packer.append): its shards are numbered from here, after OUT's
+    first_shard: int = 0  # an append's (packer.run.append): its shards are numbered from here, after OUT's
     unclassed: int = 0  # images beside the class folders, left out (`Listing.unclassed`)
     unclassed_names: list[str] = field(default_factory=list)
     aliases: list[str] = field(default_factory=list)  # class folders aliased inside another (`Listing.aliases`)

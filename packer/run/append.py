@@ -18,7 +18,7 @@ number of the unchanged index.json) and resumes; after success, a rerun recognis
 part (same SRC, same listing, same options) and does nothing, like a rerun of a finished pack.
 
 The shards are packed by the pipeline's own `pack_shards`; publishing a part (`publish_part`) and
-reading OUT's parts live in `packer.publish`, beside the pack's `publish`, so that `pack merge`
+reading OUT's parts live in `packer.run.publish`, beside the pack's `publish`, so that `pack merge`
 (one `merge` for both) publishes an append its tasks packed and never drops appended shards.
 """
 
@@ -37,20 +37,20 @@ from typing import Any, Callable
 from readers.manifest import FORMAT_VERSION, MANIFEST_NAME, REJECTS_NAME, DatasetError, Manifest, parse_manifest
 from readers.remote import location
 
-from .changes import run_changes
-from .encode import ENCODE_OPTIONS
-from .errors import PackError
-from .options import STORE_FILLED, PackOptions, differing_options, option_flag, shown_value
-from .outdir import listing_path, part_dir
-from .output import Output, opened_output
-from .partition import Partition
+from ..plan.changes import run_changes
+from ..write.encode import ENCODE_OPTIONS
+from ..errors import PackError
+from ..plan.options import STORE_FILLED, PackOptions, differing_options, option_flag, shown_value
+from ..stores.outdir import listing_path, part_dir
+from ..stores.output import Output, opened_output
+from ..plan.partition import Partition
 from .pipeline import RunOptions, Summary, canonical_options, pack_shards, plan_differences, run_summary
-from .plan import Plan, write_plan
+from ..plan.plan import Plan, write_plan
 from .publish import base_plan, next_shard, publish_part, recorded_parts
-from .scan import scan_source
-from .shard import Progress
-from .sources.inputs import Source, resolve_source
-from .sources.listing import Listing
+from ..plan.scan import scan_source
+from ..write.shard import Progress
+from ..sources.inputs import Source, resolve_source
+from ..sources.listing import Listing
 
 log = logging.getLogger(__name__)
 
