@@ -346,7 +346,7 @@ READ_AHEAD_BYTES = 8 << 20
 URL_BLOCK_BYTES = 2 << 20
 """A URL input is fetched in aligned blocks of this many bytes, each once while cached."""
 URL_BLOCKS = 64
-"""Blocks a URL input keeps (at most 128 MiB): a shuffled pack reads up to `packer.order`'s
+"""Blocks a URL input keeps (at most 128 MiB): a shuffled pack reads up to `packer.plan.order`'s
 WINDOW_RUNS (64) places of a container in turn, each front to back, so each keeps its block."""
 
 
