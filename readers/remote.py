@@ -338,13 +338,13 @@ def open_files(path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str
         check_shard_sizes(manifest, local.sizes(manifest), lambda name: str(local.root / name))
         if identity_or_none(index) != before:  # the shards' identities may be the new dataset's
             raise DatasetChanged(f"{index}: replaced while the dataset was opened; open it again")
-        root = local.root.resolve()
-        cache_root = Path(default_cache_dir(str(root)) if cache_dir is None else cache_dir).expanduser()
-        if network and storage == "auto" and reads_as_network(cache_root, "auto")[0]:
-            log.info("%s: read in place: on networked storage (%s), but so is the cache %s", root, why, cache_root)
-            return local, manifest
         if not network:
             log.debug("%s: read in place (%s)", local.root, why)
+            return local, manifest
+        root = local.root.resolve()
+        cache_root = Path(default_cache_dir(str(root)) if cache_dir is None else cache_dir).expanduser()
+        if storage == "auto" and reads_as_network(cache_root, "auto")[0]:
+            log.info("%s: read in place: on networked storage (%s), but so is the cache %s", root, why, cache_root)
             return local, manifest
         cache = ShardCache(cache_root, cache_limit)
         log.info("%s: networked storage (%s): %d shards copied whole through %r", root, why,
