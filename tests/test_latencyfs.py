@@ -137,3 +137,18 @@ def test_the_walk_keeps_stats_in_flight_on_a_mount_where_each_waits(many_files: 
     assert served["calls"]["getattr"] >= 160
     assert served["most_in_flight"]["getattr"] >= 4, served
 
+
+def test_packing_keeps_opens_in_flight_on_a_mount_where_each_waits(many_files: tuple[Path, dict[str, bytes]],
+                                                                   tmp_path: Path) -> None:
+    """One packing process (one shard): its reads of the files, open to close, overlap, more of
+    them than its 4 opener threads of a local disk (main: 4 at most)."""
+    root, files = many_files
+    report = tmp_path / "calls.json"
+    with mounted(root, latency_ms=5, report=report) as mount:
+        code, output = run("wds", mount, tmp_path / "out", "--quiet", "--workers", "1")
+    assert code == 0, output
+    dataset = readers.open_dataset(tmp_path / "out", decode="bytes", fields=("image", "path"))
+    assert {path: image for image, path in (dataset[i] for i in range(len(dataset)))} == files
+    served = json.loads(report.read_text())
+    assert served["calls"]["open"] == 160
+    assert served["most_in_flight"]["open"] >= 6, served
