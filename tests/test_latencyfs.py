@@ -152,3 +152,15 @@ def test_packing_keeps_opens_in_flight_on_a_mount_where_each_waits(many_files: t
     served = json.loads(report.read_text())
     assert served["calls"]["open"] == 160
     assert served["most_in_flight"]["open"] >= 6, served
+
+
+def test_telling_a_folder_of_class_folders_from_container_inputs_stats_none_of_them(tmp_path: Path) -> None:
+    """SRC's top level is told apart by the listing's types, not a stat (a round trip) per entry."""
+    from packer.sources.inputs import resolve_source
+
+    for index in range(40):
+        (tmp_path / "src" / f"class_{index:02d}").mkdir(parents=True)
+    report = tmp_path / "calls.json"
+    with mounted(tmp_path / "src", latency_ms=1, report=report) as mount:
+        assert resolve_source(mount).kind == "folder"
+    assert json.loads(report.read_text())["calls"].get("getattr", 0) < 10

@@ -26,7 +26,6 @@ import glob
 import io
 import os
 import re
-import stat
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -297,8 +296,10 @@ def kind_of(name: str) -> str | None:
 
 
 def _is_file(entry: os.DirEntry[str]) -> bool:
+    """A regular file, or a link to one: from the listing's d_type (a stat only for a link), since
+    on a network mount each stat is a round trip, and SRC's top level may hold 1,000 class folders."""
     try:
-        return stat.S_ISREG(entry.stat().st_mode)
+        return entry.is_file()
     except OSError:
         return False
 

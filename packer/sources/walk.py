@@ -124,6 +124,7 @@ def _walk_classes(classes: list[ClassTask], listing: Listing, seen_dirs: set[tup
         position += 1
     if position == len(classes):
         return
+    reader.upcoming = []  # walked by the pool
     tasks = [(task, frozenset(seen_dirs), class_ids, companions) for task in classes[position:]]
     workers = min(available_cpus(), len(tasks))
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -187,7 +188,7 @@ Files = tuple[list[str], list[int], list[int]]  # a run of consecutive listed fi
 Directory = tuple[str, str, int]  # a directory still to list: its path, relative to SRC, and its label
 Item = Directory | tuple[int, Files]  # what the walk's stack holds: directories, and labelled runs of files
 StatOrReason = os.stat_result | str  # a file's stat, or why it has none
-DIRS_AHEAD = 32
+DIRS_AHEAD = 64
 """Directories read ahead of the walk (open, list, stat their files) once calls wait on storage:
 each holds a descriptor and its names until the walk reaches it."""
 
