@@ -298,7 +298,10 @@ def _stat_names(fd: int, names: list[str], calls: InFlight, parts: int | None
     probed = calls.probe(stat_one, names)  # while the walk still measures the calls
     rest = names[len(probed):]
     if not calls.concurrent or not rest:
-        return probed + [stat_one(name) for name in rest]
+        try:  # in bulk, the usual case: no call per name but the stat
+            return probed + [os.stat(name, dir_fd=fd) for name in rest]
+        except OSError:
+            return probed + [stat_one(name) for name in rest]
     done: Future[list[StatOrReason]] = Future()
     done.set_result(probed)
     return [done, *calls.submit_chunks(stat_one, rest, parts)]
@@ -389,6 +392,8 @@ class _Reader:
         future = self._ahead.pop(path, None)
         if future is not None:
             return future.result()
+        if self.calls.concurrent is False:  # measured: the calls answer at local speed
+            return _read_dir(path, self.calls)
         return _read_dir(path, self.calls, self._share(len(self._ahead) + len(self._next(stack)) + 1))
 
     def _next(self, stack: list[Item]) -> list[str]:
