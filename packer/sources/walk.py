@@ -62,8 +62,8 @@ def walk(src: str | os.PathLike[str], *, folders_are_classes: bool = True,
             reader.close()
     fstype = filesystem_type(root)
     if calls.concurrent or is_network_type(fstype):
-        log.info("listed %s (%s) with %s", root, fstype or "filesystem type unknown",
-                 f"up to {calls.threads} stats in flight" if calls.concurrent else "one stat at a time (they answered fast)")
+        how = f"up to {calls.threads} stats in flight" if calls.concurrent else "one stat at a time (they answered fast)"
+        log.info("listed %s (%s) with %s", root, fstype or "filesystem type unknown", how)
     log.info(
         "scanned %s: %d images in %d classes, %d hidden and %d other entries ignored",
         root, len(listing), len(listing.classes), listing.ignored_hidden, listing.ignored_other,
