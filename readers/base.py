@@ -187,6 +187,9 @@ class PackedDataset(Dataset):
             self._leases = {}
             self._pid = os.getpid()
         handle = self._handles.get(shard)
+        if handle is not None and any(lease.superseded() for lease in self._leases[shard]):
+            self.close_shard(shard)  # read in place while it was copied: the copy has landed
+            handle = None
         if handle is None:
             self._leases[shard] = self._lease(shard)
             try:
@@ -291,7 +294,7 @@ class PackedDataset(Dataset):
         $LOCAL_WORLD_SIZE): a worker idle between batches must not hold the room another worker's
         batch waits for (the main process waits for that batch first, so the idle one gets no more
         work: two workers in a 3-shard cache hung so)."""
-        cache = getattr(self.files, "cache", None)
+        cache = self.files.cache
         if cache is None or cache.limit is None:
             return
         info = get_worker_info()

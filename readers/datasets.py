@@ -8,7 +8,7 @@ from typing import Any, Callable, Sequence
 from .base import PackedDataset
 from .formats import ALIASES, FORMATS, Registry
 from .manifest import DatasetError
-from .remote import CachedFiles, open_files
+from .stores import ReadOptions, open_files
 
 # Loaded on first use: opening an LMDB dataset never imports h5py.
 DATASETS: Registry[type[PackedDataset]] = Registry({name: spec.dataset for name, spec in FORMATS.items()}, ALIASES)
@@ -50,8 +50,7 @@ def open_dataset(
     `decode_size=(H, W)` decodes images straight to about that size (JPEG DCT scaling, a
     power-of-two reduction) when the training transform resizes or crops small anyway.
     """
-    files, manifest = open_files(path, cache_dir=cache_dir, cache_limit=cache_limit, storage_options=storage_options,
-                                 storage=storage)
+    files, manifest = open_files(path, ReadOptions(cache_dir, cache_limit, storage_options, storage))
     try:
         cls = DATASETS[manifest.format]
     except KeyError:
@@ -67,7 +66,7 @@ def open_dataset(
         on_error=on_error,
         decode_size=decode_size,
     )
-    if isinstance(files, CachedFiles):  # before anything is downloaded: the limit must hold a few shards
+    if files.cache is not None:  # before anything is copied: the limit must hold a few shards
         files.cache.check_limit(dataset.largest_lease())
     return dataset
 

@@ -187,10 +187,11 @@ class WdsDataset(PackedDataset):
             os.posix_fadvise(handle.fd, start, length, os.POSIX_FADV_WILLNEED)
 
     def _pread_sample(self, handle: TarShard, local: int, key: str) -> Record:
-        """Three preads: the image's header, the image itself (bytes of its own, handed on without
-        a copy), then everything up to the end of the meta (the label and fields lie between); the
-        headers of the members used are checked against the index, which is untrusted: nothing is
-        read outside the tar, so a lying row can never cost more than the tar's size."""
+        """One pread from the image's header to the end of the meta (the image, then the label and
+        fields; on a network mount each pread is a round trip), the image handed on as a view of it
+        without a copy; the headers of the members used are checked against the index, which is
+        untrusted: nothing is read outside the tar, so a lying row can never cost more than the
+        tar's size."""
         row = handle.row(local)
         image_offset, image_size, json_offset, json_size = row[:INDEX_COLUMNS]
         start = image_offset + image_size + padding(image_size)  # of the members after the image
@@ -199,11 +200,11 @@ class WdsDataset(PackedDataset):
             raise TarError("damaged tar index")
         if end > handle.size:
             raise TarError(f"tar shard is truncated (the sample ends at byte {end}, the tar has {handle.size})")
-        image_header = memoryview(os.pread(handle.fd, BLOCK, image_offset - BLOCK))
-        image = memoryview(os.pread(handle.fd, image_size, image_offset))
-        data = memoryview(os.pread(handle.fd, end - start, start))
-        if len(image_header) != BLOCK or len(image) != image_size or len(data) != end - start:
+        sample = memoryview(os.pread(handle.fd, end - image_offset + BLOCK, image_offset - BLOCK))
+        if len(sample) != end - image_offset + BLOCK:
             raise TarError("tar shard is truncated")
+        image_header, image = sample[:BLOCK], sample[BLOCK:BLOCK + image_size]
+        data = sample[start - image_offset + BLOCK:]
         prefix = key.encode("ascii") + b"."
 
         def check(header: memoryview, size: int, extension: str | None) -> str:
@@ -459,9 +460,11 @@ def sample_parts(key: str, parts: dict[str, Any], known: set[str], meta_extensio
     return meta, images[0], values
 
 
-WALK_READ = 4096
-"""What `walk_tar_samples` reads at a time past an image: a sample's small members (label, fields,
-meta, a block or two each) and the next image's header, in one pread."""
+WALK_READ = 1 << 20
+"""What `walk_tar_samples` reads at a time: the next ~30 samples' headers, small members and
+images in one pread. On a network mount (read in place) the kernel reads ahead little or not at
+all, and a pread per header and another per image cost two round trips a sample; read here, the
+images are in the page cache when the samples are handed out."""
 WALK_AHEAD = 8 << 20
 """How far ahead of the walk the kernel is asked to read the tar (POSIX_FADV_WILLNEED): 4 KB reads
 that skip the images are not sequential to its readahead, and from a cold disk they waited on
