@@ -180,8 +180,9 @@ class PackedDataset(Dataset):
         shard = bisect.bisect_right(self._starts, index) - 1
         return shard, index - self._starts[shard]
 
-    def handle(self, shard: int) -> Any:
-        """The open handle for a shard in this process, opened on first use."""
+    def handle(self, shard: int, *, sequential: bool = False) -> Any:
+        """The open handle for a shard in this process, opened on first use (`sequential`: to be
+        read front to back, see `ShardFiles.lease`)."""
         if self._pid != os.getpid():
             self._handles = {}
             self._leases = {}
@@ -191,7 +192,7 @@ class PackedDataset(Dataset):
             self.close_shard(shard)  # read in place while it was copied: the copy has landed
             handle = None
         if handle is None:
-            self._leases[shard] = self._lease(shard)
+            self._leases[shard] = self._lease(shard, sequential)
             try:
                 handle = self._handles[shard] = self._open(shard)
             except BaseException:
@@ -209,14 +210,15 @@ class PackedDataset(Dataset):
         return max((info.bytes + sum(sidecar.bytes for sidecar in self.read_sidecars(shard))
                     for shard, info in enumerate(self.manifest.shards)), default=0)
 
-    def _lease(self, shard: int) -> list[Lease]:
+    def _lease(self, shard: int, sequential: bool = False) -> list[Lease]:
         """Leases on the shard's file and the sidecars it reads; when the cache is full, this
         process's own oldest open shards are closed first."""
         info = self.manifest.shards[shard]
         leases: list[Lease] = []
         try:
             for file in (info, *self.read_sidecars(shard)):
-                leases.append(self.files.lease(file, make_room=lambda: self._close_oldest(keep=shard)))
+                leases.append(self.files.lease(file, make_room=lambda: self._close_oldest(keep=shard),
+                                               sequential=sequential))
         except BaseException:
             for lease in leases:
                 lease.release()
@@ -350,6 +352,10 @@ class PackedDataset(Dataset):
         a damaged one comes as its DatasetError, so the caller decides what `on_error` says. A
         format may hand DeferredRecords, which the stream settles before it closes the generator."""
         first = int(self._offsets[shard])
+        try:
+            self.handle(shard, sequential=True)  # opened to be read front to back: see ShardFiles.lease
+        except DatasetError:
+            pass  # each read below says why, as `on_error` decides
         for local in range(start, stop):
             try:
                 yield local, self._checked_read(first + local)

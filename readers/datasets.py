@@ -37,11 +37,12 @@ def open_dataset(
     limit) caps it, evicting the least recently used shards no reader holds. `storage_options`
     go to fsspec (endpoint, credentials, anon=True), as do fsspec's config and the environment.
 
-    `storage` says where a directory is: "network" reads it as a URL is (each shard copied whole
-    into the cache, with large reads several at a time, then read there), "local" (the default) in place;
-    "auto" asks the mount table: NFS, Lustre, GPFS, SMB, 9p, FUSE and the like are networked. Not
-    the default: at 0.2-1 ms a round trip, LMDB and HDF5 streamed in place finish sooner
-    (docs/netfs.md has the figures).
+    `storage` says where a directory is: "local" (the default) reads it in place; "network" reads
+    each shard in place at once while it is copied into the cache behind the reads, then from the
+    copy (streaming reads in place, front to back in large reads, and copies nothing); "auto" asks
+    the mount table: NFS, Lustre, GPFS, SMB, 9p, FUSE and the like are networked. Not the default:
+    measured at 0.2-1 ms a round trip, the copies slow the first epoch about as much as the copy
+    speeds up random reads (docs/netfs.md has the figures).
 
     `on_error="fail"` raises `DatasetError` on a damaged sample; `"skip"` stands the next readable
     sample in for it and counts it in `dataset.skipped` (per process). The words are those of

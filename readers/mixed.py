@@ -223,9 +223,9 @@ class MixFiles:
         return files.present(info)
 
     def lease(self, file: CachedFile, *, make_room: Callable[[], bool] | None = None,
-              ahead: Ahead | None = None) -> Lease:
+              ahead: Ahead | None = None, sequential: bool = False) -> Lease:
         files, info = self._of(file)
-        return files.lease(info, make_room=make_room, ahead=ahead)
+        return files.lease(info, make_room=make_room, ahead=ahead, sequential=sequential)
 
 
 class MixedDataset(Dataset):

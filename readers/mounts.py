@@ -186,8 +186,8 @@ class MountFiles:
     the cache (`MountedStore`); its lease says when the copy has landed (`Lease.superseded`), and
     the reader then reopens the shard from the copy. So the first batch never waits for a copy,
     random reads pay round trips only until it lands, and a later epoch (or rank, or run on the
-    node) reads the copy. Nothing is fetched ahead: streaming reads a shard front to back in large
-    reads, in place as fast as from a copy."""
+    node) reads the copy. A file read front to back (`sequential`: streaming) is read in place and
+    not copied, nor fetched ahead: in large reads, in place is as fast as a copy."""
 
     def __init__(self, local: LocalFiles, cache: ShardCache, strategy: str) -> None:
         self.local = local
@@ -222,7 +222,7 @@ class MountFiles:
         return True  # in place, if not yet copied: a lease never waits for a copy
 
     def lease(self, file: CachedFile, *, make_room: Callable[[], bool] | None = None,
-              ahead: Ahead | None = None) -> Lease:
+              ahead: Ahead | None = None, sequential: bool = False) -> Lease:
         if ahead is not None:  # streaming's next shards: read in place in their turn, as fast as a copy
             return Lease(self.local.path(file))
         if os.getpid() != self._pid:
@@ -232,7 +232,7 @@ class MountFiles:
         else:
             path = self.local.path(file)
             self.local.check_unchanged(file.name, path)
-            lease = Lease(path, landed=self._copy_behind(file))
+            lease = Lease(path, landed=None if sequential else self._copy_behind(file))
         self._where[file.name] = lease.path
         return lease
 

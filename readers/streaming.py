@@ -259,7 +259,7 @@ class ShardPrefetcher:
             if number in self._errors:
                 raise self._errors.pop(number)
             self._settled.discard(number)
-        return self._files.lease(file)
+        return self._files.lease(file, sequential=True)
 
     def close(self) -> None:
         """Stop scheduling (a download under way finishes first, and stays in the cache)."""

@@ -271,7 +271,7 @@ class WdsDataset(PackedDataset):
         (`StreamedSample`): the walk reads headers and small members only, so a streaming worker's
         first batch reads ~1,100 headers and 64 images, where it read ~1,100 samples whole."""
         info = self.manifest.shards[shard]
-        with self.files.lease(info) as path:
+        with self.files.lease(info, sequential=True) as path:
             try:
                 tar = StreamedTar(os.open(path, os.O_RDONLY), path)
             except OSError as exc:

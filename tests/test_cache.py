@@ -305,10 +305,10 @@ def test_a_shard_already_in_the_cache_is_taken_without_waiting_for_its_thread(ht
     stuck = threading.Event()
 
     class StuckAhead(CachedFiles):
-        def lease(self, file, *, make_room=None, ahead=None):  # type: ignore[no-untyped-def]
+        def lease(self, file, *, make_room=None, ahead=None, sequential=False):  # type: ignore[no-untyped-def]
             if ahead is not None:
                 stuck.wait(30)
-            return super().lease(file, make_room=make_room, ahead=ahead)
+            return super().lease(file, make_room=make_room, ahead=ahead, sequential=sequential)
 
     prefetcher = ShardPrefetcher(StuckAhead(files.store, files.cache, "test"), shards, 2)
     try:
