@@ -237,10 +237,11 @@ class MountFiles:
         return lease
 
     def _copy_behind(self, file: CachedFile) -> threading.Event:
-        """The event set when `file`'s copy lands; its copy is started here unless one is under way."""
+        """The event set when `file`'s copy lands; its copy is started here unless one is under way
+        (one that landed before and is not in the cache now was evicted since: copied again)."""
         with self._guard:
             landed = self._copies.get(file.name)
-            if landed is None:
+            if landed is None or landed.is_set():
                 landed = self._copies[file.name] = threading.Event()
                 threading.Thread(target=self._copy, args=(file, landed), name="pack-mount-copy", daemon=True).start()
         return landed

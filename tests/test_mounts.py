@@ -273,3 +273,19 @@ def test_streaming_a_networked_folder_reads_it_in_place_without_copies(fmt: str,
     copies_landed()
     assert list((tmp_path / "cache" / "objects").iterdir()) == []
     ds.close()
+
+
+def test_a_copy_evicted_since_it_landed_is_copied_again(packed_as: Callable, tmp_path: Path) -> None:
+    """Its reader, back in place, is not sent to a copy that is no longer there on every read."""
+    out = packed_as("lmdb")[0]
+    local = readers.open_dataset(out, decode="bytes", fields=FIELDS)
+    ds = readers.open_dataset(out, decode="bytes", fields=FIELDS, storage="network", cache_dir=tmp_path / "cache")
+    assert ds[0] == local[0]
+    copies_landed()
+    assert ds[1] == local[1]  # from the copy
+    ds.close_shard(0)
+    copy = tmp_path / "cache" / "objects" / f"{ds.manifest.shards[0].sha256}.lmdb"
+    copy.unlink()  # evicted by another reader of the node
+    assert ds[2] == local[2]  # in place again, copied behind again
+    copies_landed()
+    assert copy.exists() and ds[3] == local[3] and ds.shard_path(0) == copy
