@@ -41,8 +41,8 @@ def open_dataset(
     each shard in place at once while it is copied into the cache behind the reads, then from the
     copy (streaming reads in place, front to back in large reads, and copies nothing); "auto" asks
     the mount table: NFS, Lustre, GPFS, SMB, 9p, FUSE and the like are networked. Not the default:
-    measured at 0.2-1 ms a round trip, the copies slow the first epoch about as much as the copy
-    speeds up random reads (docs/netfs.md has the figures).
+    faster map-style from ~1 ms a round trip, but at 0.2 ms the copies slowed a first map-style
+    epoch 10-40% (docs/netfs.md has the figures).
 
     `on_error="fail"` raises `DatasetError` on a damaged sample; `"skip"` stands the next readable
     sample in for it and counts it in `dataset.skipped` (per process). The words are those of

@@ -18,10 +18,12 @@ interleaved rounds, medians of --repeat. Needs /dev/fuse, fusermount3 and mfusep
    opening the dataset to the last batch, and to the first batch: the loose files (a plain torch
    Dataset as torchvision's ImageFolder: listing, then open + read per sample; streaming them would
    be the same reads) against each format map-style (`make_loader`) and streaming
-   (`make_loader(streaming=True)`). `--latency-ms 0` shows what the harness itself costs.
+   (`make_loader(streaming=True)`), opened with each `--storage` (a row each). `--latency-ms 0`
+   shows what the harness itself costs; `--latency-ms local` reads the local disk, no mount.
 
     python scripts/bench_netfs.py                                # 0.2, 1 and 5 ms; 4000 files
     python scripts/bench_netfs.py --latency-ms 1 --files 2000 --repeat 1 --json netfs.json
+    python scripts/bench_netfs.py --parts read --latency-ms local,0.2,1 --storage local,auto
     python scripts/bench_netfs.py --parts plan --plan-files 1000000 --latency-ms 1
 """
 
