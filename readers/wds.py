@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator, Sequence, TypeVar
@@ -460,11 +461,17 @@ def sample_parts(key: str, parts: dict[str, Any], known: set[str], meta_extensio
     return meta, images[0], values
 
 
-WALK_READ = 1 << 20
-"""What `walk_tar_samples` reads at a time: the next ~30 samples' headers, small members and
-images in one pread. On a network mount (read in place) the kernel reads ahead little or not at
-all, and a pread per header and another per image cost two round trips a sample; read here, the
-images are in the page cache when the samples are handed out."""
+WALK_READ = 4096
+"""What `walk_tar_samples` reads at a time past an image, while reads do not wait: a sample's
+small members (label, fields, meta, a block or two each) and the next image's header, in one
+pread."""
+WALK_READ_WAITED = 1 << 20
+"""What it reads at a time once a read has waited WALK_WAITED_S or more: the next ~30 samples'
+headers, small members and images in one pread. On a network mount (read in place) the kernel
+reads ahead little or not at all, and a pread per header and another per image cost two round
+trips a sample; read here, the images are in the page cache when the samples are handed out.
+Where reads do not wait (the page cache), copying the images twice would only cost CPU."""
+WALK_WAITED_S = 100e-6
 WALK_AHEAD = 8 << 20
 """How far ahead of the walk the kernel is asked to read the tar (POSIX_FADV_WILLNEED): 4 KB reads
 that skip the images are not sequential to its readahead, and from a cold disk they waited on
@@ -480,16 +487,20 @@ def walk_tar_samples(fd: int, meta_extension: str, fields: Sequence[FieldSpec], 
     end = os.fstat(fd).st_size
     window, window_start = b"", 0
     advised = 0  # the kernel was asked to read the tar up to here
+    read_size = WALK_READ
 
     def read(offset: int, size: int) -> bytes:
-        nonlocal window, window_start, advised
+        nonlocal window, window_start, advised, read_size
         at = offset - window_start
         if at < 0 or at + size > len(window):
             if offset + size > advised - WALK_AHEAD // 2 and advised < end and hasattr(os, "posix_fadvise"):
                 start = max(advised, offset)
                 advised = offset + size + WALK_AHEAD
                 os.posix_fadvise(fd, start, advised - start, os.POSIX_FADV_WILLNEED)
-            window, window_start, at = os.pread(fd, max(size, WALK_READ), offset), offset, 0
+            started = time.perf_counter()
+            window, window_start, at = os.pread(fd, max(size, read_size), offset), offset, 0
+            if time.perf_counter() - started >= WALK_WAITED_S:
+                read_size = WALK_READ_WAITED  # a round trip per read (a mount, a cold disk): fewer, larger
         return window[at:at + size]
 
     key: str | None = None
