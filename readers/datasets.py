@@ -8,6 +8,7 @@ from typing import Any, Callable, Sequence
 from .base import PackedDataset
 from .formats import ALIASES, FORMATS, Registry
 from .manifest import DatasetError
+from .mounts import DEFAULT_STORAGE
 from .stores import ReadOptions, open_files
 
 # Loaded on first use: opening an LMDB dataset never imports h5py.
@@ -26,7 +27,7 @@ def open_dataset(
     cache_dir: str | os.PathLike[str] | None = None,
     cache_limit: int | str | None = None,
     storage_options: dict[str, Any] | None = None,
-    storage: str = "local",
+    storage: str = DEFAULT_STORAGE,
 ) -> PackedDataset:
     """Open a packed dataset, a directory or any fsspec URL; the format is read from its `index.json`.
 
