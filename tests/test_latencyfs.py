@@ -121,11 +121,19 @@ def many_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str
     return root, files
 
 
+@pytest.mark.parametrize("pool", [False, True], ids=["small SRC", "large SRC"])
 def test_the_walk_keeps_stats_in_flight_on_a_mount_where_each_waits(many_files: tuple[Path, dict[str, bytes]],
-                                                                     tmp_path: Path) -> None:
-    """One stat after another, 160 files take 160 round trips; across the class folders, many at once."""
+                                                                     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                     pool: bool) -> None:
+    """One stat after another, 160 files take 160 round trips; across the class folders, many at
+    once. A SRC large enough for the walk's pool of processes (each would walk its classes one
+    stat at a time, before it had timed enough calls to tell) is walked here on threads too."""
+    import packer.sources.walk as walk_module
     from packer.sources.walk import walk
 
+    if pool:
+        monkeypatch.setattr(walk_module, "PARALLEL_ABOVE_SECONDS", -1.0)
+        monkeypatch.setattr(walk_module, "available_cpus", lambda: 2)
     root, files = many_files
     report = tmp_path / "calls.json"
     with mounted(root, latency_ms=3, report=report) as mount:

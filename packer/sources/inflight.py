@@ -57,11 +57,17 @@ class InFlight:
             return
         self._timings += [seconds / calls] * calls
         if len(self._timings) >= PROBE_CALLS:
-            each = statistics.median(self._timings)
-            self.concurrent = each > ROUND_TRIP_SECONDS
-            if self.concurrent:
-                log.info("%s take %.2f ms each (storage latency): up to %d in flight", self._what, each * 1000,
-                         self.threads)
+            self.decide()
+
+    def decide(self) -> None:
+        """Decide now, on the calls timed so far (fewer than PROBE_CALLS where the caller cannot wait)."""
+        if self.concurrent is not None or not self._timings:
+            return
+        each = statistics.median(self._timings)
+        self.concurrent = each > ROUND_TRIP_SECONDS
+        if self.concurrent:
+            log.info("%s take %.2f ms each (storage latency): up to %d in flight", self._what, each * 1000,
+                     self.threads)
 
     def submit(self, fn: Callable[..., T], *args: object) -> Future[T]:
         """Run `fn(*args)` on the pool (started on first use)."""

@@ -118,7 +118,10 @@ def _walk_classes(classes: list[ClassTask], listing: Listing, seen_dirs: set[tup
         elapsed = time.monotonic() - started
         if parallel and position and len(classes) - position > 1 and \
                 elapsed / position * (len(classes) - position) > PARALLEL_ABOVE_SECONDS:
-            break
+            reader.calls.decide()  # the processes would each measure alone: a slow mount is walked here
+            if not reader.calls.concurrent:
+                break
+            continue
         reader.upcoming = [path for path, _, _ in classes[position + 1:position + 1 + DIRS_AHEAD]]
         _walk(classes[position:position + 1], listing, seen_dirs, class_ids, companions, reader)
         position += 1
