@@ -189,7 +189,10 @@ class RingWriter:
                 return packed
         buffer = io.BytesIO()
         pickler = _LeavingBytes(buffer)
-        pickler.dump(default_convert(batch))  # as DataLoader's fetcher would have converted it (tuples to lists)
+        try:
+            pickler.dump(default_convert(batch))  # as DataLoader's fetcher would have converted it (tuples to lists)
+        except (pickle.PicklingError, TypeError, AttributeError):  # DataLoader's own pickling says what it says
+            return batch
         if not pickler.values:
             return batch
         placed = self._place([pickler.values])
