@@ -14,10 +14,10 @@ and unpickles it. Two kinds of batch column cost most on that way, and cross oth
   against the peers").
 - A batch of any other shape (a custom collate_fn's list of samples, a dict) is converted as
   DataLoader's fetcher converts what a worker yields (`default_convert`: tuples become lists,
-  arrays tensors), then pickled in the worker with its bytes values left out and copied into the
-  ring (`RingPickle`); the main process unpickles it with those values copied out, so the batch
-  comes out as DataLoader would have given it (same containers, types and order) without its
-  images crossing the pipe.
+  numeric arrays tensors), then pickled in the worker with its bytes values left out and copied
+  into the ring (`RingPickle`); the main process unpickles it with those values copied out, so
+  the batch comes out as DataLoader would have given it (same containers, types and order)
+  without its images crossing the pipe.
 
 A ring holds `slots` batches. DataLoader asks a worker for its batch k only once the main process
 has taken the worker's batch k - prefetch_factor from the DataLoader, and the loader copies each
@@ -94,7 +94,7 @@ class _LeavingBytes(pickle.Pickler):
         super().__init__(file, pickle.HIGHEST_PROTOCOL)
         self.values: list[bytes] = []
         self.aside: list[Any] = []
-        self._ids: dict[int, Any] = {}  # id(obj) -> its persistent id: a value met twice is sent once
+        self._ids: dict[int, int] = {}  # id(obj) -> its persistent id: a value met twice is sent once
 
     def persistent_id(self, obj: Any) -> Any:
         kind = type(obj)
@@ -106,7 +106,7 @@ class _LeavingBytes(pickle.Pickler):
                 found = self._ids[id(obj)] = len(self.values)
                 self.values.append(obj)
             return found
-        if kind in ForkingPickler._extra_reducers or kind is np.ndarray:  # arrays: not copied twice
+        if kind in ForkingPickler._extra_reducers:
             found = self._ids.get(id(obj))
             if found is None:
                 self.aside.append(obj)
