@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator, Sequence, TypeVar
@@ -187,10 +188,11 @@ class WdsDataset(PackedDataset):
             os.posix_fadvise(handle.fd, start, length, os.POSIX_FADV_WILLNEED)
 
     def _pread_sample(self, handle: TarShard, local: int, key: str) -> Record:
-        """Three preads: the image's header, the image itself (bytes of its own, handed on without
-        a copy), then everything up to the end of the meta (the label and fields lie between); the
-        headers of the members used are checked against the index, which is untrusted: nothing is
-        read outside the tar, so a lying row can never cost more than the tar's size."""
+        """One pread from the image's header to the end of the meta (the image, then the label and
+        fields; on a network mount each pread is a round trip), the image handed on as a view of it
+        without a copy; the headers of the members used are checked against the index, which is
+        untrusted: nothing is read outside the tar, so a lying row can never cost more than the
+        tar's size."""
         row = handle.row(local)
         image_offset, image_size, json_offset, json_size = row[:INDEX_COLUMNS]
         start = image_offset + image_size + padding(image_size)  # of the members after the image
@@ -199,11 +201,11 @@ class WdsDataset(PackedDataset):
             raise TarError("damaged tar index")
         if end > handle.size:
             raise TarError(f"tar shard is truncated (the sample ends at byte {end}, the tar has {handle.size})")
-        image_header = memoryview(os.pread(handle.fd, BLOCK, image_offset - BLOCK))
-        image = memoryview(os.pread(handle.fd, image_size, image_offset))
-        data = memoryview(os.pread(handle.fd, end - start, start))
-        if len(image_header) != BLOCK or len(image) != image_size or len(data) != end - start:
+        sample = memoryview(os.pread(handle.fd, end - image_offset + BLOCK, image_offset - BLOCK))
+        if len(sample) != end - image_offset + BLOCK:
             raise TarError("tar shard is truncated")
+        image_header, image = sample[:BLOCK], sample[BLOCK:BLOCK + image_size]
+        data = sample[start - image_offset + BLOCK:]
         prefix = key.encode("ascii") + b"."
 
         def check(header: memoryview, size: int, extension: str | None) -> str:
@@ -270,7 +272,7 @@ class WdsDataset(PackedDataset):
         (`StreamedSample`): the walk reads headers and small members only, so a streaming worker's
         first batch reads ~1,100 headers and 64 images, where it read ~1,100 samples whole."""
         info = self.manifest.shards[shard]
-        with self.files.lease(info) as path:
+        with self.files.lease(info, sequential=True) as path:
             try:
                 tar = StreamedTar(os.open(path, os.O_RDONLY), path)
             except OSError as exc:
@@ -460,8 +462,16 @@ def sample_parts(key: str, parts: dict[str, Any], known: set[str], meta_extensio
 
 
 WALK_READ = 4096
-"""What `walk_tar_samples` reads at a time past an image: a sample's small members (label, fields,
-meta, a block or two each) and the next image's header, in one pread."""
+"""What `walk_tar_samples` reads at a time past an image, while reads do not wait: a sample's
+small members (label, fields, meta, a block or two each) and the next image's header, in one
+pread."""
+WALK_READ_WAITED = 1 << 20
+"""What it reads at a time once a read has waited WALK_WAITED_S or more: the next ~30 samples'
+headers, small members and images in one pread. On a network mount (read in place) the kernel
+reads ahead little or not at all, and a pread per header and another per image cost two round
+trips a sample; read here, the images are in the page cache when the samples are handed out.
+Where reads do not wait (the page cache), copying the images twice would only cost CPU."""
+WALK_WAITED_S = 100e-6
 WALK_AHEAD = 8 << 20
 """How far ahead of the walk the kernel is asked to read the tar (POSIX_FADV_WILLNEED): 4 KB reads
 that skip the images are not sequential to its readahead, and from a cold disk they waited on
@@ -477,16 +487,20 @@ def walk_tar_samples(fd: int, meta_extension: str, fields: Sequence[FieldSpec], 
     end = os.fstat(fd).st_size
     window, window_start = b"", 0
     advised = 0  # the kernel was asked to read the tar up to here
+    read_size = WALK_READ
 
     def read(offset: int, size: int) -> bytes:
-        nonlocal window, window_start, advised
+        nonlocal window, window_start, advised, read_size
         at = offset - window_start
         if at < 0 or at + size > len(window):
             if offset + size > advised - WALK_AHEAD // 2 and advised < end and hasattr(os, "posix_fadvise"):
                 start = max(advised, offset)
                 advised = offset + size + WALK_AHEAD
                 os.posix_fadvise(fd, start, advised - start, os.POSIX_FADV_WILLNEED)
-            window, window_start, at = os.pread(fd, max(size, WALK_READ), offset), offset, 0
+            started = time.perf_counter()
+            window, window_start, at = os.pread(fd, max(size, read_size), offset), offset, 0
+            if time.perf_counter() - started >= WALK_WAITED_S:
+                read_size = WALK_READ_WAITED  # a round trip per read (a mount, a cold disk): fewer, larger
         return window[at:at + size]
 
     key: str | None = None
