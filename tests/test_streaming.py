@@ -22,6 +22,7 @@ from loopback import LoopbackHTTP
 
 import readers
 import readers.cache
+import readers.handover
 from packer.run.pipeline import pack
 from packer.plan.options import PackOptions
 from packer.write.writers import WRITERS
@@ -146,6 +147,36 @@ def test_workers_hand_over_tensors_as_one_process_makes_them(mode: str, stream: 
             assert [type(column) for column in columns] == [torch.Tensor, list, torch.Tensor]
             assert columns[0].dtype == columns[2].dtype == torch.int64 and mask.dtype == torch.bool
             assert len(mask) == len(columns[0]) and all(type(image) is bytes for image in columns[1])
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_a_custom_collate_sees_exactly_the_samples_the_default_one_reads(mode: str, packed_as: Callable,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """collate_fn=list (as detection and captioning loaders have): the workers hand its batches over
+    through shared memory (readers.handover.RingPickle), and they come out as it made them: the
+    same samples, in the same order, as the same types, as the default collate's columns, as they
+    did through the pipe."""
+    out, files = packed_as("wds")
+    ds = open_indexed(out)
+    monkeypatch.setattr(readers.handover, "MIN_RING_VALUE", 64)  # the test's small images through the ring
+    assert min(len(data) for data in files.values()) >= readers.handover.MIN_RING_VALUE
+    for workers in (0, 2):
+        default, custom = streaming(ds, num_workers=workers, mode=mode), streaming(
+            ds, num_workers=workers, mode=mode, collate_fn=list)
+        for epoch in (0, 1):
+            default.set_epoch(epoch)
+            custom.set_epoch(epoch)
+            pairs = list(zip(default, custom, strict=True))
+            assert len(pairs) == len(default)
+            for columns, samples in pairs:
+                if mode == "eval":
+                    (columns, mask), (samples, custom_mask) = columns, samples
+                    assert mask.tolist() == custom_mask.tolist()
+                # DataLoader's default_convert makes the samples' tuples lists, with workers or without
+                assert type(samples) is list and {type(sample) for sample in samples} == {list}
+                assert [tuple(map(type, sample)) for sample in samples] == [(int, bytes, int)] * len(samples)
+                assert list(map(tuple, samples)) == list(zip(columns[0].tolist(), columns[1], columns[2].tolist()))
+
 
 
 def test_streaming_ranks_get_equal_batches(packed_as: Callable) -> None:
