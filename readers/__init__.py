@@ -27,7 +27,7 @@ _LAZY = {
     "ShardWindowBatchSampler": "readers.loader",
     "CudaPrefetcher": "readers.prefetch",
     "default_num_workers": "readers.cpus",
-    "epoch_order": "readers.order",
+    "epoch_order": "readers.read_order",
     "mix": "readers.mixed",
     "MixedDataset": "readers.mixed",
     "RandomResizedCrop": "readers.transforms",

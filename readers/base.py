@@ -17,7 +17,7 @@ from .decode import get_decoder
 from .fields import BUILTIN_FIELDS, FieldSpec
 from .manifest import (ON_ERROR_MODES, DatasetChanged, DatasetError, FileInfo, Manifest, ShardInfo, load_manifest,
                        payload_crc32)
-from .order import ShardOrders
+from .read_order import ShardOrders
 from .remote import LocalFiles, ShardFiles
 
 Fields = dict[str, Any]  # a sample's stored fields, by name: the values of `PackedDataset.wanted`

@@ -1,4 +1,4 @@
-"""The training loader: DDP-equal ranks, epochs and mid-epoch resume, over `readers.order`.
+"""The training loader: DDP-equal ranks, epochs and mid-epoch resume, over `readers.read_order`.
 
 Map-style (the default): the sampler computes each epoch's order in the main process. DataLoader
 workers receive index batches and never hold the order, so their memory does not grow with the
@@ -28,7 +28,7 @@ from .cache import end_waits_with_parent, format_size
 from .cpus import THREAD_VARIABLES, default_num_workers
 from .handover import Handover, Scalars
 from .mixed import MIX_FIELDS, MixedDataset, sources_of
-from .order import DEFAULT_SHUFFLE_WINDOW, EpochOrders, LoaderMode, RankSplit, split_for_rank
+from .read_order import DEFAULT_SHUFFLE_WINDOW, EpochOrders, LoaderMode, RankSplit, split_for_rank
 from .streaming import (
     DEFAULT_MIX_SHARDS,
     DEFAULT_PREFETCH_SHARDS,

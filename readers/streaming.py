@@ -1,7 +1,7 @@
 """Streaming reads: every rank reads whole shards front to back while the next ones download.
 
 The order of an epoch is computed, never observed: shards in `shard_order(seed, epoch)`, each front
-to back (`readers.order.stream_order`); ranks take equal contiguous shares of it (`split_for_rank`,
+to back (`readers.read_order.stream_order`); ranks take equal contiguous shares of it (`split_for_rank`,
 the padding rule of the map-style loader; with `drop_last`, from a point of the stream that moves
 every epoch, so that what is dropped changes); each DataLoader worker streams a contiguous span of
 its rank's share. A worker reads `mix_shards` shards at once, interleaved (`mixed_read_order`),
@@ -31,7 +31,7 @@ from .cache import ROOM_POLL_S, Ahead, CachedFile, Lease, NoRoom
 from .handover import RingWriter, Scalars
 from .manifest import DatasetError
 from .mixed import MixedDataset, sources_of
-from .order import LoaderMode, RankSplit, concat_ranges, split_for_rank
+from .read_order import LoaderMode, RankSplit, buffer_order, mixed_read_order, split_for_rank
 from .remote import ShardFiles
 
 log = logging.getLogger(__name__)
@@ -78,52 +78,6 @@ def worker_spans(share_len: int, batch_size: int, workers: int) -> list[tuple[in
 def batches_before(consumed: int, worker: int, workers: int) -> int:
     """How many of the first `consumed` batches of the rank worker `worker` produced."""
     return (consumed - worker + workers - 1) // workers
-
-
-def buffer_order(count: int, buffer: int, rng: np.random.Generator) -> np.ndarray:
-    """The output order of a shuffle buffer of `buffer` samples over a stream of `count`:
-    output i is input `order[i]`. Depends on the generator only, so it can be replayed without data."""
-    if buffer <= 1 or count <= 1:
-        return np.arange(count, dtype=np.int64)
-    pool = list(range(min(buffer, count)))
-    arriving = len(pool)
-    order = []
-    # Python floats and a list: numpy scalars made it 1.5x slower (a span of 5,000: 1.2 ms)
-    for draw in rng.random(count).tolist():
-        slot = int(draw * len(pool))
-        order.append(pool[slot])
-        if arriving < count:
-            pool[slot] = arriving
-            arriving += 1
-        else:
-            pool[slot] = pool[-1]
-            pool.pop()
-    return np.array(order, dtype=np.int64)
-
-
-def mixed_read_order(run_lengths: Sequence[int] | np.ndarray, mix: int, rng: np.random.Generator) -> np.ndarray:
-    """The order a worker reads the positions of its span in, when its span is `run_lengths`
-    consecutive runs of one shard each: `mix` lanes, each a queue of whole runs (every run joins
-    the lane with the fewest samples so far, in span order), interleaved at random in proportion
-    to their lengths. Each run is read front to back, at most `mix` are open at once (one per
-    lane), and `mix=1` is the span in order. Output i is span position `order[i]`."""
-    lengths = np.asarray(run_lengths, dtype=np.int64)
-    total = int(lengths.sum())
-    if mix <= 1 or len(lengths) <= 1:
-        return np.arange(total, dtype=np.int64)
-    lanes = min(mix, len(lengths))
-    starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
-    members: list[list[int]] = [[] for _ in range(lanes)]
-    sizes = [0] * lanes
-    for run, length in enumerate(lengths.tolist()):
-        lane = sizes.index(min(sizes))
-        members[lane].append(run)
-        sizes[lane] += length
-    labels = rng.permutation(np.repeat(np.arange(lanes), sizes))  # which lane each read takes from
-    order = np.empty(total, dtype=np.int64)
-    for lane, runs in enumerate(members):
-        order[labels == lane] = concat_ranges(starts[runs], lengths[runs])
-    return order
 
 
 @dataclass(frozen=True)

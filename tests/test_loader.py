@@ -34,7 +34,7 @@ from packer.run.pipeline import pack
 from packer.plan.options import PackOptions
 from packer.write.writers import WRITERS
 from readers.loader import RESULT_PIPE_BYTES
-from readers.order import epoch_order, shard_order, split_for_rank
+from readers.read_order import epoch_order, shard_order, split_for_rank
 
 def open_indexed(out: Path) -> readers.PackedDataset:
     dataset = readers.open_dataset(out, decode="bytes", fields=("index",))
@@ -90,7 +90,7 @@ def test_shard_order_is_the_shard_order_of_epoch_order() -> None:
 
 
 def test_order_and_cpu_defaults_import_no_torch() -> None:
-    code = "import sys, readers.order, readers.cpus; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, readers.read_order, readers.cpus; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -16,7 +16,8 @@ from imagefolders import image_bytes
 import readers
 from packer.run.pipeline import pack
 from packer.plan.options import PackOptions
-from readers.mixed import MixOrders, apportion, epoch_counts
+from readers.mixed import apportion, epoch_counts
+from readers.read_order import MixOrders
 
 FIELDS = ("index", "image", "label")
 SIZES = [4, 4, 4, 4, 3]  # the shared packed dataset's shards (19 samples, classes class_00..class_02)

@@ -25,8 +25,8 @@ import readers.cache
 from packer.run.pipeline import pack
 from packer.plan.options import PackOptions
 from packer.write.writers import WRITERS
-from readers.order import shard_order, stream_order
-from readers.streaming import batches_before, buffer_order, mixed_read_order, worker_spans
+from readers.read_order import buffer_order, mixed_read_order, shard_order, stream_order
+from readers.streaming import batches_before, worker_spans
 
 SIZES = [4, 4, 4, 4, 3]  # the shared packed dataset's shards
 
