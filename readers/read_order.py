@@ -7,12 +7,19 @@ samples inside each window. The result is a permutation of every index that depe
 (seed, epoch); ranks then take equal contiguous slices of it, so the split depends only on the
 world size. Any loader (the map-style one in `readers.loader`, or `readers.streaming`, which
 reads whole shards in `stream_order`) gets its order and the same equal-share rule from here.
+
+A streaming worker reads `interleave` runs of its span at once (`interleaved_order`), through a
+shuffle buffer (`buffer_order`); a mix of datasets (`readers.mix`) merges its sources' runs at an
+even pace (`MixOrders`). Every order here is a function of its arguments alone (sizes, seed,
+epoch, rank, worker), never of data.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import Literal, Protocol, Sequence
+import warnings
+from typing import Any, Callable, Literal, Protocol, Sequence, TypeVar
 
 import numpy as np
 
@@ -21,6 +28,31 @@ LOADER_MODES: tuple[str, ...] = ("train", "eval")
 """"train": equal shares padded or trimmed to whole batches; "eval": every sample exactly once."""
 DEFAULT_SHUFFLE_WINDOW = 32
 """Shards whose samples are mixed together; 32 default shards of 10k samples = 320k samples."""
+RENAMED = {"mix_shards": "interleave"}
+"""Old names of the loaders' arguments and loader states' keys -> their names now: "mix" is
+`readers.mix` (several datasets), the shards a streaming worker reads at once are its interleave."""
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def renamed_arguments(function: F) -> F:
+    """`function` taking the old names of RENAMED as well, with a DeprecationWarning that says the new one."""
+
+    @functools.wraps(function)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        for old, new in RENAMED.items():
+            if old in kwargs:
+                if new in kwargs:
+                    raise TypeError(f"{function.__qualname__}() got {old}= and {new}=, its new name: pass {new}= alone")
+                warnings.warn(f"{old}= is now called {new}=; the old name will go", DeprecationWarning, stacklevel=2)
+                kwargs[new] = kwargs.pop(old)
+        return function(*args, **kwargs)
+
+    return call  # type: ignore[return-value]
+
+
+def renamed_state(state: dict[str, Any]) -> dict[str, Any]:
+    """A saved loader state with the old key names of RENAMED under their new ones."""
+    return {RENAMED.get(key, key): value for key, value in state.items()}
 
 
 def check_split_args(num_samples: int, *, batch_size: int, rank: int, world_size: int, seed: int,
@@ -126,17 +158,17 @@ def buffer_order(count: int, buffer: int, rng: np.random.Generator) -> np.ndarra
     return np.array(order, dtype=np.int64)
 
 
-def mixed_read_order(run_lengths: Sequence[int] | np.ndarray, mix: int, rng: np.random.Generator) -> np.ndarray:
+def interleaved_order(run_lengths: Sequence[int] | np.ndarray, width: int, rng: np.random.Generator) -> np.ndarray:
     """The order a worker reads the positions of its span in, when its span is `run_lengths`
-    consecutive runs of one shard each: `mix` lanes, each a queue of whole runs (every run joins
+    consecutive runs of one shard each: `width` lanes, each a queue of whole runs (every run joins
     the lane with the fewest samples so far, in span order), interleaved at random in proportion
-    to their lengths. Each run is read front to back, at most `mix` are open at once (one per
-    lane), and `mix=1` is the span in order. Output i is span position `order[i]`."""
+    to their lengths. Each run is read front to back, at most `width` are open at once (one per
+    lane), and `width=1` is the span in order. Output i is span position `order[i]`."""
     lengths = np.asarray(run_lengths, dtype=np.int64)
     total = int(lengths.sum())
-    if mix <= 1 or len(lengths) <= 1:
+    if width <= 1 or len(lengths) <= 1:
         return np.arange(total, dtype=np.int64)
-    lanes = min(mix, len(lengths))
+    lanes = min(width, len(lengths))
     starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
     members: list[list[int]] = [[] for _ in range(lanes)]
     sizes = [0] * lanes

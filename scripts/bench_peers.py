@@ -160,10 +160,10 @@ class Loader:
 
 class Ours(Loader):
     def __init__(self, url: str, cache: Path, storage: dict[str, Any], args: argparse.Namespace, mix: int) -> None:
-        self.name = f"ours, mix_shards={mix}"
+        self.name = f"ours, interleave={mix}"
         dataset = readers.open_dataset(url, decode="bytes", cache_dir=cache, storage_options=storage)
         self.loader = readers.make_loader(dataset, args.batch_size, num_workers=args.workers, seed=0,
-                                          streaming=True, mix_shards=mix)
+                                          streaming=True, interleave=mix)
 
     def epoch(self, number: int) -> Iterator[Any]:
         self.loader.set_epoch(number)
@@ -235,7 +235,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=5, help="warm epochs of each loader, interleaved")
-    parser.add_argument("--mix", default="4,1", help="our loader once per mix_shards value")
+    parser.add_argument("--mix", default="4,1", help="our loader once per interleave value")
     parser.add_argument("--peers", default="litdata,mds", help="which peers to run (none: '')")
     parser.add_argument("--work", default="/tmp/pack-bench-peers")
     args = parser.parse_args()

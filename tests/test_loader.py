@@ -398,15 +398,17 @@ def test_bad_arguments(packed: tuple[Path, dict[str, bytes]]) -> None:
         readers.make_loader(dataset, 2, mode="test")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="shuffle_window"):
         readers.make_loader(dataset, 2, shuffle_window=0)
-    with pytest.warns(UserWarning, match="fill no batch"):
+    with pytest.warns(UserWarning, match="fill no batch") as said:
         readers.make_loader(dataset, 64, drop_last=True, num_workers=0)
+    assert said[0].filename == __file__  # the caller's line, past the wrapper that takes old argument names
 
 
 def test_warns_when_shards_are_fewer_than_ranks_times_streaming_workers(packed: tuple[Path, dict[str, bytes]]) -> None:
     out, _ = packed
     dataset = open_indexed(out)
-    with pytest.warns(UserWarning, match="5 shards for 3 ranks x 2 workers: streaming workers share"):
+    with pytest.warns(UserWarning, match="5 shards for 3 ranks x 2 workers: streaming workers share") as said:
         readers.make_loader(dataset, 2, num_workers=2, rank=0, world_size=3, streaming=True)
+    assert said[0].filename == __file__
     with warnings.catch_warnings():  # map-style reads samples, not shards; eval needs no mixing
         warnings.simplefilter("error")
         readers.make_loader(dataset, 2, num_workers=2, rank=0, world_size=3)
@@ -541,7 +543,7 @@ def test_a_dataset_packed_again_in_place_stops_its_loader_with_one_line(
     dataset = readers.open_dataset(out, decode="bytes", fields=("image", "label", "path"))
     classes = list(dataset.classes)
     loader = readers.make_loader(dataset, 2, shuffle=False, num_workers=1, persistent_workers=True,
-                                 streaming=streaming, shuffle_buffer=2, mix_shards=1, prefetch_shards=1)
+                                 streaming=streaming, shuffle_buffer=2, interleave=1, prefetch_shards=1)
     batches = iter(loader)
     seen = [next(batches)]
     (src / "class_00").rename(src / "class_000")  # another dataset: each label one class further

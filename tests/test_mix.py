@@ -342,7 +342,7 @@ def test_a_local_and_an_http_source_stream_as_two_local_ones(two: tuple, packed_
     assert batches[0] == batches[1] == batches[2] and sum(len(b[0]) for b in batches[1]) == 30
     tight = opened(serve("wds"), cache_dir=tmp_path / "tight", cache_limit=3 * remote.largest_lease())
     with pytest.raises(ValueError, match="cache_limit .* is too small for streaming"):
-        readers.make_loader(readers.mix([two[0], tight]), 4, num_workers=2, streaming=True, mix_shards=4)
+        readers.make_loader(readers.mix([two[0], tight]), 4, num_workers=2, streaming=True, interleave=4)
     narrow = readers.make_loader(readers.mix([two[0], tight]), 4, num_workers=2, streaming=True)
-    assert narrow.sampler.mix_shards == 2  # 2 workers x 1 + 1: the widest the tight cache holds
+    assert narrow.sampler.interleave == 2  # 2 workers x 1 + 1: the widest the tight cache holds
 
