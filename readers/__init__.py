@@ -18,7 +18,7 @@ _LAZY = {
     "LMDBDataset": "readers.lmdb",
     "HDF5Dataset": "readers.hdf5",
     "WdsDataset": "readers.wds",
-    "WdsStream": "readers.wds",
+    "WdsStream": "readers.streaming",
     "make_loader": "readers.loader",
     "PackedLoader": "readers.loader",
     "StreamingLoader": "readers.loader",

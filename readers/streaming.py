@@ -492,3 +492,14 @@ class ShardStream(IterableDataset, RankSplit):
             except DatasetError:
                 pass
         return self.dataset[index]  # on_error decides: raise, or stand in the next readable sample
+
+
+class WdsStream(ShardStream):
+    """`WdsDataset.stream()` (the format table's `stream` for wds): samples one at a time, in
+    stored order, split over ranks and workers."""
+
+    def __init__(self, reader: PackedDataset, *, rank: int | None = None, world_size: int | None = None,
+                 prefetch_shards: int | None = None) -> None:
+        super().__init__(reader, batch_size=1, collate_fn=None, shuffle=False, rank=rank, world_size=world_size,
+                         prefetch_shards=DEFAULT_PREFETCH_SHARDS if prefetch_shards is None else prefetch_shards)
+        self.reader = reader

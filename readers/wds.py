@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Any, BinaryIO, Iterator, Sequence, TypeVar
 
 import numpy as np
+from torch.utils.data import IterableDataset
 
 from .base import DeferredRecord, Fields, PackedDataset, Record, read_as_span
 from .fields import FieldSpec, parse_value
+from .formats import FORMATS, resolve
 from .layouts.wds import (
     ABSENT,
     INDEX_COLUMNS,
@@ -36,7 +38,6 @@ from .layouts.wds import (
 )
 from .manifest import DatasetError, FileInfo
 from .tar import BLOCK, TarError, padding, parse_header, split_name, strict_member
-from .streaming import DEFAULT_PREFETCH_SHARDS, ShardStream
 
 T = TypeVar("T")
 
@@ -307,14 +308,17 @@ class WdsDataset(PackedDataset):
             yield from self.iter_shard(shard)
 
     def stream(self, *, rank: int | None = None, world_size: int | None = None,
-               prefetch_shards: int = DEFAULT_PREFETCH_SHARDS) -> WdsStream:
+               prefetch_shards: int | None = None) -> IterableDataset:
         """Every sample once, in stored order, as an IterableDataset for DataLoader workers.
 
         Split like `make_loader(..., streaming=True)`: each DDP rank (torch.distributed's unless
         given) streams an equal contiguous share of ceil(N / world_size) samples, the last share
-        filled up with the first samples; each worker streams a contiguous part of its rank's share.
+        filled up with the first samples; each worker streams a contiguous part of its rank's share,
+        downloading its next `prefetch_shards` (None: the streaming loader's default) meanwhile.
+        A `readers.streaming.WdsStream`, found through the format table: formats stand below streaming.
         """
-        return WdsStream(self, rank=rank, world_size=world_size, prefetch_shards=prefetch_shards)
+        stream = resolve(FORMATS[self.format].stream)
+        return stream(self, rank=rank, world_size=world_size, prefetch_shards=prefetch_shards)
 
 
 def numbered(walk: Iterator[T], path: Path, expected: int, start: int, stop: int) -> Iterator[tuple[int, T]]:
@@ -529,12 +533,3 @@ def image_data(extension: str, member: memoryview) -> memoryview:
     """The payload a member holds: a `.npy` member's pixels without its header, other members whole."""
     return npy_data(member) if extension == PIXELS_EXTENSION else member
 
-
-class WdsStream(ShardStream):
-    """`WdsDataset.stream()`: samples one at a time, in stored order, split over ranks and workers."""
-
-    def __init__(self, reader: WdsDataset, *, rank: int | None = None, world_size: int | None = None,
-                 prefetch_shards: int = DEFAULT_PREFETCH_SHARDS) -> None:
-        super().__init__(reader, batch_size=1, collate_fn=None, shuffle=False, rank=rank, world_size=world_size,
-                         prefetch_shards=prefetch_shards)
-        self.reader = reader
