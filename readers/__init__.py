@@ -14,6 +14,7 @@ from .manifest import DatasetChanged, DatasetError, Manifest, load_manifest
 _LAZY = {
     "DATASETS": "readers.datasets",
     "open_dataset": "readers.datasets",
+    "Dataset": "readers.base",
     "PackedDataset": "readers.base",
     "LMDBDataset": "readers.lmdb",
     "HDF5Dataset": "readers.hdf5",

@@ -23,11 +23,11 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 from torch.utils.data._utils.collate import default_collate
 
-from .base import PackedDataset
+from .base import Dataset, PackedDataset
 from .cache import end_waits_with_parent, format_size
 from .cpus import THREAD_VARIABLES, default_num_workers
 from .handover import Handover, Scalars
-from .mixed import MIX_FIELDS, MixedDataset, sources_of
+from .mixed import MIX_FIELDS, sources_of
 from .read_order import (
     DEFAULT_SHUFFLE_WINDOW,
     EpochOrders,
@@ -137,7 +137,7 @@ class SampleCollate:
     fields) come out as `Scalars`, which the loader stacks in the main process (`Handover.settle`).
     """
 
-    def __init__(self, dataset: PackedDataset | MixedDataset, *, scalars_as_lists: bool = False) -> None:
+    def __init__(self, dataset: Dataset, *, scalars_as_lists: bool = False) -> None:
         self.stack = [name in ("image", "label", "index", *MIX_FIELDS) or (spec is not None and spec.stackable)
                       for name, spec in ((name, dataset.field_spec(name)) for name in dataset.fields)]
         self.image = dataset.fields.index("image") if "image" in dataset.fields else None
@@ -271,7 +271,7 @@ class PackedLoader:
     `len()` is the number of batches per rank in a full epoch, the same on every rank.
     """
 
-    def __init__(self, dataset: PackedDataset | MixedDataset, sampler: ShardWindowBatchSampler | ShardStream,
+    def __init__(self, dataset: Dataset, sampler: ShardWindowBatchSampler | ShardStream,
                  **dataloader_args: Any) -> None:
         self.dataset = dataset
         self.sampler = sampler
@@ -473,7 +473,7 @@ def warn_class_sorted(dataset: PackedDataset) -> None:
         f"pack {dataset.manifest.format} {root} NEW_OUT", stacklevel=4)
 
 
-def check_cache_room(dataset: PackedDataset | MixedDataset, interleave: int, workers: int) -> None:
+def check_cache_room(dataset: Dataset, interleave: int, workers: int) -> None:
     """Refuse a `cache_limit` too small for `interleave` (`tight_cache`) in one line."""
     tight = tight_cache(dataset, interleave, workers)
     if tight is not None:
@@ -490,7 +490,7 @@ def _local_ranks() -> int:
     return int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
 
 
-def tight_cache(dataset: PackedDataset | MixedDataset, interleave: int, workers: int) -> tuple[int, int, int] | None:
+def tight_cache(dataset: Dataset, interleave: int, workers: int) -> tuple[int, int, int] | None:
     """A streaming worker opens a shard while it holds up to `interleave - 1` others in the cache:
     unless the cache holds that many for every worker of every rank on the node that shares it,
     plus one, all of them could wait for room at once, for good (a cache with room for every shard
@@ -510,14 +510,14 @@ def tight_cache(dataset: PackedDataset | MixedDataset, interleave: int, workers:
     return None
 
 
-def widest_interleave(dataset: PackedDataset | MixedDataset, workers: int) -> int:
+def widest_interleave(dataset: Dataset, workers: int) -> int:
     """The most shards a streaming worker may read at once, up to DEFAULT_INTERLEAVE, that every
     capped cache of the dataset holds (`tight_cache`); 1 where none wider fits."""
     return next((width for width in range(DEFAULT_INTERLEAVE, 1, -1) if tight_cache(dataset, width, workers) is None),
                 1)
 
 
-def log_narrow_interleave(dataset: PackedDataset | MixedDataset, widest: int, workers: int) -> None:
+def log_narrow_interleave(dataset: Dataset, widest: int, workers: int) -> None:
     """Say in one line why streaming reads fewer shards at once than DEFAULT_INTERLEAVE."""
     tight = tight_cache(dataset, widest + 1, workers)
     assert tight is not None  # `widest` is the widest that fits
@@ -538,7 +538,7 @@ def start_method(context: Any) -> str:
     return multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
 
 
-def check_picklable(dataset: PackedDataset | MixedDataset, method: str, functions: dict[str, Any]) -> None:
+def check_picklable(dataset: Dataset, method: str, functions: dict[str, Any]) -> None:
     """Workers started by spawn or forkserver receive the dataset pickled: a lambda or a function
     defined inside another cannot be, and DataLoader would fail in a worker with a PicklingError.
     Say which function, before any worker starts."""
@@ -561,7 +561,7 @@ def check_picklable(dataset: PackedDataset | MixedDataset, method: str, function
 
 @renamed_arguments
 def make_loader(
-    dataset: PackedDataset | MixedDataset,
+    dataset: Dataset,
     batch_size: int,
     *,
     shuffle: bool | None = None,
@@ -608,7 +608,7 @@ def make_loader(
       resumed state's width is taken where it fits. Workers hand columns of bytes over through
       shared memory (`readers.handover`), where /dev/shm has room for it.
     """
-    if not isinstance(dataset, (PackedDataset, MixedDataset)):
+    if not isinstance(dataset, Dataset):
         raise TypeError(f"make_loader needs a dataset from readers.open_dataset or readers.mix, "
                         f"not {type(dataset).__name__}")
     rank, world_size = distributed(rank, world_size)

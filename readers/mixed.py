@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Literal, Sequence
 
 import numpy as np
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset as TorchDataset
 
-from .base import DeferredRecord, Fields, PackedDataset, Record, sample_index
+from .base import Dataset, DeferredRecord, Fields, PackedDataset, Record, sample_index
 from .cache import Ahead, CachedFile, Lease
 from .fields import FieldSpec
 from .manifest import DatasetError, ShardInfo
@@ -146,7 +146,7 @@ class MixFiles:
         return files.lease(info, make_room=make_room, ahead=ahead)
 
 
-class MixedDataset(Dataset):
+class MixedDataset(TorchDataset):
     """Several datasets from `open_dataset` as one (made by `readers.mix`): map-style over every
     sample of every source (`len()`), read by `make_loader` in epochs of `epoch_size` samples
     with `counts[s]` from source s. Each source keeps its own files, cache, transform and
@@ -285,7 +285,7 @@ class MixedDataset(Dataset):
         return f"MixedDataset({{{parts}}}, epoch_size={self.epoch_size}, labels={self.labels!r})"
 
 
-def sources_of(dataset: PackedDataset | MixedDataset) -> list[PackedDataset]:
+def sources_of(dataset: Dataset) -> list[PackedDataset]:
     """The datasets a loader reads: a mix's sources, or the dataset itself."""
     return dataset.sources if isinstance(dataset, MixedDataset) else [dataset]
 

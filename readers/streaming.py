@@ -26,11 +26,11 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
-from .base import DeferredRecord, PackedDataset, Record
+from .base import Dataset, DeferredRecord, Record
 from .cache import ROOM_POLL_S, Ahead, CachedFile, Lease, NoRoom
 from .handover import RingWriter, Scalars
 from .manifest import DatasetError
-from .mixed import MixedDataset, sources_of
+from .mixed import sources_of
 from .read_order import LoaderMode, RankSplit, buffer_order, interleaved_order, renamed_arguments, split_for_rank
 from .remote import ShardFiles
 
@@ -235,7 +235,7 @@ class ShardStream(IterableDataset, RankSplit):
     @renamed_arguments
     def __init__(
         self,
-        dataset: PackedDataset | MixedDataset,
+        dataset: Dataset,
         *,
         batch_size: int,
         collate_fn: Callable[[list[Any]], Any] | None = default_collate,
@@ -498,7 +498,7 @@ class WdsStream(ShardStream):
     """`WdsDataset.stream()` (the format table's `stream` for wds): samples one at a time, in
     stored order, split over ranks and workers."""
 
-    def __init__(self, reader: PackedDataset, *, rank: int | None = None, world_size: int | None = None,
+    def __init__(self, reader: Dataset, *, rank: int | None = None, world_size: int | None = None,
                  prefetch_shards: int | None = None) -> None:
         super().__init__(reader, batch_size=1, collate_fn=None, shuffle=False, rank=rank, world_size=world_size,
                          prefetch_shards=DEFAULT_PREFETCH_SHARDS if prefetch_shards is None else prefetch_shards)

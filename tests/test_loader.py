@@ -385,6 +385,16 @@ def test_a_state_saved_before_states_named_their_dataset_loads_with_a_warning(pa
         fresh.load_state_dict({**loader.state_dict(), "version": 3})
 
 
+def test_one_dataset_and_a_mix_are_both_a_dataset_the_loaders_read(packed: tuple[Path, dict[str, bytes]]) -> None:
+    """`readers.Dataset` is what make_loader, the streaming loader and bench need of a dataset:
+    every format's and a mix of them qualify, with the same shard sizes the loaders split."""
+    dataset = open_indexed(packed[0])
+    both = readers.mix([dataset, open_indexed(packed[0])])
+    assert isinstance(dataset, readers.Dataset) and isinstance(both, readers.Dataset)
+    assert not isinstance(list(range(4)), readers.Dataset)
+    assert [shard.num_samples for shard in both.shards] == 2 * [shard.num_samples for shard in dataset.shards]
+    assert len(readers.make_loader(both, 2, num_workers=0)) == len(both) // 2
+
 def test_bad_arguments(packed: tuple[Path, dict[str, bytes]]) -> None:
     out, _ = packed
     dataset = open_indexed(out)
