@@ -212,15 +212,19 @@ class PackedDataset(TorchDataset):
         shard = bisect.bisect_right(self._starts, index) - 1
         return shard, index - self._starts[shard]
 
-    def handle(self, shard: int) -> Any:
-        """The open handle for a shard in this process, opened on first use."""
+    def handle(self, shard: int, *, sequential: bool = False) -> Any:
+        """The open handle for a shard in this process, opened on first use (`sequential`: to be
+        read front to back, see `ShardFiles.lease`)."""
         if self._pid != os.getpid():
             self._handles = {}
             self._leases = {}
             self._pid = os.getpid()
         handle = self._handles.get(shard)
+        if handle is not None and any(lease.superseded() for lease in self._leases[shard]):
+            self.close_shard(shard)  # read in place while it was copied: the copy has landed
+            handle = None
         if handle is None:
-            self._leases[shard] = self._lease(shard)
+            self._leases[shard] = self._lease(shard, sequential)
             try:
                 handle = self._handles[shard] = self._open(shard)
             except BaseException:
@@ -238,14 +242,15 @@ class PackedDataset(TorchDataset):
         return max((info.bytes + sum(sidecar.bytes for sidecar in self.read_sidecars(shard))
                     for shard, info in enumerate(self.manifest.shards)), default=0)
 
-    def _lease(self, shard: int) -> list[Lease]:
+    def _lease(self, shard: int, sequential: bool = False) -> list[Lease]:
         """Leases on the shard's file and the sidecars it reads; when the cache is full, this
         process's own oldest open shards are closed first."""
         info = self.manifest.shards[shard]
         leases: list[Lease] = []
         try:
             for file in (info, *self.read_sidecars(shard)):
-                leases.append(self.files.lease(file, make_room=lambda: self._close_oldest(keep=shard)))
+                leases.append(self.files.lease(file, make_room=lambda: self._close_oldest(keep=shard),
+                                               sequential=sequential))
         except BaseException:
             for lease in leases:
                 lease.release()
@@ -323,7 +328,7 @@ class PackedDataset(TorchDataset):
         $LOCAL_WORLD_SIZE): a worker idle between batches must not hold the room another worker's
         batch waits for (the main process waits for that batch first, so the idle one gets no more
         work: two workers in a 3-shard cache hung so)."""
-        cache = getattr(self.files, "cache", None)
+        cache = self.files.cache
         if cache is None or cache.limit is None:
             return
         info = get_worker_info()
@@ -379,6 +384,10 @@ class PackedDataset(TorchDataset):
         a damaged one comes as its DatasetError, so the caller decides what `on_error` says. A
         format may hand DeferredRecords, which the stream settles before it closes the generator."""
         first = int(self._offsets[shard])
+        try:
+            self.handle(shard, sequential=True)  # opened to be read front to back: see ShardFiles.lease
+        except DatasetError:
+            pass  # each read below says why, as `on_error` decides
         for local in range(start, stop):
             try:
                 yield local, self._checked_read(first + local)

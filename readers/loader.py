@@ -499,7 +499,7 @@ def tight_cache(dataset: Dataset, interleave: int, workers: int) -> tuple[int, i
     folder count together: a worker's shards may be any of theirs."""
     caches: dict[Path, tuple[int, int, int]] = {}  # folder -> its limit, the largest lease, the shards
     for source in sources_of(dataset):
-        cache = getattr(source.files, "cache", None)
+        cache = source.files.cache
         if cache is not None and cache.limit is not None:
             _, largest, shards = caches.get(cache.root, (cache.limit, 0, 0))
             caches[cache.root] = (cache.limit, max(largest, source.largest_lease()), shards + len(source.manifest.shards))

@@ -123,9 +123,12 @@ class MixFiles:
     """The files of a mix's shards (`readers.remote.ShardFiles`): each source's own, local or
     through its own cache."""
 
+    cache = None  # each source's own: `loader.sources_of` asks them
+
     def __init__(self, sources: Sequence[ShardFiles], root: str) -> None:
         self.sources = list(sources)
         self.root = root
+        self.strategy = "; ".join(files.strategy for files in self.sources)
 
     def _of(self, file: CachedFile) -> tuple[ShardFiles, CachedFile]:
         if not isinstance(file, SourceShard):
@@ -141,9 +144,9 @@ class MixFiles:
         return files.present(info)
 
     def lease(self, file: CachedFile, *, make_room: Callable[[], bool] | None = None,
-              ahead: Ahead | None = None) -> Lease:
+              ahead: Ahead | None = None, sequential: bool = False) -> Lease:
         files, info = self._of(file)
-        return files.lease(info, make_room=make_room, ahead=ahead)
+        return files.lease(info, make_room=make_room, ahead=ahead, sequential=sequential)
 
 
 class MixedDataset(TorchDataset):

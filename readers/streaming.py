@@ -213,7 +213,7 @@ class ShardPrefetcher:
             if number in self._errors:
                 raise self._errors.pop(number)
             self._settled.discard(number)
-        return self._files.lease(file)
+        return self._files.lease(file, sequential=True)
 
     def close(self) -> None:
         """Stop scheduling (a download under way finishes first, and stays in the cache)."""
@@ -424,7 +424,7 @@ class ShardStream(IterableDataset, RankSplit):
         records of it in the buffer are handed out: where no cache limit needs the room (a local
         dataset, a cache without limit). Under a limit the rule of `check_cache_room` (`interleave`
         shards per worker) holds: the run's deferred records are read before it is closed."""
-        caches = [getattr(source.files, "cache", None) for source in sources_of(self.dataset)]
+        caches = [source.files.cache for source in sources_of(self.dataset)]
         return all(cache is None or cache.limit is None for cache in caches)
 
     def _records(self, runs: list[Run], run_of: np.ndarray, reads: np.ndarray, first: int,

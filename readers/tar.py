@@ -8,6 +8,7 @@ sizes; damage says where). Also WebDataset's member name rule.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from typing import Callable, Container, Iterator
 
@@ -156,8 +157,16 @@ def split_name(name: str) -> tuple[str, str]:
 
 
 WALK_READ = 4096
-"""What a walk that leaves the images unread reads at a time past an image: a sample's small
-members (label, fields, meta, a block or two each) and the next image's header, in one pread."""
+"""What a walk that leaves the images unread reads at a time past an image, while reads do not
+wait: a sample's small members (label, fields, meta, a block or two each) and the next image's
+header, in one pread."""
+WALK_READ_WAITED = 1 << 20
+"""What it reads at a time once a read has waited WALK_WAITED_S or more: the next ~30 samples'
+headers, small members and images in one pread. On a network mount (read in place) the kernel
+reads ahead little or not at all, and a pread per header and another per image cost two round
+trips a sample; read here, the images are in the page cache when the samples are handed out.
+Where reads do not wait (the page cache), copying the images twice would only cost CPU."""
+WALK_WAITED_S = 100e-6
 EAGER_READ = 1 << 20
 """The buffer of a walk that reads every member: many samples per system call."""
 WALK_AHEAD = 8 << 20
@@ -222,19 +231,24 @@ def sequential_reads(fd: int) -> Callable[[int, int], bytes]:
 
 def skipping_reads(fd: int, end: int) -> Callable[[int, int], bytes]:
     """`read(offset, size)` for a walk that skips the images: one pread of WALK_READ bytes serves a
-    sample's small members and the next header, and the kernel is asked to read ahead of it."""
+    sample's small members and the next header (WALK_READ_WAITED once a read waits), and the kernel
+    is asked to read ahead of it."""
     window, window_start = b"", 0
     advised = 0  # the kernel was asked to read the tar up to here
+    read_size = WALK_READ
 
     def read(offset: int, size: int) -> bytes:
-        nonlocal window, window_start, advised
+        nonlocal window, window_start, advised, read_size
         at = offset - window_start
         if at < 0 or at + size > len(window):
             if offset + size > advised - WALK_AHEAD // 2 and advised < end and hasattr(os, "posix_fadvise"):
                 start = max(advised, offset)
                 advised = offset + size + WALK_AHEAD
                 os.posix_fadvise(fd, start, advised - start, os.POSIX_FADV_WILLNEED)
-            window, window_start, at = os.pread(fd, max(size, WALK_READ), offset), offset, 0
+            started = time.perf_counter()
+            window, window_start, at = os.pread(fd, max(size, read_size), offset), offset, 0
+            if time.perf_counter() - started >= WALK_WAITED_S:
+                read_size = WALK_READ_WAITED  # a round trip per read (a mount, a cold disk): fewer, larger
         return window[at:at + size]
 
     return read

@@ -188,10 +188,11 @@ class WdsDataset(PackedDataset):
             os.posix_fadvise(handle.fd, start, length, os.POSIX_FADV_WILLNEED)
 
     def _pread_sample(self, handle: TarShard, local: int, key: str) -> Record:
-        """Three preads: the image's header, the image itself (bytes of its own, handed on without
-        a copy), then everything up to the end of the meta (the label and fields lie between); the
-        headers of the members used are checked against the index, which is untrusted: nothing is
-        read outside the tar, so a lying row can never cost more than the tar's size."""
+        """One pread from the image's header to the end of the meta (the image, then the label and
+        fields; on a network mount each pread is a round trip), the image handed on as a view of it
+        without a copy; the headers of the members used are checked against the index, which is
+        untrusted: nothing is read outside the tar, so a lying row can never cost more than the
+        tar's size."""
         row = handle.row(local)
         image_offset, image_size, json_offset, json_size = row[:INDEX_COLUMNS]
         start = image_offset + image_size + padding(image_size)  # of the members after the image
@@ -200,11 +201,11 @@ class WdsDataset(PackedDataset):
             raise TarError("damaged tar index")
         if end > handle.size:
             raise TarError(f"tar shard is truncated (the sample ends at byte {end}, the tar has {handle.size})")
-        image_header = memoryview(os.pread(handle.fd, BLOCK, image_offset - BLOCK))
-        image = memoryview(os.pread(handle.fd, image_size, image_offset))
-        data = memoryview(os.pread(handle.fd, end - start, start))
-        if len(image_header) != BLOCK or len(image) != image_size or len(data) != end - start:
+        sample = memoryview(os.pread(handle.fd, end - image_offset + BLOCK, image_offset - BLOCK))
+        if len(sample) != end - image_offset + BLOCK:
             raise TarError("tar shard is truncated")
+        image_header, image = sample[:BLOCK], sample[BLOCK:BLOCK + image_size]
+        data = sample[start - image_offset + BLOCK:]
         prefix = key.encode("ascii") + b"."
 
         def check(header: memoryview, size: int, extension: str | None) -> str:
@@ -269,7 +270,7 @@ class WdsDataset(PackedDataset):
         (`StreamedSample`): the walk reads headers and small members only, so a streaming worker's
         first batch reads ~1,100 headers and 64 images, where it read ~1,100 samples whole."""
         info = self.manifest.shards[shard]
-        with self.files.lease(info) as path:
+        with self.files.lease(info, sequential=True) as path:
             tar = StreamedTar(open_tar(path), path)
             try:
                 walk = tar_samples(tar.fd, self._meta_extension, self.manifest.fields, self.wanted, eager=False)

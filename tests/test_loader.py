@@ -30,6 +30,7 @@ from imagefolders import make_image_folder
 
 import readers
 import readers.prefetch
+import readers.stores
 from packer.run.pipeline import pack
 from packer.plan.options import PackOptions
 from packer.write.writers import WRITERS
@@ -591,7 +592,7 @@ def test_index_json_replaced_while_a_dataset_is_opened_is_refused(packed_as: Cal
     would pair the old manifest with the new files."""
     out = tmp_path / "out"
     shutil.copytree(packed_as("wds")[0], out)
-    read = readers.remote.load_manifest
+    read = readers.stores.load_manifest
 
     def read_then_replace(root: Path) -> readers.Manifest:
         manifest = read(root)
@@ -599,7 +600,7 @@ def test_index_json_replaced_while_a_dataset_is_opened_is_refused(packed_as: Cal
         os.replace(tmp_path / "index.json", out / "index.json")
         return manifest
 
-    monkeypatch.setattr(readers.remote, "load_manifest", read_then_replace)
+    monkeypatch.setattr(readers.stores, "load_manifest", read_then_replace)
     with pytest.raises(readers.DatasetChanged, match=f"{out / 'index.json'}: replaced while the dataset was opened; "
                                                      "open it again"):
         readers.open_dataset(out)
