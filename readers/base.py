@@ -6,18 +6,19 @@ import bisect
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterator, Sequence
+from typing import Any, Callable, ClassVar, Iterator, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 from PIL import Image
-from torch.utils.data import Dataset, get_worker_info
+from torch.utils.data import Dataset as TorchDataset
+from torch.utils.data import get_worker_info
 
-from .cache import Lease
+from .cache import CachedFile, Lease
 from .decode import get_decoder
 from .fields import BUILTIN_FIELDS, FieldSpec
 from .manifest import (ON_ERROR_MODES, DatasetChanged, DatasetError, FileInfo, Manifest, ShardInfo, load_manifest,
                        payload_crc32)
-from .order import ShardOrders
+from .read_order import EpochOrders, ShardOrders
 from .remote import LocalFiles, ShardFiles
 
 Fields = dict[str, Any]  # a sample's stored fields, by name: the values of `PackedDataset.wanted`
@@ -90,7 +91,38 @@ def sample_index(index: int, size: int) -> int:
     return position
 
 
-class PackedDataset(Dataset):
+class Shard(CachedFile, Protocol):
+    """A shard as the loaders see it: what the cache needs of its file, and how many samples it holds."""
+
+    @property
+    def num_samples(self) -> int: ...
+
+
+@runtime_checkable
+class Dataset(Protocol):
+    """What the loaders (`readers.loader`, `readers.streaming`) need of a dataset: one from
+    `open_dataset` (a `PackedDataset`) and several read as one (`readers.mix`, a MixedDataset)
+    alike. Global sample indices and shard numbers; `orders()` says what an epoch reads."""
+
+    root: str | Path
+    files: ShardFiles
+    fields: tuple[str, ...]
+    decode: str
+
+    @property
+    def shards(self) -> Sequence[Shard]: ...
+    def orders(self) -> EpochOrders: ...
+    def field_spec(self, name: str) -> FieldSpec | None: ...
+    def __len__(self) -> int: ...
+    def __getitem__(self, index: int) -> tuple[Any, ...]: ...
+    def stream_records(self, shard: int, start: int, stop: int
+                       ) -> Iterator[tuple[int, Record | DeferredRecord | DatasetError]]: ...
+    def close_shard(self, shard: int) -> None: ...
+    def decode_sample(self, index: int, meta: dict[str, Any], payload: memoryview,
+                      fields: Fields) -> tuple[Any, ...]: ...
+
+
+class PackedDataset(TorchDataset):
     """Map-style dataset over the shards of one manifest.
 
     Subclasses implement `_read(shard, local_index) -> (meta, payload, fields)`, `fields` holding

@@ -165,11 +165,11 @@ class Loader:
 class Ours(Loader):
     def __init__(self, url: str, cache: Path, storage: dict[str, Any], args: argparse.Namespace, mix: int,
                  collate: str) -> None:
-        self.name, self.collate = f"ours, mix_shards={mix}" + CUSTOM_SUFFIX[collate], collate
+        self.name, self.collate = f"ours, interleave={mix}" + CUSTOM_SUFFIX[collate], collate
         dataset = readers.open_dataset(url, decode="bytes", fields=("image", "label"), cache_dir=cache,
                                        storage_options=storage)
         self.loader = readers.make_loader(dataset, args.batch_size, num_workers=args.workers, seed=0,
-                                          streaming=True, mix_shards=mix,
+                                          streaming=True, interleave=mix,
                                           collate_fn=list if collate == "list" else None)
 
     def epoch(self, number: int) -> Iterator[Any]:
@@ -253,7 +253,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=5, help="warm epochs of each loader, interleaved")
-    parser.add_argument("--mix", default="4,1", help="our loader once per mix_shards value")
+    parser.add_argument("--mix", default="4,1", help="our loader once per interleave value")
     parser.add_argument("--peers", default="litdata,mds", help="which peers to run (none: '')")
     parser.add_argument("--collate", default="default,list",
                         help="ours and LitData once per collate: 'default' (each one's), 'list' (collate_fn=list, "

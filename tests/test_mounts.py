@@ -15,6 +15,7 @@ from latencyfs import missing_requirements, mounted
 
 import readers
 import readers.mounts
+import readers.tar
 import readers.wds
 from readers.mounts import filesystem_type, is_network_type, parse_mountinfo, reads_as_network
 from readers.mounts import MountFiles
@@ -221,7 +222,7 @@ def test_is_networked_names_the_filesystem_for_the_packer(tmp_path: Path, monkey
 def test_streaming_a_wds_shard_reads_it_in_large_reads(packed_as: Callable, monkeypatch: pytest.MonkeyPatch) -> None:
     """In place on a mount, every pread is a round trip: once a read has waited, the walk reads
     headers and images together, one pread per MiB, not one per header and one per image."""
-    monkeypatch.setattr(readers.wds, "WALK_WAITED_S", 0.0)  # every read waits, as on a mount
+    monkeypatch.setattr(readers.tar, "WALK_WAITED_S", 0.0)  # every read waits, as on a mount
     out = packed_as("wds")[0]
     ds = readers.open_dataset(out, decode="bytes", fields=FIELDS)
     reads: list[int] = []

@@ -83,7 +83,7 @@ def listing_changes(plan: Plan, listing: Listing, listing_file: Path, options: P
     costs a hash of the listing's lines in packing order and one pass over the times."""
     import numpy as np  # here, as `arrange`, which loads it: shard workers import this package's modules
 
-    from .order import arrange
+    from .pack_order import arrange
 
     planned_at = plan_time(listing_file)
     mtimes = listing.mtimes
