@@ -68,12 +68,15 @@ class Link:
         self.calls: dict[str, int] = {}  # per kind of call: how many were served,
         self.in_flight: dict[str, int] = {}  # how many are being served now,
         self.most_in_flight: dict[str, int] = {"all": 0}  # and the most at once ("all": of every kind together)
+        self.alone: dict[str, int] = {}  # how many started while none of their kind was in flight,
+        self.read_bytes = 0  # and what the reads served, together
 
     @contextlib.contextmanager
     def serving(self, call: str) -> Iterator[None]:
         """Count one `call` (getattr, open, read, ...) in flight while the block runs."""
         with self._lock:
             self.calls[call] = self.calls.get(call, 0) + 1
+            self.alone[call] = self.alone.get(call, 0) + (not self.in_flight.get(call))
             self.in_flight[call] = self.in_flight.get(call, 0) + 1
             self.most_in_flight[call] = max(self.most_in_flight.get(call, 0), self.in_flight[call])
             self.most_in_flight["all"] = max(self.most_in_flight["all"], sum(self.in_flight.values()))
@@ -84,9 +87,15 @@ class Link:
                 self.in_flight[call] -= 1
 
     def report(self) -> dict[str, dict[str, int]]:
-        """What was served: calls and the most in flight, per kind of call."""
+        """What was served: calls, the most in flight and the calls alone in flight (round trips one
+        after another), per kind of call, and the bytes read."""
         with self._lock:
-            return {"calls": dict(self.calls), "most_in_flight": dict(self.most_in_flight)}
+            return {"calls": dict(self.calls), "most_in_flight": dict(self.most_in_flight), "alone": dict(self.alone),
+                    "read_bytes": self.read_bytes}
+
+    def count_read(self, nbytes: int) -> None:
+        with self._lock:
+            self.read_bytes += nbytes
 
     def round_trip(self, nbytes: int = 0) -> None:
         """Sleep one round trip, then until `nbytes` have gone through the link behind earlier bookings."""
@@ -154,6 +163,7 @@ def operations(root: Path, link: Link, read_cap: int | None) -> Any:
                 data = os.pread(fh, wanted, start)
                 with link.serving("read"):
                     link.round_trip(len(data))
+                    link.count_read(len(data))
                 parts.append(data)
                 if len(data) < wanted:  # the end of the file: no call past it
                     break

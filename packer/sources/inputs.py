@@ -23,21 +23,28 @@ and provides:
 from __future__ import annotations
 
 import glob
+import logging
 import io
 import os
 import re
 import threading
+import time
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Literal, Protocol
+from typing import Any, BinaryIO, Iterator, Literal, Protocol
 
 from readers.fields import FieldSpec
 from readers.manifest import MANIFEST_NAME, DatasetError, MissingFile
 from readers.remote import RemoteStore, is_url, location
+from readers.tar import WALK_WAITED_S
 
 from ..errors import PackError, RejectedFile
+from .inflight import InFlight
 from .listing import ScanError, is_image_name
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -349,6 +356,12 @@ URL_BLOCK_BYTES = 2 << 20
 URL_BLOCKS = 64
 """Blocks a URL input keeps (at most 128 MiB): a shuffled pack reads up to `packer.plan.pack_order`'s
 WINDOW_RUNS (64) places of a container in turn, each front to back, so each keeps its block."""
+BLOCKS_AHEAD = 3
+"""Blocks read ahead of the last one read, in flight at once, once a local input's reads wait."""
+WAITED_READS = 2
+"""Reads of a local input that waited WALK_WAITED_S (`readers.tar`'s) before its reads go through
+blocks: not a median, as the kernel's readahead answers most small reads from memory and only one
+in every ~128 KB waits, a round trip each; two, so one read preempted on a busy machine does not."""
 
 
 class RangeFile:
@@ -360,8 +373,9 @@ class RangeFile:
     file object, for walks front to back; fsspec's own errors arrive as OSError, which the
     callers name the file in."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, calls: InFlight | None = None) -> None:
         self.path = path
+        self.owns_calls = calls is None
         self._lock = threading.Lock()
         self.fd: int | None = None
         if is_url(path):
@@ -376,16 +390,66 @@ class RangeFile:
             self.handle = open(path, "rb")
             self.fd = self.handle.fileno()
             self.size = os.fstat(self.fd).st_size
+        self.calls = calls or InFlight(what=f"reads of {path}")
+        self._blocks: dict[int, Future[bytes]] = {}  # block number -> its read, oldest first
+        self._waited = 0  # reads that waited on storage
 
     def read(self, offset: int, length: int) -> bytes:
         """`length` bytes at `offset`; fewer where the file ends first."""
-        if self.fd is not None:
-            return os.pread(self.fd, length, offset)
-        with self._lock, fsspec_errors():
-            self.handle.seek(offset)
-            return self.handle.read(length)
+        if self.fd is None:
+            with self._lock, fsspec_errors():
+                self.handle.seek(offset)
+                return self.handle.read(length)
+        if self.calls.concurrent:
+            return self._read_blocks(offset, length)
+        started = time.perf_counter()
+        data = os.pread(self.fd, length, offset)
+        if time.perf_counter() - started >= WALK_WAITED_S:
+            self._waited += 1
+            if self._waited >= WAITED_READS:
+                log.info("%s: reads wait on storage: %d KiB at a time, %d in flight", self.path,
+                         URL_BLOCK_BYTES >> 10, BLOCKS_AHEAD + 1)
+                self.calls.concurrent = True
+        return data
+
+    def _read_blocks(self, offset: int, length: int) -> bytes:
+        """Reads that wait (a network mount, where each is a round trip): through aligned blocks of
+        URL_BLOCK_BYTES, the last URL_BLOCKS kept, BLOCKS_AHEAD of them read ahead at once, so a
+        4,000-sample shard costs a few dozen large reads instead of one or more per sample."""
+        end = min(offset + length, self.size)
+        if end <= offset:
+            return b""
+        first, last = offset // URL_BLOCK_BYTES, (end - 1) // URL_BLOCK_BYTES
+        with self._lock:
+            wanted = [self._block(number) for number in range(first, last + 1)]
+            for number in range(last + 1, min(last + 1 + BLOCKS_AHEAD, -(-self.size // URL_BLOCK_BYTES))):
+                self._block(number)
+            while len(self._blocks) > URL_BLOCKS:
+                del self._blocks[next(iter(self._blocks))]
+        data = b"".join(block.result() for block in wanted)
+        start = offset - first * URL_BLOCK_BYTES
+        return data[start:start + end - offset]
+
+    def _block(self, number: int) -> Future[bytes]:
+        """Block `number`'s read, started if it is not kept (the caller holds the lock)."""
+        block = self._blocks.pop(number, None)
+        if block is None:
+            assert self.fd is not None
+            block = self.calls.submit(os.pread, self.fd, URL_BLOCK_BYTES, number * URL_BLOCK_BYTES)
+        self._blocks[number] = block  # now the newest
+        return block
+
+    def stream(self) -> BinaryIO:
+        """A file object for a walk front to back: the handle of a URL; a local file's reads go
+        through `read`, so they become large ones once reads wait."""
+        if self.fd is None:
+            return self.handle
+        return io.BufferedReader(_RangeStream(self))
 
     def close(self) -> None:
+        if self.owns_calls:
+            self.calls.close()
+        self._blocks.clear()
         self.handle.close()
 
     def __enter__(self) -> RangeFile:
@@ -393,6 +457,34 @@ class RangeFile:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _RangeStream(io.RawIOBase):
+    """A local RangeFile as a raw file: `readinto` from its `read`."""
+
+    def __init__(self, file: RangeFile) -> None:
+        self.file = file
+        self.position = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.position, io.SEEK_END: self.file.size}[whence]
+        self.position = base + offset
+        return self.position
+
+    def tell(self) -> int:
+        return self.position
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.file.read(self.position, len(buffer))
+        buffer[:len(data)] = data
+        self.position += len(data)
+        return len(data)
 
 
 @contextmanager
@@ -423,6 +515,7 @@ class InputFiles:
         self._files: dict[int, RangeFile] = {}
         self._announced: set[tuple[int, int]] = set()  # (input, block) announced so far
         self._lock = threading.Lock()
+        self._calls = InFlight(what="reads of the inputs")  # one decision for all of them
 
     def read(self, input: int, offset: int, length: int) -> bytes:
         """`length` bytes at `offset`; fewer where the file ends first (the caller names the damage)."""
@@ -432,10 +525,10 @@ class InputFiles:
                 file = self._files.get(input)
                 if file is None:
                     try:
-                        file = self._files[input] = RangeFile(self.inputs[input])
+                        file = self._files[input] = RangeFile(self.inputs[input], self._calls)
                     except OSError as exc:
                         raise self._error(input, "open", exc) from None
-        if file.fd is not None:
+        if file.fd is not None and not self._calls.concurrent:
             last = (offset + length) // READ_AHEAD_BYTES + 1
             for block in range(offset // READ_AHEAD_BYTES, last + 1):
                 if (input, block) not in self._announced:
@@ -459,6 +552,7 @@ class InputFiles:
             for file in self._files.values():
                 file.close()
             self._files.clear()
+        self._calls.close()
 
 
 def index_lines(path: str) -> Iterator[tuple[int, tuple[int, int] | None, str]]:

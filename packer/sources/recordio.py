@@ -232,7 +232,7 @@ def scan_file(listing: Listing, number: int, path: str, name: str) -> int | None
     """List one file's image records; returns its label-array length (None: no image record read)."""
     try:
         with RangeFile(path) as file, fsspec_errors():
-            handle, size = file.handle, file.size
+            handle, size = file.stream(), file.size
             keys, offsets, lengths = list_records(listing, handle, path, name, size)
             if not keys:
                 return None

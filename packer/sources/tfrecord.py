@@ -267,7 +267,7 @@ def file_ranges(listing: Listing, path: str, name: str) -> tuple[array, array]:
                 except RecordError as exc:
                     raise ScanError(str(exc)) from None
             try:
-                for offset, length in record_ranges(file.handle, file.size):
+                for offset, length in record_ranges(file.stream(), file.size):
                     offsets.append(offset)
                     lengths.append(length)
             except RecordError as exc:
