@@ -426,9 +426,12 @@ class RangeFile:
                 self._block(number)
             while len(self._blocks) > URL_BLOCKS:
                 del self._blocks[next(iter(self._blocks))]
-        data = b"".join(block.result() for block in wanted)
         start = offset - first * URL_BLOCK_BYTES
-        return data[start:start + end - offset]
+        if len(wanted) == 1:  # most reads: a slice of one block, no copy of the block
+            return wanted[0].result()[start:start + end - offset]
+        parts = [block.result() for block in wanted]
+        parts[0], parts[-1] = parts[0][start:], parts[-1][:end - last * URL_BLOCK_BYTES]
+        return b"".join(parts)
 
     def _block(self, number: int) -> Future[bytes]:
         """Block `number`'s read, started if it is not kept (the caller holds the lock)."""
