@@ -41,7 +41,7 @@ from readers.remote import RemoteStore, is_url, location
 from readers.tar import WALK_WAITED_S
 
 from ..errors import PackError, RejectedFile
-from .inflight import InFlight
+from .inflight import PROBE_CALLS, InFlight
 from .listing import ScanError, is_image_name
 
 log = logging.getLogger(__name__)
@@ -358,10 +358,12 @@ URL_BLOCKS = 64
 WINDOW_RUNS (64) places of a container in turn, each front to back, so each keeps its block."""
 BLOCKS_AHEAD = 3
 """Blocks read ahead of the last one read, in flight at once, once a local input's reads wait."""
-WAITED_READS = 2
-"""Reads of a local input that waited WALK_WAITED_S (`readers.tar`'s) before its reads go through
-blocks: not a median, as the kernel's readahead answers most small reads from memory and only one
-in every ~128 KB waits, a round trip each; two, so one read preempted on a busy machine does not."""
+WAITED_SHARE = 16
+"""A local input's reads go through blocks once PROBE_CALLS have been made and one in WAITED_SHARE
+of them waited WALK_WAITED_S (`readers.tar`'s): not the median, as the kernel's readahead answers
+most small reads on a mount from memory and only the read past each ~128 KB waits (one in 4-14
+reads of 8-33 KB samples), a round trip each; from the page cache of a busy machine, one read in
+a few hundred waits (for the GIL, or preempted)."""
 
 
 class RangeFile:
@@ -392,7 +394,7 @@ class RangeFile:
             self.size = os.fstat(self.fd).st_size
         self.calls = calls or InFlight(what=f"reads of {path}")
         self._blocks: dict[int, Future[bytes]] = {}  # block number -> its read, oldest first
-        self._waited = 0  # reads that waited on storage
+        self._reads = self._waited = 0  # preads made, and those that waited on storage
 
     def read(self, offset: int, length: int) -> bytes:
         """`length` bytes at `offset`; fewer where the file ends first."""
@@ -404,9 +406,10 @@ class RangeFile:
             return self._read_blocks(offset, length)
         started = time.perf_counter()
         data = os.pread(self.fd, length, offset)
+        self._reads += 1
         if time.perf_counter() - started >= WALK_WAITED_S:
             self._waited += 1
-            if self._waited >= WAITED_READS:
+            if self._reads >= PROBE_CALLS and self._waited * WAITED_SHARE >= self._reads:
                 log.info("%s: reads wait on storage: %d KiB at a time, %d in flight", self.path,
                          URL_BLOCK_BYTES >> 10, BLOCKS_AHEAD + 1)
                 self.calls.concurrent = True
