@@ -27,8 +27,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from readers.remote import location
-
 from .options import PackOptions
 from ..stores.outdir import listing_path
 from ..stores.output import Output
@@ -147,24 +145,23 @@ TASK_STAT_THREADS = 32
 """Stats in flight while a task checks its shards' files: on a networked filesystem each is a round trip."""
 
 
-def run_changes(src: Path | str, source: Source, out: Output, plan: Plan, options: PackOptions,
-                partition: Partition) -> Changes | None:
+def run_changes(source: Source, out: Output, plan: Plan, options: PackOptions, partition: Partition) -> Changes | None:
     """What changed in SRC since `plan`, as a run of `partition` needs to know it before packing:
     one task of several stats only the files of its own shards (`task_changes`), so N tasks look at
     SRC once between them rather than walk it N times (and files added since are found by `pack
     merge`, which lists SRC once); a whole run, or a SRC in a bucket (listed by the thousand),
     lists SRC again (`source_changes`)."""
     if partition.is_whole or source.kind != "folder" or source.is_url:
-        return source_changes(src, source, out, plan, options)
-    return task_changes(out, plan, partition.shards(plan.num_shards))
+        return source_changes(source, out, plan, options)
+    return task_changes(source, out, plan, partition.shards(plan.num_shards))
 
 
-def task_changes(out: Output, plan: Plan, shards: Sequence[int]) -> Changes | None:
+def task_changes(source: Source, out: Output, plan: Plan, shards: Sequence[int]) -> Changes | None:
     """The files of `shards` that are gone, of another size, or modified after the plan was made:
     a stat each, many in flight; no file is read and no folder listed."""
     listing_file = listing_path(out.staging, plan.first_shard)
     planned_at = plan_time(listing_file)
-    root = str(location(plan.source))
+    root = str(source.location)
     rows = [(entry.path, entry.size) for shard in shards for entry in read_shard_entries(out.staging, plan, shard)]
 
     def state(row: tuple[str, int]) -> str | None:
@@ -188,13 +185,13 @@ def task_changes(out: Output, plan: Plan, shards: Sequence[int]) -> Changes | No
     return changes or None
 
 
-def source_changes(src: Path | str, source: Source, out: Output, plan: Plan, options: PackOptions) -> Changes | None:
-    """What changed in SRC (`source`, resolved from `src`) since OUT's `plan` was made from it: SRC
-    listed again, or its container inputs' times; None when nothing did. Samples of
+def source_changes(source: Source, out: Output, plan: Plan, options: PackOptions) -> Changes | None:
+    """What changed in SRC since OUT's `plan` was made from it: SRC listed again, or its container
+    inputs' times; None when nothing did. Samples of
     `packer.pack_samples` come from the caller's code, which has no listing to compare."""
     if source.kind == "samples":
         return None
     listing_file = listing_path(out.staging, plan.first_shard)
     if source.kind != "folder":
         return input_changes(plan, listing_file)
-    return listing_changes(plan, scan_source(src, source, options, times=True), listing_file, options)
+    return listing_changes(plan, scan_source(source, options, times=True), listing_file, options)

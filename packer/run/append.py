@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 from readers.manifest import FORMAT_VERSION, MANIFEST_NAME, REJECTS_NAME, DatasetError, Manifest, parse_manifest
-from readers.remote import location
 
 from ..plan.changes import run_changes
 from ..write.encode import ENCODE_OPTIONS
@@ -55,28 +54,28 @@ from ..sources.listing import Listing
 log = logging.getLogger(__name__)
 
 
-def append_run(src: str | os.PathLike[str], out: str | os.PathLike[str], options: PackOptions, run: RunOptions, *,
-               progress: Progress | None = None, planned: Callable[[int], None] | None = None) -> Summary:
+def append_run(src: str | os.PathLike[str] | Source, out: str | os.PathLike[str], options: PackOptions,
+               run: RunOptions, *, progress: Progress | None = None,
+               planned: Callable[[int], None] | None = None) -> Summary:
     """Add the samples of `src` to the packed dataset in `out` (a folder or a URL) as new shards;
-    `pipeline.pack_run`'s arguments. With a partition, this task packs its shards of the append
-    and `pack merge OUT` publishes it once every task is done."""
+    `pipeline.pack_run`'s arguments (SRC becomes a Source here, once). With a partition, this task
+    packs its shards of the append and `pack merge OUT` publishes it once every task is done."""
+    source = src if isinstance(src, Source) else resolve_source(src, options.input_format)
     with opened_output(out, staging=run.staging, storage_options=run.storage_options) as target:
-        return append_into(src, target, options, run, run.partition(), progress=progress, planned=planned)
+        return append_into(source, target, options, run, run.partition(), progress=progress, planned=planned)
 
 
-def append_into(src: str | os.PathLike[str], out: Output, options: PackOptions, run: RunOptions,
-                partition: Partition, *, progress: Progress | None,
-                planned: Callable[[int], None] | None) -> Summary:
+def append_into(source: Source, out: Output, options: PackOptions, run: RunOptions, partition: Partition, *,
+                progress: Progress | None, planned: Callable[[int], None] | None) -> Summary:
     started = time.monotonic()
     options = canonical_options(options)
-    src_path = location(src)
     run.check(out, partition)
     manifest = published_manifest(out)
     options = with_outs_defaults(out, options, manifest, run.given_encoding)
     check_compatible(out, manifest, options)
     base = base_plan(out, manifest)
     parts = recorded_parts(out, manifest, base)
-    plan = ensure_part_plan(src_path, out, options, manifest, parts, next_shard(out, manifest, base),
+    plan = ensure_part_plan(source, out, options, manifest, parts, next_shard(out, manifest, base),
                             again=run.append_again, partition=partition)
     if isinstance(plan, dict):
         return up_to_date_summary(out, manifest, plan, started)
@@ -159,21 +158,20 @@ def check_compatible(out: Output, manifest: Manifest, options: PackOptions) -> N
 # --- the part's plan ---------------------------------------------------------------------------
 
 
-def ensure_part_plan(src: Path | str, out: Output, options: PackOptions, manifest: Manifest,
+def ensure_part_plan(source: Source, out: Output, options: PackOptions, manifest: Manifest,
                      parts: list[dict[str, Any]], first: int, *, again: bool = False,
                      partition: Partition = Partition()) -> Plan | dict[str, Any]:
     """The plan of this append (its shards numbered from `first`), written once and reused by
     reruns and tasks; or the recorded part that already holds exactly what it would pack. The same
     listing and options from another path (a symlink, a copy) are refused unless `again`."""
-    with out.planning(src, overwrite=False, append=True):
+    with out.planning(source, overwrite=False, append=True):
         plan = out.stored_plan(first)
-        source = resolve_source(src, options.input_format)
         if plan is not None:
-            return unfinished(src, plan, source, out, options, partition)
+            return unfinished(plan, source, out, options, partition)
         folder = part_dir(out.staging, first)
         try:
-            listing = part_listing(src, source, out, options, manifest)
-            plan = write_plan(out.staging, listing, options, first)
+            listing = part_listing(source, out, options, manifest)
+            plan = write_plan(out.staging, listing, options, first, source=source)
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
@@ -182,7 +180,7 @@ def ensure_part_plan(src: Path | str, out: Output, options: PackOptions, manifes
         if earlier is not None and not (elsewhere and again):
             shutil.rmtree(folder)
             if elsewhere:
-                raise PackError(already_held(src, out, earlier))
+                raise PackError(already_held(source, out, earlier))
             return earlier
         warn_repacked(out, parts, plan)
         warn_shared_paths(out, parts, plan, listing.paths)
@@ -245,8 +243,7 @@ def rejected_paths(out: Output) -> set[str]:
     return paths
 
 
-def unfinished(src: Path | str, plan: Plan, source: Source, out: Output, options: PackOptions,
-               partition: Partition) -> Plan:
+def unfinished(plan: Plan, source: Source, out: Output, options: PackOptions, partition: Partition) -> Plan:
     """The plan of an append that was started and not published, when it is this one's and SRC
     has not changed since it was made (its finished shards hold SRC as it was then)."""
     differences = plan_differences(plan, source, options)
@@ -254,9 +251,9 @@ def unfinished(src: Path | str, plan: Plan, source: Source, out: Output, options
     if differences:
         raise PackError(f"{out}: an unfinished append of {differences} is under way; rerun that command (or its "
                         f"tasks and `pack merge`) to finish it first, or remove {folder} to drop it")
-    changes = run_changes(src, source, out, plan, options, partition)
+    changes = run_changes(source, out, plan, options, partition)
     if changes:
-        raise PackError(changes.describe(src, out, f"remove {folder} to drop the unfinished append, then append "
+        raise PackError(changes.describe(source.named, out, f"remove {folder} to drop the unfinished append, then append "
                                                    "SRC again"))
     log.info("%s: resuming the append from shard %d", out, plan.first_shard)
     return plan
@@ -270,26 +267,26 @@ def same_part(parts: list[dict[str, Any]], plan: Plan) -> dict[str, Any] | None:
     return next((part for part in same if part.get("source") == plan.source), same[0] if same else None)
 
 
-def already_held(src: Path | str, out: Output, part: dict[str, Any]) -> str:
+def already_held(source: Source, out: Output, part: dict[str, Any]) -> str:
     """Why an append of the samples of a part OUT holds, from another path, is refused."""
     first = part.get("first_shard", 0)
     how = "packed" if first == 0 else "appended"
-    return (f"{src}: its samples are in {out} already: the part from shard {first} was {how} from "
+    return (f"{source.named}: its samples are in {out} already: the part from shard {first} was {how} from "
             f"{part.get('source')} with the same listing and options; pass --append-again to add them a second time")
 
 
-def part_listing(src: Path | str, source: Source, out: Output, options: PackOptions, manifest: Manifest) -> Listing:
+def part_listing(source: Source, out: Output, options: PackOptions, manifest: Manifest) -> Listing:
     """NEW_SRC's listing with labels indexing OUT's class list extended by its new class names."""
-    listing = scan_source(src, source, options)
+    listing = scan_source(source, options)
     if listing.fields != manifest.fields:
         names = ", ".join(spec.name for spec in manifest.fields) or "none"
         now = ", ".join(spec.name for spec in listing.fields) or "none"
         changed = next(f"; {a.name}: {a.to_dict()} in OUT, {b.to_dict()} now"
                        for a, b in zip(manifest.fields, listing.fields) if a != b) \
             if [spec.name for spec in manifest.fields] == [spec.name for spec in listing.fields] else ""
-        raise PackError(f"{src}: its samples' fields ({now}) are not OUT's ({names}){changed}; every sample of "
+        raise PackError(f"{source.named}: its samples' fields ({now}) are not OUT's ({names}){changed}; every sample of "
                         f"{out} has OUT's fields")
-    listing.classes = extended_classes(src, out, manifest.classes, listing)
+    listing.classes = extended_classes(source, out, manifest.classes, listing)
     return listing
 
 
@@ -298,7 +295,7 @@ def is_implied(classes: list[str]) -> bool:
     return classes == [str(index) for index in range(len(classes))]
 
 
-def extended_classes(src: Path | str, out: Output, classes: list[str], listing: Listing) -> list[str]:
+def extended_classes(source: Source, out: Output, classes: list[str], listing: Listing) -> list[str]:
     """OUT's classes, then NEW_SRC's class names OUT lacks (in NEW_SRC's order); `listing`'s labels
     are turned into indexes of that list. Bare integer labels (no names) keep their values, as
     indexes of OUT's list, when OUT's classes are themselves bare indexes (or none)."""
@@ -306,7 +303,7 @@ def extended_classes(src: Path | str, out: Output, classes: list[str], listing: 
         if not classes or is_implied(classes):
             return []  # publish_part extends OUT's indexes to the largest label
         if any(label >= 0 for label in listing.labels):
-            raise PackError(f"{src}: its labels are bare integers and {out}'s classes have names; pass --classes "
+            raise PackError(f"{source.named}: its labels are bare integers and {out}'s classes have names; pass --classes "
                             f"with OUT's index.json (a label that is one of its class names is that class, another "
                             f"integer an index of its list)")
         return classes  # unlabelled samples (--no-classes, a flat folder)
@@ -317,7 +314,7 @@ def extended_classes(src: Path | str, out: Output, classes: list[str], listing: 
     listing.labels = array("q", (remap[label] if label >= 0 else label for label in listing.labels))
     added = len(merged) - len(classes)
     if added:
-        log.info("%s: %d classes new to %s, indexes %d on", src, added, out, len(classes))
+        log.info("%s: %d classes new to %s, indexes %d on", source.named, added, out, len(classes))
     return merged
 
 
