@@ -1,15 +1,17 @@
 """SRC becomes a Source once, at the entry, and that value travels (#37 item 2).
 
-Each run here is traced (sys.setprofile, in every thread) and every call into a packer module
-whose arguments carry SRC (the str or Path given, its absolute or URL spelling, or a Source) is
-counted per module; an entry is such a call from another module (or from outside packer).
-Asking the Source itself (its properties) is not an entry: that is the value answering. A shard
-task (`run_shard`) is its own entry, made from the plan, and counted apart (per shard). Calls of
-`readers.remote.is_url` and `location` on SRC from packer, outside the resolver and the Source,
-are counted as re-asks.
+Each run here is traced (sys.setprofile, in every thread) and every call of a packer function
+whose arguments carry SRC (the str or Path given, its absolute or URL spelling, or a Source) is a
+stop in that function's module; as #37 counts them, a module's stops after its first enter it
+again. Entries (stops from another module, or from outside packer) are reported too. Asking the
+Source itself (its properties) or making a dataclass that names SRC is not a stop: that is the
+value answering; nor are the resolver's own steps (`_url_source`, `kind_of`, ...), which are one
+resolution. A shard task (`run_shard`) is its own entry, made from the plan, and counted apart
+(per shard). Calls of `readers.remote.is_url` and `location` on SRC from packer, outside the
+resolver and the Source, are counted as re-asks.
 
 The goal: the resolver (`packer.sources.inputs.resolve_source`) runs once per run and never in a
-shard task; no module is entered with SRC more than three times (once, then again at most twice);
+shard task; no module stops SRC more than three times (entered once, then again at most twice);
 nothing re-asks whether SRC is a URL.
 """
 
@@ -44,8 +46,8 @@ class Context:
     """What one run, or one shard task of it, did with SRC."""
 
     def __init__(self) -> None:
-        self.entries: Counter[str] = Counter()
-        self.stops: Counter[str] = Counter()
+        self.entries: Counter[str] = Counter()  # stops from another module
+        self.stops: Counter[str] = Counter()  # every call carrying SRC
         self.asks: Counter[str] = Counter()
         self.resolved = 0
         self.calls: list[str] = []
@@ -117,6 +119,8 @@ class SrcTrace:
             self.shards.append(Context())
         if code.co_qualname.startswith("Source.") or "__create_fn__" in code.co_qualname:
             return  # the value answering, or a dataclass made (a Source, a Plan naming SRC)
+        if caller == module == "packer.sources.inputs" and caller_frame.f_code.co_name in RESOLVER:  # type: ignore[union-attr]
+            return  # a step of the one resolution
         context = self.context
         if code.co_name == "resolve_source":
             context.resolved += 1
@@ -165,7 +169,7 @@ def assert_once(trace: SrcTrace) -> None:
     run = trace.run_context
     assert run.entries, "the trace saw SRC travel"
     assert run.resolved == 1, run.report("resolved other than once")
-    over = {module: count for module, count in run.entries.items() if count > MOST_ENTRIES}
+    over = {module: count for module, count in run.stops.items() if count > MOST_ENTRIES}
     assert not over, run.report(f"entered again more than twice: {over}")
     assert not run.asks, run.report("SRC's kind asked again")
     for shard in trace.shards:

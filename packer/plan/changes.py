@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .options import PackOptions
+from .options import PackOptions, option_differences
 from ..stores.outdir import listing_path
 from ..stores.output import Output
 from .partition import Partition
@@ -68,6 +68,17 @@ class Changes:
         if published and self.added and not (self.removed or self.changed or self.relabelled):
             return "append them with --append, or pack it again with --overwrite"
         return "pack it again with --overwrite"
+
+
+def plan_differences(plan: Plan, source: Source, options: PackOptions) -> str | None:
+    """What makes `plan` another pack than SRC with `options`: `options --shard-size: 2 before,
+    4 now`, or the other SRC; None when it is the same."""
+    now = (source.name, source.kind, list(source.inputs))
+    if (plan.source, plan.input_kind, plan.inputs) != now:
+        return f"another SRC ({plan.source} before, {now[0]} now)" if plan.source != now[0] else \
+            f"other inputs of {plan.source} ({len(plan.inputs)} {plan.input_kind} before, {len(now[2])} {now[1]} now)"
+    changed = option_differences(plan.options, options)
+    return f"other options ({'; '.join(changed)})" if changed else None
 
 
 def plan_time(listing_file: Path) -> int:

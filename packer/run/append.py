@@ -36,14 +36,14 @@ from typing import Any, Callable
 
 from readers.manifest import FORMAT_VERSION, MANIFEST_NAME, REJECTS_NAME, DatasetError, Manifest, parse_manifest
 
-from ..plan.changes import run_changes
+from ..plan.changes import plan_differences, run_changes
 from ..write.encode import ENCODE_OPTIONS
 from ..errors import PackError
 from ..plan.options import STORE_FILLED, PackOptions, differing_options, option_flag, shown_value
 from ..stores.outdir import listing_path, part_dir
 from ..stores.output import Output, opened_output
 from ..plan.partition import Partition
-from .pipeline import RunOptions, Summary, canonical_options, pack_shards, plan_differences, run_summary
+from .pipeline import RunOptions, Summary, canonical_options, pack_shards, run_summary
 from ..plan.plan import Plan, write_plan
 from .publish import base_plan, next_shard, publish_part, recorded_parts
 from ..plan.scan import scan_source
@@ -62,27 +62,23 @@ def append_run(src: str | os.PathLike[str] | Source, out: str | os.PathLike[str]
     packs its shards of the append and `pack merge OUT` publishes it once every task is done."""
     source = src if isinstance(src, Source) else resolve_source(src, options.input_format)
     with opened_output(out, staging=run.staging, storage_options=run.storage_options) as target:
-        return append_into(source, target, options, run, run.partition(), progress=progress, planned=planned)
-
-
-def append_into(source: Source, out: Output, options: PackOptions, run: RunOptions, partition: Partition, *,
-                progress: Progress | None, planned: Callable[[int], None] | None) -> Summary:
-    started = time.monotonic()
-    options = canonical_options(options)
-    run.check(out, partition)
-    manifest = published_manifest(out)
-    options = with_outs_defaults(out, options, manifest, run.given_encoding)
-    check_compatible(out, manifest, options)
-    base = base_plan(out, manifest)
-    parts = recorded_parts(out, manifest, base)
-    plan = ensure_part_plan(source, out, options, manifest, parts, next_shard(out, manifest, base),
-                            again=run.append_again, partition=partition)
-    if isinstance(plan, dict):
-        return up_to_date_summary(out, manifest, plan, started)
-    final, resumed = pack_shards(out, plan, run, partition, progress=progress, planned=planned)
-    published = partition.is_whole
-    total = publish_part(out, manifest, parts, plan, final, run.policy, run.split) if published else None
-    return run_summary(out, plan, final, resumed, started, published, total)
+        started = time.monotonic()
+        options = canonical_options(options)
+        partition = run.partition()
+        run.check(target, partition)
+        manifest = published_manifest(target)
+        options = with_outs_defaults(target, options, manifest, run.given_encoding)
+        check_compatible(target, manifest, options)
+        base = base_plan(target, manifest)
+        parts = recorded_parts(target, manifest, base)
+        plan = ensure_part_plan(source, target, options, manifest, parts, next_shard(target, manifest, base),
+                                again=run.append_again, partition=partition)
+        if isinstance(plan, dict):
+            return up_to_date_summary(target, manifest, plan, started)
+        final, resumed = pack_shards(target, plan, run, partition, progress=progress, planned=planned)
+        published = partition.is_whole
+        total = publish_part(target, manifest, parts, plan, final, run.policy, run.split) if published else None
+        return run_summary(target, plan, final, resumed, started, published, total)
 
 
 # --- OUT as it is ----------------------------------------------------------------------------
@@ -276,7 +272,9 @@ def already_held(source: Source, out: Output, part: dict[str, Any]) -> str:
 
 
 def part_listing(source: Source, out: Output, options: PackOptions, manifest: Manifest) -> Listing:
-    """NEW_SRC's listing with labels indexing OUT's class list extended by its new class names."""
+    """NEW_SRC's listing with labels indexing OUT's class list extended by its new class names; a
+    PackError naming SRC where its samples cannot join OUT's (other fields; bare integer labels
+    where OUT's classes have names)."""
     listing = scan_source(source, options)
     if listing.fields != manifest.fields:
         names = ", ".join(spec.name for spec in manifest.fields) or "none"
@@ -284,9 +282,17 @@ def part_listing(source: Source, out: Output, options: PackOptions, manifest: Ma
         changed = next(f"; {a.name}: {a.to_dict()} in OUT, {b.to_dict()} now"
                        for a, b in zip(manifest.fields, listing.fields) if a != b) \
             if [spec.name for spec in manifest.fields] == [spec.name for spec in listing.fields] else ""
-        raise PackError(f"{source.named}: its samples' fields ({now}) are not OUT's ({names}){changed}; every sample of "
-                        f"{out} has OUT's fields")
-    listing.classes = extended_classes(source, out, manifest.classes, listing)
+        raise PackError(f"{source.named}: its samples' fields ({now}) are not OUT's ({names}){changed}; every "
+                        f"sample of {out} has OUT's fields")
+    classes = manifest.classes
+    if not listing.classes and classes and not is_implied(classes) and any(label >= 0 for label in listing.labels):
+        raise PackError(f"{source.named}: its labels are bare integers and {out}'s classes have names; pass "
+                        f"--classes with OUT's index.json (a label that is one of its class names is that class, "
+                        f"another integer an index of its list)")
+    listing.classes = extended_classes(classes, listing)
+    added = len(listing.classes) - len(classes)
+    if added > 0:
+        log.info("%s: %d classes new to %s, indexes %d on", source.named, added, out, len(classes))
     return listing
 
 
@@ -295,26 +301,20 @@ def is_implied(classes: list[str]) -> bool:
     return classes == [str(index) for index in range(len(classes))]
 
 
-def extended_classes(source: Source, out: Output, classes: list[str], listing: Listing) -> list[str]:
+def extended_classes(classes: list[str], listing: Listing) -> list[str]:
     """OUT's classes, then NEW_SRC's class names OUT lacks (in NEW_SRC's order); `listing`'s labels
     are turned into indexes of that list. Bare integer labels (no names) keep their values, as
-    indexes of OUT's list, when OUT's classes are themselves bare indexes (or none)."""
+    indexes of OUT's list, when OUT's classes are themselves bare indexes (or none): `part_listing`
+    refuses them against named classes."""
     if not listing.classes:
         if not classes or is_implied(classes):
             return []  # publish_part extends OUT's indexes to the largest label
-        if any(label >= 0 for label in listing.labels):
-            raise PackError(f"{source.named}: its labels are bare integers and {out}'s classes have names; pass --classes "
-                            f"with OUT's index.json (a label that is one of its class names is that class, another "
-                            f"integer an index of its list)")
         return classes  # unlabelled samples (--no-classes, a flat folder)
     known = set(classes)
     merged = classes + [name for name in listing.classes if name not in known]
     index = {name: position for position, name in enumerate(merged)}
     remap = [index[name] for name in listing.classes]
     listing.labels = array("q", (remap[label] if label >= 0 else label for label in listing.labels))
-    added = len(merged) - len(classes)
-    if added:
-        log.info("%s: %d classes new to %s, indexes %d on", source.named, added, out, len(classes))
     return merged
 
 

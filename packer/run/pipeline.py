@@ -19,14 +19,14 @@ from readers.cpus import available_cpus
 from readers.formats import ALIASES, FORMATS
 from readers.manifest import MANIFEST_NAME, REJECTS_NAME, Manifest, parse_manifest
 
-from ..plan.changes import run_changes, source_changes
+from ..plan.changes import plan_differences, run_changes, source_changes
 from .descriptors import DEFAULT_SPLIT
 from ..engines import get_engine
 from ..errors import FinishedOutput, PackError
 from ..stores.fsutil import release_freed_memory
 from ..stores.output import Output, opened_output
 from ..plan.partition import Partition, resolve_partition
-from ..plan.options import PackOptions, option_differences
+from ..plan.options import PackOptions
 from ..plan.plan import Plan, write_plan
 from ..plan.scan import scan_source
 from .publish import merge, publish
@@ -153,25 +153,21 @@ def pack_run(src: str | os.PathLike[str] | Source, out: str | os.PathLike[str], 
     """
     source = src if isinstance(src, Source) else resolve_source(src, options.input_format)
     with opened_output(out, staging=run.staging, storage_options=run.storage_options) as target:
-        return pack_into(source, target, options, run, run.partition(), progress=progress, planned=planned)
-
-
-def pack_into(source: Source, out_path: Output, options: PackOptions, run: RunOptions, partition: Partition, *,
-              progress: Progress | None, planned: Callable[[int], None] | None) -> Summary:
-    started = time.monotonic()
-    run.check(out_path, partition)
-    if run.append:
-        raise PackError(f"{out_path}: pack_run packs; an append goes through packer.run.append.append_run (or api.run)")
-    policy = run.policy
-    try:
-        plan = ensure_plan(source, out_path, options, overwrite=run.overwrite, partition=partition)
-    except FinishedOutput as finished:
-        return up_to_date_summary(source, out_path, options, finished, started)
-    final, resumed = pack_shards(out_path, plan, run, partition, progress=progress, planned=planned)
-    published = partition.is_whole
-    if published:
-        publish(out_path, policy, run.split, plan, final)
-    return run_summary(out_path, plan, final, resumed, started, published)
+        started = time.monotonic()
+        partition = run.partition()
+        run.check(target, partition)
+        if run.append:
+            raise PackError(f"{target}: pack_run packs; an append goes through packer.run.append.append_run "
+                            "(or api.run)")
+        try:
+            plan = ensure_plan(source, target, options, overwrite=run.overwrite, partition=partition)
+        except FinishedOutput as finished:
+            return up_to_date_summary(source, target, options, finished, started)
+        final, resumed = pack_shards(target, plan, run, partition, progress=progress, planned=planned)
+        published = partition.is_whole
+        if published:
+            publish(target, run.policy, run.split, plan, final)
+        return run_summary(target, plan, final, resumed, started, published)
 
 
 def pack_shards(out: Output, plan: Plan, run: RunOptions, partition: Partition, *, progress: Progress | None,
@@ -271,17 +267,6 @@ def ensure_plan(src: str | os.PathLike[str] | Source, out: str | os.PathLike[str
         if plan is not None:
             return reuse_plan(plan, source, target, options, partition)
         return target.publish_plan(write_plan(target.staging, scan_source(source, options), options, source=source))
-
-
-def plan_differences(plan: Plan, source: Source, options: PackOptions) -> str | None:
-    """What makes `plan` another pack than SRC with `options`: `options --shard-size: 2 before,
-    4 now`, or the other SRC; None when it is the same."""
-    now = (source.name, source.kind, list(source.inputs))
-    if (plan.source, plan.input_kind, plan.inputs) != now:
-        return f"another SRC ({plan.source} before, {now[0]} now)" if plan.source != now[0] else \
-            f"other inputs of {plan.source} ({len(plan.inputs)} {plan.input_kind} before, {len(now[2])} {now[1]} now)"
-    changed = option_differences(plan.options, options)
-    return f"other options ({'; '.join(changed)})" if changed else None
 
 
 def reuse_plan(plan: Plan, source: Source, out: Output, options: PackOptions, partition: Partition) -> Plan:
