@@ -17,9 +17,11 @@ nothing re-asks whether SRC is a URL.
 
 from __future__ import annotations
 
+import io
 import os
 import random
 import sys
+import tarfile
 import threading
 from collections import Counter
 from pathlib import Path
@@ -38,7 +40,9 @@ VARARGS, VARKEYWORDS = 0x04, 0x08
 MOST_ENTRIES = 3
 """A module entered once with SRC, then again at most twice."""
 RESOLVER = {"resolve_source", "_resolved", "_url_source", "_directory", "_files"}
-"""Where `packer.sources.inputs` makes a Source of SRC: the one place that may ask what SRC is."""
+"""Where `packer.sources.inputs` makes a Source of SRC: the one place that may ask what SRC is.
+Beside it and the Source, `RangeFile` asks it of each file it opens (an input, an index beside
+it): a tar SRC's one input is named as SRC is, but it is a file opened, not SRC asked again."""
 ASKS = {"is_url", "location"}
 
 
@@ -105,7 +109,7 @@ class SrcTrace:
         if module == "readers.remote" and code.co_name in ASKS:
             if caller.startswith("packer") and self.carries(frame.f_locals.get("path")):
                 where = caller_frame.f_code.co_qualname  # type: ignore[union-attr]
-                if not (caller == "packer.sources.inputs" and (where.startswith("Source.") or where in RESOLVER)):
+                if not (caller == "packer.sources.inputs" and (where.startswith(("Source.", "RangeFile.")) or where in RESOLVER)):
                     self.context.asks[f"{caller.removeprefix('packer.')}.{where}"] += 1
             return
         if not (module == "packer" or module.startswith("packer.")):
@@ -198,6 +202,21 @@ def test_an_append_resolves_src_once(tmp_path: Path) -> None:
     out = tmp_path / "out"
     packer.pack(str(src), out, "wds", shard_size=2, workers=1)
     for trace in runs(more, lambda **task: packer.pack(str(more), out, "wds", append=True, workers=1, **task)):
+        assert_once(trace)
+
+
+def test_a_tar_src_is_resolved_once(tmp_path: Path) -> None:
+    """A container input: its kind's scan, its inputs' times (`input_mtimes`) on the rerun."""
+    tar_path = tmp_path / "data.tar"
+    rng = random.Random(3)
+    with tarfile.open(tar_path, "w") as tar:
+        for number in range(4):
+            for extension, data in (("jpg", image_bytes(rng)), ("cls", str(number % 2).encode())):
+                info = tarfile.TarInfo(f"{number:04d}.{extension}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    out = tmp_path / "out"
+    for trace in runs(tar_path, lambda **task: packer.pack(str(tar_path), out, "wds", shard_size=2, workers=1, **task)):
         assert_once(trace)
 
 

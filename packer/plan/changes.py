@@ -141,7 +141,7 @@ def compared(listing: Listing, listing_file: Path) -> Changes:
 def input_changes(plan: Plan, listing_file: Path) -> Changes | None:
     """Container inputs modified after the plan was made (their list is `plan_differences`' check)."""
     planned_at = plan_time(listing_file)
-    times = input_mtimes(plan.inputs)
+    times = input_mtimes(plan.planned_source)
     changed = [display_name(plan.source, name) for name, mtime in zip(plan.inputs, times) if mtime > planned_at]
     return Changes(changed=sorted(changed)) if changed else None
 
