@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+from array import array
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -205,4 +206,21 @@ def source_changes(source: Source, out: Output, plan: Plan, options: PackOptions
     listing_file = listing_path(out.staging, plan.first_shard)
     if source.kind != "folder":
         return input_changes(plan, listing_file)
-    return listing_changes(plan, scan_source(source, options, times=True), listing_file, options)
+    listing = scan_source(source, options, times=True)
+    labelled_as_planned(listing, plan.classes)
+    return listing_changes(plan, listing, listing_file, options)
+
+
+def labelled_as_planned(listing: Listing, classes: list[str]) -> None:
+    """`listing`'s labels as indexes of the plan's `classes`, by name. An append's plan lists OUT's
+    classes, then SRC's new ones (`packer.run.append.part_listing`), so SRC's own indexes may
+    differ from its plan's though nothing changed; a pack's are the same. A class name the plan
+    lacks is left to the comparison, which tells what changed."""
+    if not listing.classes or listing.classes == classes:
+        return
+    index = {name: position for position, name in enumerate(classes)}
+    if any(name not in index for name in listing.classes):
+        return
+    remap = [index[name] for name in listing.classes]
+    listing.labels = array("q", (remap[label] if label >= 0 else label for label in listing.labels))
+    listing.classes = list(classes)
