@@ -37,12 +37,13 @@ from packer.sources.inputs import Source
 
 GENERATOR_FLAGS = 0x20 | 0x80 | 0x200  # CO_GENERATOR, CO_COROUTINE, CO_ASYNC_GENERATOR
 VARARGS, VARKEYWORDS = 0x04, 0x08
-MOST_ENTRIES = 3
+MOST_STOPS = 3
 """A module entered once with SRC, then again at most twice."""
 RESOLVER = {"resolve_source", "_resolved", "_url_source", "_directory", "_files"}
 """Where `packer.sources.inputs` makes a Source of SRC: the one place that may ask what SRC is.
 Beside it and the Source, `RangeFile` asks it of each file it opens (an input, an index beside
 it): a tar SRC's one input is named as SRC is, but it is a file opened, not SRC asked again."""
+MAY_ASK = ("Source.", "RangeFile.")
 ASKS = {"is_url", "location"}
 
 
@@ -109,7 +110,7 @@ class SrcTrace:
         if module == "readers.remote" and code.co_name in ASKS:
             if caller.startswith("packer") and self.carries(frame.f_locals.get("path")):
                 where = caller_frame.f_code.co_qualname  # type: ignore[union-attr]
-                if not (caller == "packer.sources.inputs" and (where.startswith(("Source.", "RangeFile.")) or where in RESOLVER)):
+                if not (caller == "packer.sources.inputs" and (where.startswith(MAY_ASK) or where in RESOLVER)):
                     self.context.asks[f"{caller.removeprefix('packer.')}.{where}"] += 1
             return
         if not (module == "packer" or module.startswith("packer.")):
@@ -123,7 +124,7 @@ class SrcTrace:
             self.shards.append(Context())
         if code.co_qualname.startswith("Source.") or "__create_fn__" in code.co_qualname:
             return  # the value answering, or a dataclass made (a Source, a Plan naming SRC)
-        if caller == module == "packer.sources.inputs" and caller_frame.f_code.co_name in RESOLVER:  # type: ignore[union-attr]
+        if caller == module == "packer.sources.inputs" and caller_frame.f_code.co_name in RESOLVER:  # type: ignore
             return  # a step of the one resolution
         context = self.context
         if code.co_name == "resolve_source":
@@ -173,7 +174,7 @@ def assert_once(trace: SrcTrace) -> None:
     run = trace.run_context
     assert run.entries, "the trace saw SRC travel"
     assert run.resolved == 1, run.report("resolved other than once")
-    over = {module: count for module, count in run.stops.items() if count > MOST_ENTRIES}
+    over = {module: count for module, count in run.stops.items() if count > MOST_STOPS}
     assert not over, run.report(f"entered again more than twice: {over}")
     assert not run.asks, run.report("SRC's kind asked again")
     for shard in trace.shards:
@@ -198,7 +199,7 @@ def test_a_pack_resolves_src_once(tmp_path: Path) -> None:
 def test_an_append_resolves_src_once(tmp_path: Path) -> None:
     src, more = tmp_path / "src", tmp_path / "more"
     small_folder(src, ["a/1.jpg", "b/2.jpg"])
-    small_folder(more, ["a/4.jpg", "a/5.jpg", "b/6.jpg", "b/7.jpg"])
+    small_folder(more, ["a/4.jpg", "c/5.jpg", "c/6.jpg", "d/7.jpg"])  # c, d: new to OUT
     out = tmp_path / "out"
     packer.pack(str(src), out, "wds", shard_size=2, workers=1)
     for trace in runs(more, lambda **task: packer.pack(str(more), out, "wds", append=True, workers=1, **task)):

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-from array import array
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from ..stores.output import Output
 from .partition import Partition
 from .plan import Plan, listing_digest, listing_lines, read_shard_entries
 from .scan import scan_source
+from ..sources.classes import reindex
 from ..sources.containers import input_mtimes
 from ..sources.inputs import Source
 from ..sources.listing import Listing
@@ -216,11 +216,5 @@ def labelled_as_planned(listing: Listing, classes: list[str]) -> None:
     classes, then SRC's new ones (`packer.run.append.part_listing`), so SRC's own indexes may
     differ from its plan's though nothing changed; a pack's are the same. A class name the plan
     lacks is left to the comparison, which tells what changed."""
-    if not listing.classes or listing.classes == classes:
-        return
-    index = {name: position for position, name in enumerate(classes)}
-    if any(name not in index for name in listing.classes):
-        return
-    remap = [index[name] for name in listing.classes]
-    listing.labels = array("q", (remap[label] if label >= 0 else label for label in listing.labels))
-    listing.classes = list(classes)
+    if listing.classes and listing.classes != classes and set(listing.classes) <= set(classes):
+        reindex(listing, classes)

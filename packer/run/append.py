@@ -29,7 +29,6 @@ import logging
 import os
 import shutil
 import time
-from array import array
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -48,6 +47,7 @@ from ..plan.plan import Plan, write_plan
 from .publish import base_plan, next_shard, publish_part, recorded_parts
 from ..plan.scan import scan_source
 from ..write.shard import Progress
+from ..sources.classes import reindex
 from ..sources.inputs import Source, resolve_source
 from ..sources.listing import Listing
 
@@ -249,8 +249,8 @@ def unfinished(plan: Plan, source: Source, out: Output, options: PackOptions, pa
                         f"tasks and `pack merge`) to finish it first, or remove {folder} to drop it")
     changes = run_changes(source, out, plan, options, partition)
     if changes:
-        raise PackError(changes.describe(source.named, out, f"remove {folder} to drop the unfinished append, then append "
-                                                   "SRC again"))
+        raise PackError(changes.describe(source.named, out, f"remove {folder} to drop the unfinished append, then "
+                                                            "append SRC again"))
     log.info("%s: resuming the append from shard %d", out, plan.first_shard)
     return plan
 
@@ -312,9 +312,7 @@ def extended_classes(classes: list[str], listing: Listing) -> list[str]:
         return classes  # unlabelled samples (--no-classes, a flat folder)
     known = set(classes)
     merged = classes + [name for name in listing.classes if name not in known]
-    index = {name: position for position, name in enumerate(merged)}
-    remap = [index[name] for name in listing.classes]
-    listing.labels = array("q", (remap[label] if label >= 0 else label for label in listing.labels))
+    reindex(listing, merged)
     return merged
 
 
