@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +34,7 @@ from .plan import Plan, listing_digest, listing_lines, read_shard_entries
 from .scan import scan_source
 from ..sources.classes import reindex
 from ..sources.containers import input_mtimes
+from ..sources.inflight import InFlight
 from ..sources.inputs import Source
 from ..sources.listing import Listing
 
@@ -93,7 +93,7 @@ def listing_changes(plan: Plan, listing: Listing, listing_file: Path, options: P
     costs a hash of the listing's lines in packing order and one pass over the times."""
     import numpy as np  # here, as `arrange`, which loads it: shard workers import this package's modules
 
-    from .order import arrange
+    from .pack_order import arrange
 
     planned_at = plan_time(listing_file)
     mtimes = listing.mtimes
@@ -153,10 +153,6 @@ def display_name(source: str, name: str) -> str:
     return name[len(prefix):] if name.startswith(prefix) else name
 
 
-TASK_STAT_THREADS = 32
-"""Stats in flight while a task checks its shards' files: on a networked filesystem each is a round trip."""
-
-
 def run_changes(source: Source, out: Output, plan: Plan, options: PackOptions, partition: Partition) -> Changes | None:
     """What changed in SRC since `plan`, as a run of `partition` needs to know it before packing:
     one task of several stats only the files of its own shards (`task_changes`), so N tasks look at
@@ -170,7 +166,7 @@ def run_changes(source: Source, out: Output, plan: Plan, options: PackOptions, p
 
 def task_changes(source: Source, out: Output, plan: Plan, shards: Sequence[int]) -> Changes | None:
     """The files of `shards` that are gone, of another size, or modified after the plan was made:
-    a stat each, many in flight; no file is read and no folder listed."""
+    a stat each, many in flight where each waits on storage (`InFlight`); no file is read and no folder listed."""
     listing_file = listing_path(out.staging, plan.first_shard)
     planned_at = plan_time(listing_file)
     root = str(source.location)
@@ -186,8 +182,8 @@ def task_changes(source: Source, out: Output, plan: Plan, shards: Sequence[int])
         return "changed" if info.st_size != row[1] or info.st_mtime_ns > planned_at else None
 
     changes = Changes()
-    with ThreadPoolExecutor(TASK_STAT_THREADS) as pool:
-        for (path, _), found in zip(rows, pool.map(state, rows)):
+    with InFlight(what=f"stats under {root}") as calls:
+        for (path, _), found in zip(rows, calls.map(state, rows)):
             if found == "removed":
                 changes.removed.append(path)
             elif found == "changed":

@@ -5,7 +5,7 @@ The plan lives in OUT/.pack/: `plan.json` (options, classes, fields, shard bound
 values come with the listing, from a metadata file, and `[path, label, size, values or null,
 [input, offset, length]]` for a sample inside a container input: a tar shard, a record file, a
 packed dataset; `plan.inputs` names those files). The listing is in packing order (`--order`,
-`packer.plan.order`): shard boundaries depend only on it and the shard options, and the order only on
+`packer.plan.pack_order`): shard boundaries depend only on it and the shard options, and the order only on
 the sorted scan and the options, so every run and every task computes the same shards.
 """
 
@@ -150,7 +150,7 @@ def write_plan(out: Path, listing: Listing, options: PackOptions, first_shard: i
     """Put the listing of `source` in packing order, write it to listing.jsonl, cut shards from it,
     and write plan.json under OUT/.pack; return the plan. The order comes from the options alone,
     so every task and rerun that plans the same SRC packs the same shards."""
-    from .order import arrange  # here: it loads numpy, which shard workers (importing this module) never need
+    from .pack_order import arrange  # here: it loads numpy, which shard workers (importing this module) never need
 
     arrange(listing, options.order, options.seed)
     part_dir(out, first_shard).mkdir(parents=True, exist_ok=True)

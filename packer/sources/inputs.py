@@ -26,7 +26,6 @@ import glob
 import io
 import os
 import re
-import stat
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -48,7 +47,7 @@ class InputKind:
     `in_line`: passthrough reads its records in the shard's own thread (byte ranges of a file in
     order, which the kernel reads ahead by itself), not in reader threads that would only pass the
     GIL around; not for code of the user's, which may wait on I/O. `windowed`: a shuffled pack
-    mixes its samples in windows of nearby byte ranges (`packer.plan.order`), so reads stay nearly
+    mixes its samples in windows of nearby byte ranges (`packer.plan.pack_order`), so reads stay nearly
     sequential; not for inputs that are each one call of the user's code, permuted fully."""
 
     suffixes: tuple[str, ...]
@@ -310,8 +309,10 @@ def kind_of(name: str) -> str | None:
 
 
 def _is_file(entry: os.DirEntry[str]) -> bool:
+    """A regular file, or a link to one: from the listing's d_type (a stat only for a link), since
+    on a network mount each stat is a round trip, and SRC's top level may hold 1,000 class folders."""
     try:
-        return stat.S_ISREG(entry.stat().st_mode)
+        return entry.is_file()
     except OSError:
         return False
 
@@ -359,7 +360,7 @@ READ_AHEAD_BYTES = 8 << 20
 URL_BLOCK_BYTES = 2 << 20
 """A URL input is fetched in aligned blocks of this many bytes, each once while cached."""
 URL_BLOCKS = 64
-"""Blocks a URL input keeps (at most 128 MiB): a shuffled pack reads up to `packer.plan.order`'s
+"""Blocks a URL input keeps (at most 128 MiB): a shuffled pack reads up to `packer.plan.pack_order`'s
 WINDOW_RUNS (64) places of a container in turn, each front to back, so each keeps its block."""
 
 
@@ -425,7 +426,7 @@ class InputFiles:
 
     Eight threads reading neighbouring ranges of one file look random to the kernel, which then
     stops reading ahead: each read would wait for the disk; so do a shuffled pack's interleaved
-    runs (`packer.plan.order`), several places of one file read in turn. So a read announces its
+    runs (`packer.plan.pack_order`), several places of one file read in turn. So a read announces its
     READ_AHEAD_BYTES block of the file and the next (posix_fadvise WILLNEED), once each, and the
     kernel fetches them in large requests while the threads work, whatever the order of the runs.
     """
