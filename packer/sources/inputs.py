@@ -23,8 +23,8 @@ and provides:
 from __future__ import annotations
 
 import glob
-import logging
 import io
+import logging
 import os
 import re
 import threading
@@ -386,7 +386,8 @@ class RangeFile:
     fsspec's readahead cache does, fetched a shuffled pack's data dozens of times over: each
     jump to another place of the file dropped the block of the place before. `handle` is the
     file object, for walks front to back; fsspec's own errors arrive as OSError, which the
-    callers name the file in."""
+    callers name the file in. A local file whose reads wait on storage (a network mount) is read
+    in URL_BLOCK_BYTES blocks too (`_read_blocks`); `calls` shares that decision among files."""
 
     def __init__(self, path: str, calls: InFlight | None = None) -> None:
         self.path = path
