@@ -20,7 +20,7 @@ from pathlib import Path
 
 from readers.cpus import available_cpus
 
-from .listing import IGNORED_NAMES_KEPT, IMAGE_EXTENSIONS, UNLABELLED, Listing, ScanError, is_image_name
+from .listing import IGNORED_NAMES_KEPT, IMAGE_EXTENSIONS, UNLABELLED, Listing, ScanError, extended, is_image_name
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +45,7 @@ def walk(src: str | os.PathLike[str], *, folders_are_classes: bool = True,
         raise ScanError(f"{root}: is not a directory")
     folders = class_folders(root)  # also proves SRC can be listed
     class_dirs = folders if folders_are_classes else []
-    listing = Listing(root=os.fspath(root), classes=[e.name for e in class_dirs],
-                      mtimes=array("q") if times else None)
+    listing = walk_listing(os.fspath(root), [e.name for e in class_dirs], times)
     if class_dirs:
         # In path order, which puts "a/..." after "a-b/..." ("/" sorts after "-"), unlike the class order.
         order = sorted(enumerate(class_dirs), key=lambda item: item[1].name + "/")
@@ -67,6 +66,12 @@ def walk(src: str | os.PathLike[str], *, folders_are_classes: bool = True,
         root, len(listing), len(listing.classes), listing.ignored_hidden, listing.ignored_other,
     )
     return listing
+
+
+def walk_listing(root: str, classes: list[str], times: bool) -> Listing:
+    """An empty listing for the walk to fill: labels and sizes start as bytes and widen as values
+    need (`extended`), so ten million class indexes and image sizes take 2 + 4 bytes each, not 16."""
+    return Listing(root=root, classes=classes, labels=array("b"), sizes=array("b"), mtimes=array("q") if times else None)
 
 
 ClassTask = tuple[str, str, int]  # a class folder's path, its name, its label
@@ -104,8 +109,8 @@ def _walk_classes(classes: list[ClassTask], listing: Listing, seen_dirs: set[tup
                 break
             seen_dirs |= visited
             listing.paths.extend(part.paths)
-            listing.labels.extend(part.labels)
-            listing.sizes.extend(part.sizes)
+            listing.labels = extended(listing.labels, part.labels)
+            listing.sizes = extended(listing.sizes, part.sizes)
             if listing.mtimes is not None:
                 listing.mtimes.extend(part.mtimes)  # type: ignore[arg-type]
             listing.newest_mtime = max(listing.newest_mtime, part.newest_mtime)
@@ -123,7 +128,7 @@ def _walk_class(task: tuple[ClassTask, frozenset[tuple[int, int]], ClassIds, fro
                 ) -> tuple[Listing, set[tuple[int, int]]]:
     """One class folder, walked in a pool process: its listing, and the directories it visited."""
     (path, name, label), seen, class_ids, companions = task
-    part = Listing(root=path, classes=[], mtimes=array("q"))
+    part = walk_listing(path, [], True)
     seen_dirs = set(seen)
     _walk(path, name, label, part, seen_dirs, class_ids, companions)
     return part, seen_dirs - seen
@@ -167,8 +172,8 @@ def _walk(path: str, rel: str, label: int, listing: Listing, seen_dirs: set[tupl
         if isinstance(item[0], list):
             rels, sizes, mtimes = item
             listing.paths.extend(rels)
-            listing.labels.extend(array("q", [label]) * len(rels))
-            listing.sizes.extend(sizes)
+            listing.labels = extended(listing.labels, [label] * len(rels))
+            listing.sizes = extended(listing.sizes, sizes)
             if listing.mtimes is not None:
                 listing.mtimes.extend(mtimes)
             listing.newest_mtime = max(listing.newest_mtime, max(mtimes, default=0))
