@@ -31,7 +31,7 @@ class PathList(Sequence[str]):
     repeated folder names. Here the paths are cut into blocks of BLOCK; each path keeps only what
     follows the bytes it shares with its block's first path (at most 255, one byte in `_shared`),
     ended by a NUL. In sorted order a block's paths share their folder and most of their name:
-    "n00000001/img_00001234.JPEG" stores "34.JPEG" and two bytes. Any path is its block's first
+    "n00000001/img_00001234.JPEG" stores "234.JPEG" and two bytes. Any path is its block's first
     path's prefix plus its own bytes, so random access decodes one path, not its block's chain.
 
     `take` returns a view: the positions it picked, over the same buffer (a permutation of ten
@@ -67,12 +67,11 @@ class PathList(Sequence[str]):
         items = iter(paths)
         while piece := list(itertools.islice(items, self.BLOCK - self._len % self.BLOCK)):
             encoded = os.fsencode("\0".join(piece)).split(b"\0")
-            if self._len % self.BLOCK == 0:
+            whole = self._len % self.BLOCK == 0  # a block's first path is stored whole
+            if whole:
                 self._starts.append(len(self._data))
                 self._base = encoded[0]
-            shared = [shared_length(self._base, path, self.MAX_SHARED) for path in encoded]
-            if self._len % self.BLOCK == 0:  # a block's first path is stored whole
-                shared[0] = 0
+            shared = [0] * whole + shared_counts(self._base, encoded[whole:], self.MAX_SHARED)
             self._shared += bytes(shared)
             self._data += b"\0".join([path[count:] for path, count in zip(encoded, shared)]) + b"\0"
             self._len += len(piece)
@@ -142,8 +141,12 @@ class PathList(Sequence[str]):
                 end = self._starts[number + 1] if number + 1 < len(self._starts) else len(self._data)
                 pieces = bytes(self._data[self._starts[number]:end - 1]).split(b"\0")
                 base = pieces[0]
-                shared = self._shared[number * self.BLOCK:number * self.BLOCK + len(pieces)]
-                joined = b"\0".join([base[:count] + piece for count, piece in zip(shared, pieces)])
+                shared = self._shared[number * self.BLOCK + 1:number * self.BLOCK + len(pieces)]
+                if shared and shared.count(shared[0]) == len(shared):  # the usual block: one join
+                    prefix = base[:shared[0]]
+                    joined = base + b"\0" + prefix + (b"\0" + prefix).join(pieces[1:])
+                else:
+                    joined = b"\0".join([base, *(base[:count] + piece for count, piece in zip(shared, pieces[1:]))])
             text = joined.decode(sys.getfilesystemencoding(), sys.getfilesystemencodeerrors())
             self._cached = (number, text.split("\0"))
         return self._cached[1]
@@ -183,12 +186,18 @@ class PathList(Sequence[str]):
         return f"PathList({list(self)!r})"
 
 
-def shared_length(base: bytes, path: bytes, most: int) -> int:
-    """How many leading bytes `path` shares with `base`, up to `most`: the bytes after the first
-    that differs, read as one integer, are zero (one XOR of two ints, no loop per byte)."""
-    count = min(len(base), len(path), most)
-    differ = int.from_bytes(base[:count], "big") ^ int.from_bytes(path[:count], "big")
-    return count - (differ.bit_length() + 7) // 8
+def shared_counts(base: bytes, paths: list[bytes], most: int) -> list[int]:
+    """Leading bytes (up to `most`) each of `paths` may leave to `base`: at most what it shares
+    with it. What the base shares with all of them is one C pass (`commonprefix`: min and max);
+    in sorted order, where all are in the base's folder, each then stores the last few characters
+    of its name. Where a new folder begins among them (they share less than the first's folder),
+    the run is halved until each half's paths are in one folder or share as much as the first."""
+    count = min(len(os.path.commonprefix([base, *paths])), most) if paths else 0
+    if len(paths) <= 8 or count >= paths[0].rfind(b"/") + 1 or \
+            count == min(len(os.path.commonprefix([base, paths[0]])), most):
+        return [count] * len(paths)
+    half = len(paths) // 2
+    return shared_counts(base, paths[:half], most) + shared_counts(base, paths[half:], most)
 
 
 IGNORED_NAMES_KEPT = 1000
