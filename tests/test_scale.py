@@ -16,7 +16,8 @@ import pytest
 
 import packer.plan.order as order_module
 from packer.plan.order import arrange, full_permutation, splitmix64
-from packer.plan.plan import listing_lines, shard_bounds
+from packer.plan.options import PackOptions
+from packer.plan.plan import listing_lines, shard_bounds, write_plan
 from packer.sources.listing import Listing, PathList, extended
 from packer.sources.walk import walk
 
@@ -240,3 +241,23 @@ def test_the_packed_sort_breaks_ties_of_top_bits_by_the_whole_key(monkeypatch: p
     monkeypatch.setattr(order_module, "splitmix64_at", colliding)
     assert full_permutation(0, count).tolist() == np.argsort(splitmix64(0, 0, count), kind="stable").tolist()
     assert len(set(splitmix64(0, 0, count).tolist())) == count  # distinct, as SplitMix64's are
+
+
+def test_writing_a_shuffled_plan_holds_4_bytes_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """listing.jsonl is written from the view a shard at a time; the paths' ends are found a MiB
+    of the buffer at a time (16 MiB at once held ~30 bytes a file more at ten million)."""
+    count = 400_000
+    names = [f"n{k // 1300:08d}/img_{k:08d}.JPEG" for k in range(count)]
+    listing = Listing(root=str(tmp_path), classes=["c"], paths=PathList(names), labels=array("b", [0]) * count,
+                      sizes=array("h", [k % 1000 for k in range(count)]))
+    arrange(listing, "shuffled", 0)
+    monkeypatch.setattr(order_module, "arrange", lambda *args: None)  # arranged already: trace the writing alone
+    tracemalloc.start()
+    plan = write_plan(tmp_path / "out", listing, PackOptions(format="wds", order="shuffled"))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    expected = np.argsort(splitmix64(0, 0, count))
+    lines = (tmp_path / "out" / ".pack" / "listing.jsonl").read_text().splitlines()
+    assert lines[:3] + lines[-1:] == [json.dumps([names[k], 0, int(k) % 1000]) for k in [*expected[:3], expected[-1]]]
+    assert plan.num_listed == len(lines) == count
+    assert peak < 5 * count + (3 << 20)  # 3 MB: a MiB of the buffer searched, a shard of lines

@@ -107,8 +107,8 @@ class PathList(Sequence[str]):
             data = np.frombuffer(self._data, dtype=np.uint8)  # a view: _data is not resized meanwhile
             ends = np.empty(self._len, dtype=np.uint32 if len(data) < 2**32 else np.int64)
             found = 0
-            for first in range(0, len(data), 1 << 24):
-                chunk = np.flatnonzero(data[first:first + (1 << 24)] == 0) + (first + 1)
+            for first in range(0, len(data), 1 << 20):
+                chunk = np.flatnonzero(data[first:first + (1 << 20)] == 0) + (first + 1)
                 ends[found:found + len(chunk)] = chunk
                 found += len(chunk)
             self._ends = ends
