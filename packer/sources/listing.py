@@ -132,24 +132,31 @@ class PathList(Sequence[str]):
         gather = np.repeat(starts - offsets, lengths) + np.arange(int(lengths.sum()))
         return data[gather].tobytes()
 
+    VIEW_BLOCKS = 16
+    """A view decodes this many blocks at once: one gather of ~4,000 paths, not 16 of 256."""
+
     def _block(self, number: int) -> list[str]:
-        if self._cached[0] != number:
+        first = number * self.BLOCK
+        cached_first, cached = self._cached
+        if not cached_first <= first < cached_first + len(cached):
             if self._source is not None:
-                first = number * self.BLOCK
-                joined = self._source._picked_bytes(self._positions[first:first + self.BLOCK])[:-1]
+                positions = self._positions[first:first + self.VIEW_BLOCKS * self.BLOCK]
+                joined = self._source._picked_bytes(positions)[:-1]
             else:
                 end = self._starts[number + 1] if number + 1 < len(self._starts) else len(self._data)
                 pieces = bytes(self._data[self._starts[number]:end - 1]).split(b"\0")
                 base = pieces[0]
-                shared = self._shared[number * self.BLOCK + 1:number * self.BLOCK + len(pieces)]
+                shared = self._shared[first + 1:first + len(pieces)]
                 if shared and shared.count(shared[0]) == len(shared):  # the usual block: one join
                     prefix = base[:shared[0]]
                     joined = base + b"\0" + prefix + (b"\0" + prefix).join(pieces[1:])
                 else:
                     joined = b"\0".join([base, *(base[:count] + piece for count, piece in zip(shared, pieces[1:]))])
             text = joined.decode(sys.getfilesystemencoding(), sys.getfilesystemencodeerrors())
-            self._cached = (number, text.split("\0"))
-        return self._cached[1]
+            cached_first, cached = self._cached = (first, text.split("\0"))
+        if len(cached) <= self.BLOCK:
+            return cached
+        return cached[first - cached_first:first - cached_first + self.BLOCK]
 
     @overload
     def __getitem__(self, index: int) -> str: ...
