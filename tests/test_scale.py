@@ -181,12 +181,16 @@ def test_sorted_paths_keep_only_what_their_block_does_not_share() -> None:
 
 
 @pytest.mark.usefixtures("small_blocks")
-def test_taken_paths_are_a_view_of_positions() -> None:
+def test_taken_paths_are_a_view_of_positions(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(PathList, "VIEW_BLOCKS", 2)  # a view decodes 6 paths at a time
     names = [f"d{k % 3}/{'é' if k % 4 == 0 else ''}f{k}.jpg" for k in range(20)] + [ODD_NAME]
     paths = PathList(names)
-    picked = [20, 3, 3, 0, 19, 7]
+    picked = [20, 3, 3, 0, 19, 7, 1, 2, 11, 5, 6, 18, 4]
     taken = paths.take(picked)
-    assert taken == [names[k] for k in picked] and len(taken._data) == 0 and taken._positions.dtype == np.int32
+    expected = [names[k] for k in picked]
+    assert taken == expected and len(taken._data) == 0 and taken._positions.dtype == np.int32
+    assert [taken[k] for k in reversed(range(len(picked)))] == expected[::-1]
+    assert all(taken[start:stop] == expected[start:stop] for start in range(14) for stop in range(start, 15))
     again = taken.take([5, 0, 1])  # positions of the original, not a view of a view
     assert again == [names[7], names[20], names[3]] and again._source is paths
     again.append("z.jpg")  # a view that grows holds its own paths
