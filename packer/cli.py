@@ -424,7 +424,7 @@ def merge_command(out: Path | str, on_error: str, max_errors: int | None, split:
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def verify_command(out: Path | str, full: bool, quiet: bool) -> None:
     """Check OUT's shards against index.json (presence, size, sha256, sample counts) and index.json against them."""
-    from .inspect.dataset import read_manifest  # reads through `readers`, which imports torch: only when asked
+    from readers.stores import read_manifest  # only when asked
     from .inspect.verify import verify
 
     total = read_manifest(out).num_samples
@@ -473,6 +473,7 @@ def info_command(out: Path | str, as_json: bool) -> None:
                    "packs it shuffled" if mixing["class_sorted"] else "mixed")
         click.echo(f"mixing       shards hold {mixing['shard_classes']:.0f} classes (median), a shuffled pack's "
                    f"{mixing['shuffled_classes']:.0f}: {verdict}")
+    click.echo(f"read         {printable(info['read'])}")
     changed = non_default_options(info["options"])
     click.echo("options      " + (printable(", ".join(f"{key}={value}" for key, value in changed.items()))
                                   if changed else "all defaults"))
@@ -595,6 +596,7 @@ def bench(out: Path, batch_sizes: tuple[int, ...], max_workers: int | None, deco
             last = [r for r in report.results if r.batch_size == batch_size][-1]
             click.echo(f"  {last.num_workers} workers gained under {MIN_GAIN:.0%} over {result.num_workers}, so "
                        f"{', '.join(map(str, report.untried[batch_size]))} were not tried")
+    click.echo(f"reading: {printable(report.read)}")
     best = report.best
     click.echo(f"recommended: batch {best.batch_size}, num_workers={best.num_workers} "
                f"({best.samples_per_second:.0f} samples/s, decode={decode!r})")

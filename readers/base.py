@@ -6,18 +6,19 @@ import bisect
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterator, Sequence
+from typing import Any, Callable, ClassVar, Iterator, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 from PIL import Image
-from torch.utils.data import Dataset, get_worker_info
+from torch.utils.data import Dataset as TorchDataset
+from torch.utils.data import get_worker_info
 
-from .cache import Lease
+from .cache import CachedFile, Lease
 from .decode import get_decoder
 from .fields import BUILTIN_FIELDS, FieldSpec
 from .manifest import (ON_ERROR_MODES, DatasetChanged, DatasetError, FileInfo, Manifest, ShardInfo, load_manifest,
                        payload_crc32)
-from .order import ShardOrders
+from .read_order import EpochOrders, ShardOrders
 from .remote import LocalFiles, ShardFiles
 
 Fields = dict[str, Any]  # a sample's stored fields, by name: the values of `PackedDataset.wanted`
@@ -90,7 +91,38 @@ def sample_index(index: int, size: int) -> int:
     return position
 
 
-class PackedDataset(Dataset):
+class Shard(CachedFile, Protocol):
+    """A shard as the loaders see it: what the cache needs of its file, and how many samples it holds."""
+
+    @property
+    def num_samples(self) -> int: ...
+
+
+@runtime_checkable
+class Dataset(Protocol):
+    """What the loaders (`readers.loader`, `readers.streaming`) need of a dataset: one from
+    `open_dataset` (a `PackedDataset`) and several read as one (`readers.mix`, a MixedDataset)
+    alike. Global sample indices and shard numbers; `orders()` says what an epoch reads."""
+
+    root: str | Path
+    files: ShardFiles
+    fields: tuple[str, ...]
+    decode: str
+
+    @property
+    def shards(self) -> Sequence[Shard]: ...
+    def orders(self) -> EpochOrders: ...
+    def field_spec(self, name: str) -> FieldSpec | None: ...
+    def __len__(self) -> int: ...
+    def __getitem__(self, index: int) -> tuple[Any, ...]: ...
+    def stream_records(self, shard: int, start: int, stop: int
+                       ) -> Iterator[tuple[int, Record | DeferredRecord | DatasetError]]: ...
+    def close_shard(self, shard: int) -> None: ...
+    def decode_sample(self, index: int, meta: dict[str, Any], payload: memoryview,
+                      fields: Fields) -> tuple[Any, ...]: ...
+
+
+class PackedDataset(TorchDataset):
     """Map-style dataset over the shards of one manifest.
 
     Subclasses implement `_read(shard, local_index) -> (meta, payload, fields)`, `fields` holding
@@ -180,15 +212,19 @@ class PackedDataset(Dataset):
         shard = bisect.bisect_right(self._starts, index) - 1
         return shard, index - self._starts[shard]
 
-    def handle(self, shard: int) -> Any:
-        """The open handle for a shard in this process, opened on first use."""
+    def handle(self, shard: int, *, sequential: bool = False) -> Any:
+        """The open handle for a shard in this process, opened on first use (`sequential`: to be
+        read front to back, see `ShardFiles.lease`)."""
         if self._pid != os.getpid():
             self._handles = {}
             self._leases = {}
             self._pid = os.getpid()
         handle = self._handles.get(shard)
+        if handle is not None and any(lease.superseded() for lease in self._leases[shard]):
+            self.close_shard(shard)  # read in place while it was copied: the copy has landed
+            handle = None
         if handle is None:
-            self._leases[shard] = self._lease(shard)
+            self._leases[shard] = self._lease(shard, sequential)
             try:
                 handle = self._handles[shard] = self._open(shard)
             except BaseException:
@@ -206,14 +242,15 @@ class PackedDataset(Dataset):
         return max((info.bytes + sum(sidecar.bytes for sidecar in self.read_sidecars(shard))
                     for shard, info in enumerate(self.manifest.shards)), default=0)
 
-    def _lease(self, shard: int) -> list[Lease]:
+    def _lease(self, shard: int, sequential: bool = False) -> list[Lease]:
         """Leases on the shard's file and the sidecars it reads; when the cache is full, this
         process's own oldest open shards are closed first."""
         info = self.manifest.shards[shard]
         leases: list[Lease] = []
         try:
             for file in (info, *self.read_sidecars(shard)):
-                leases.append(self.files.lease(file, make_room=lambda: self._close_oldest(keep=shard)))
+                leases.append(self.files.lease(file, make_room=lambda: self._close_oldest(keep=shard),
+                                               sequential=sequential))
         except BaseException:
             for lease in leases:
                 lease.release()
@@ -291,7 +328,7 @@ class PackedDataset(Dataset):
         $LOCAL_WORLD_SIZE): a worker idle between batches must not hold the room another worker's
         batch waits for (the main process waits for that batch first, so the idle one gets no more
         work: two workers in a 3-shard cache hung so)."""
-        cache = getattr(self.files, "cache", None)
+        cache = self.files.cache
         if cache is None or cache.limit is None:
             return
         info = get_worker_info()
@@ -347,6 +384,10 @@ class PackedDataset(Dataset):
         a damaged one comes as its DatasetError, so the caller decides what `on_error` says. A
         format may hand DeferredRecords, which the stream settles before it closes the generator."""
         first = int(self._offsets[shard])
+        try:
+            self.handle(shard, sequential=True)  # opened to be read front to back: see ShardFiles.lease
+        except DatasetError:
+            pass  # each read below says why, as `on_error` decides
         for local in range(start, stop):
             try:
                 yield local, self._checked_read(first + local)

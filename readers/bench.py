@@ -46,6 +46,8 @@ class BenchReport:
     """Per batch size, the setting the climb stopped at."""
     untried: dict[int, list[int]]
     """Per batch size, the worker counts the climb stopped before (the last one measured gained too little)."""
+    read: str
+    """How the dataset was read, and why (`ShardFiles.strategy`)."""
 
     @property
     def best(self) -> BenchResult:
@@ -137,7 +139,8 @@ def bench_loader(
         results += measured
         recommended[batch_size] = best
         untried[batch_size] = counts[len(measured):]
-    return BenchReport(dataset=str(path), decode=decode, results=results, recommended=recommended, untried=untried)
+    return BenchReport(dataset=str(path), decode=decode, results=results, recommended=recommended, untried=untried,
+                       read=dataset.files.strategy)
 
 
 def default_note(recommended: int) -> str:

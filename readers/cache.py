@@ -196,12 +196,16 @@ def _remove_lock(path: Path, fd: int) -> None:
 
 
 class Lease:
-    """A reference to one cached file: while it is held, no process on the node evicts the file."""
+    """A reference to one cached file: while it is held, no process on the node evicts the file.
+    A file read in place while it is copied into the cache holds nothing, and is `superseded` once
+    its copy has landed (`landed` is set): its reader may then reopen it from the copy."""
 
-    def __init__(self, path: Path, fd: int | None = None, room: tuple[Path, int] | None = None) -> None:
+    def __init__(self, path: Path, fd: int | None = None, room: tuple[Path, int] | None = None,
+                 landed: threading.Event | None = None) -> None:
         self.path = path
         self._fd = fd
-        self._room = room  # (cache folder, bytes) counted in `leased_here` while held
+        self._room = room
+        self._landed = landed  # (cache folder, bytes) counted in `leased_here` while held
         if fd is not None and room is not None:
             with _HELD_GUARD:
                 _LEASED_BYTES[room[0]] = _LEASED_BYTES.get(room[0], 0) + room[1]
@@ -212,6 +216,9 @@ class Lease:
                 with _HELD_GUARD:
                     _LEASED_BYTES[self._room[0]] -= self._room[1]
             self._fd = None
+
+    def superseded(self) -> bool:
+        return self._landed is not None and self._landed.is_set()
 
     def __enter__(self) -> Path:
         return self.path

@@ -8,7 +8,8 @@ from typing import Any, Callable, Sequence
 from .base import PackedDataset
 from .formats import ALIASES, FORMATS, Registry
 from .manifest import DatasetError
-from .remote import CachedFiles, open_files
+from .mounts import DEFAULT_STORAGE
+from .stores import ReadOptions, open_files
 
 # Loaded on first use: opening an LMDB dataset never imports h5py.
 DATASETS: Registry[type[PackedDataset]] = Registry({name: spec.dataset for name, spec in FORMATS.items()}, ALIASES)
@@ -26,7 +27,7 @@ def open_dataset(
     cache_dir: str | os.PathLike[str] | None = None,
     cache_limit: int | str | None = None,
     storage_options: dict[str, Any] | None = None,
-    storage: str = "local",
+    storage: str = DEFAULT_STORAGE,
 ) -> PackedDataset:
     """Open a packed dataset, a directory or any fsspec URL; the format is read from its `index.json`.
 
@@ -37,11 +38,12 @@ def open_dataset(
     limit) caps it, evicting the least recently used shards no reader holds. `storage_options`
     go to fsspec (endpoint, credentials, anon=True), as do fsspec's config and the environment.
 
-    `storage` says where a directory is: "network" reads it as a URL is (each shard copied whole
-    into the cache, with large reads several at a time, then read there), "local" (the default) in place;
-    "auto" asks the mount table: NFS, Lustre, GPFS, SMB, 9p, FUSE and the like are networked. Not
-    the default: at 0.2-1 ms a round trip, LMDB and HDF5 streamed in place finish sooner
-    (docs/netfs.md has the figures).
+    `storage` says where a directory is: "local" (the default) reads it in place; "network" reads
+    each shard in place at once while it is copied into the cache behind the reads, then from the
+    copy (streaming reads in place, front to back in large reads, and copies nothing); "auto" asks
+    the mount table: NFS, Lustre, GPFS, SMB, 9p, FUSE and the like are networked. Not the default:
+    faster map-style from ~1 ms a round trip, but at 0.2 ms the copies slowed a first map-style
+    epoch 10-40% (docs/netfs.md has the figures).
 
     `on_error="fail"` raises `DatasetError` on a damaged sample; `"skip"` stands the next readable
     sample in for it and counts it in `dataset.skipped` (per process). The words are those of
@@ -50,8 +52,7 @@ def open_dataset(
     `decode_size=(H, W)` decodes images straight to about that size (JPEG DCT scaling, a
     power-of-two reduction) when the training transform resizes or crops small anyway.
     """
-    files, manifest = open_files(path, cache_dir=cache_dir, cache_limit=cache_limit, storage_options=storage_options,
-                                 storage=storage)
+    files, manifest = open_files(path, ReadOptions(cache_dir, cache_limit, storage_options, storage))
     try:
         cls = DATASETS[manifest.format]
     except KeyError:
@@ -67,7 +68,7 @@ def open_dataset(
         on_error=on_error,
         decode_size=decode_size,
     )
-    if isinstance(files, CachedFiles):  # before anything is downloaded: the limit must hold a few shards
+    if files.cache is not None:  # before anything is copied: the limit must hold a few shards
         files.cache.check_limit(dataset.largest_lease())
     return dataset
 

@@ -1,4 +1,4 @@
-"""The one table of formats: for each, its layout module, writer, dataset class and aliases.
+"""The one table of formats: for each, its layout module, writer, dataset class, aliases and stream.
 
 A fourth format is a layout (`readers/layouts/`), a writer (`packer/write/writers/`), a dataset
 (`readers/`) and one row here. Everything is named by import path and loaded on first use:
@@ -28,6 +28,10 @@ class Format:
     """The fewest bytes a sample takes in a shard file: index.json's counts and sizes must agree
     with it (a wds sample is three members, each behind a 512-byte header)."""
     aliases: tuple[str, ...] = ()
+    stream: str = ""
+    """"module:Class" of what its dataset's `stream()` gives, where it has one (an IterableDataset
+    in stored order, above the format in readers.streaming); named here so the format's module
+    never imports the streaming loader."""
 
 
 FORMATS: dict[str, Format] = {
@@ -39,7 +43,7 @@ FORMATS: dict[str, Format] = {
                extension=".h5", min_sample_bytes=20),  # a label, a CRC-32 and a codec name per sample
         Format("wds", "readers.layouts.wds", "packer.write.writers.wds:WdsWriter", "readers.wds:WdsDataset",
                extension=".tar", sidecars=(".packidx", ".idx"), min_sample_bytes=3 * 512,
-               aliases=("webdataset",)),
+               aliases=("webdataset",), stream="readers.streaming:WdsStream"),
     )
 }
 ALIASES: dict[str, str] = {alias: spec.name for spec in FORMATS.values() for alias in spec.aliases}

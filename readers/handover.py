@@ -12,6 +12,12 @@ and unpickles it. Two kinds of batch column cost most on that way, and cross oth
   six times (pickle, pipe write, pipe read, the reader's buffer, unpickle) at 30-37 us of CPU per
   sample in the two processes; through the ring twice, at 11-12 us (docs/benchmarks.md, "Streaming
   against the peers").
+- A batch of any other shape (a custom collate_fn's list of samples, a dict) is converted as
+  DataLoader's fetcher converts what a worker yields (`default_convert`: tuples become lists,
+  numeric arrays tensors), then pickled in the worker with its bytes values left out and copied
+  into the ring (`RingPickle`); the main process unpickles it with those values copied out, so
+  the batch comes out as DataLoader would have given it (same containers, types and order)
+  without its images crossing the pipe.
 
 A ring holds `slots` batches. DataLoader asks a worker for its batch k only once the main process
 has taken the worker's batch k - prefetch_factor from the DataLoader, and the loader copies each
@@ -22,17 +28,24 @@ copied out), and a batch that would overwrite one not yet copied crosses the pip
 
 from __future__ import annotations
 
+import io
 import os
+import pickle
 import shutil
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data._utils.collate import default_collate
+from torch.utils.data._utils.collate import default_collate, default_convert
+from torch.utils.data._utils.pin_memory import pin_memory
 
 RING_HEADER = 64
 """Bytes before a ring's slots: an int64, how many of its batches the main process copied out."""
 MIN_SLOT_BYTES = 1 << 16
+MIN_RING_VALUE = 512
+"""Bytes values of a `RingPickle` shorter than this stay in its pickle: their bounds cost about as
+much to send as they do."""
 SHM_DIR = "/dev/shm"  # where torch's shared memory lives on Linux (a small tmpfs in many containers)
 
 
@@ -54,6 +67,63 @@ class RingColumn:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return RingColumn, (self.ring, self.batch, self.bounds, self.memory, self.replaces)
+
+
+class RingPickle(RingColumn):
+    """A batch of another shape than a list of columns, pickled in the worker (`pickled`) with its
+    bytes values in the ring (persistent ids 0, 1, ...: value i is bytes [bounds[i], bounds[i + 1]))
+    and the objects DataLoader's pickler shares itself, tensors above all, left `aside` (ids -1,
+    -2, ...) to cross as DataLoader sends them."""
+
+    __slots__ = ("pickled", "aside")
+
+    def __init__(self, ring: int, batch: int, bounds: list[int], memory: torch.Tensor | None,
+                 replaces: int | None, pickled: bytes, aside: list[Any]) -> None:
+        super().__init__(ring, batch, bounds, memory, replaces)
+        self.pickled, self.aside = pickled, aside
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return RingPickle, (self.ring, self.batch, self.bounds, self.memory, self.replaces, self.pickled, self.aside)
+
+
+class _LeavingBytes(pickle.Pickler):
+    """Pickles a batch with its bytes values (of MIN_RING_VALUE or more) and the objects DataLoader's
+    pickler has its own reduction for (tensors, storages) replaced by persistent ids."""
+
+    def __init__(self, file: io.BytesIO) -> None:
+        super().__init__(file, pickle.HIGHEST_PROTOCOL)
+        self.values: list[bytes] = []
+        self.aside: list[Any] = []
+        self._ids: dict[int, int] = {}  # id(obj) -> its persistent id: a value met twice is sent once
+
+    def persistent_id(self, obj: Any) -> Any:
+        kind = type(obj)
+        if kind is bytes:
+            if len(obj) < MIN_RING_VALUE:
+                return None
+            found = self._ids.get(id(obj))
+            if found is None:
+                found = self._ids[id(obj)] = len(self.values)
+                self.values.append(obj)
+            return found
+        if kind in ForkingPickler._extra_reducers:
+            found = self._ids.get(id(obj))
+            if found is None:
+                self.aside.append(obj)
+                found = self._ids[id(obj)] = -len(self.aside)
+            return found
+        return None
+
+
+class _TakingBytes(pickle.Unpickler):
+    """Unpickles a `RingPickle`'s batch with the values copied out of the ring and the objects set aside."""
+
+    def __init__(self, pickled: bytes, values: list[bytes], aside: list[Any]) -> None:
+        super().__init__(io.BytesIO(pickled))
+        self.values, self.aside = values, aside
+
+    def persistent_load(self, pid: Any) -> Any:
+        return self.values[pid] if pid >= 0 else self.aside[-pid - 1]
 
 
 def shared_bytes(size: int) -> torch.Tensor | None:
@@ -91,8 +161,8 @@ class ByteRing:
 
 
 class RingWriter:
-    """A worker's side for one pass (one `iter()` of the loader): the bytes columns of each batch
-    into its ring, made at the first batch and remade twice as large for a batch that outgrows it."""
+    """A worker's side for one pass (one `iter()` of the loader): the bytes of each batch into its
+    ring, made at the first batch and remade twice as large for a batch that outgrows it."""
 
     def __init__(self, slots: int) -> None:
         self.slots = slots
@@ -100,14 +170,43 @@ class RingWriter:
         self.off = slots < 1
 
     def pack(self, batch: Any) -> Any:
-        """`batch` (a list of columns) with its columns of bytes in the ring, if there is room."""
-        if self.off or type(batch) is not list:
+        """`batch` with its bytes in the ring, if there is room: a list of columns with its columns
+        of bytes as `RingColumn`s, any other batch holding bytes values as a `RingPickle`."""
+        if self.off:
             return batch
-        columns = [k for k, column in enumerate(batch)
-                   if type(column) is list and column and all(type(value) is bytes for value in column)]
-        if not columns:
+        if type(batch) is list:
+            columns = [k for k, column in enumerate(batch)
+                       if type(column) is list and column and all(type(value) is bytes for value in column)]
+            if columns:
+                placed = self._place([batch[k] for k in columns])
+                if placed is None:
+                    return batch
+                ring, number, bounds, memory, replaces = placed
+                packed = list(batch)
+                for k, column_bounds in zip(columns, bounds):
+                    packed[k] = RingColumn(ring, number, column_bounds, memory, replaces)
+                    memory = replaces = None
+                return packed
+        buffer = io.BytesIO()
+        pickler = _LeavingBytes(buffer)
+        try:
+            pickler.dump(default_convert(batch))  # as DataLoader's fetcher would have converted it (tuples to lists)
+        except (pickle.PicklingError, TypeError, AttributeError):  # DataLoader's own pickling says what it says
             return batch
-        size = sum(len(value) for k in columns for value in batch[k])
+        if not pickler.values:
+            return batch
+        placed = self._place([pickler.values])
+        if placed is None:
+            return batch
+        ring, number, bounds, memory, replaces = placed
+        return RingPickle(ring, number, bounds[0], memory, replaces, buffer.getvalue(), pickler.aside)
+
+    def _place(self, groups: list[list[bytes]]) -> tuple[int, int, list[list[int]], torch.Tensor | None,
+                                                         int | None] | None:
+        """Copies `groups` of bytes values into the next slot: the ring's id, the batch's number in
+        it, each group's bounds, the ring's memory when it is named for the first time and the ring
+        it replaces; None when the slot waits to be copied out or shared memory is short."""
+        size = sum(len(value) for group in groups for value in group)
         ring = self.ring
         replaces = None
         if ring is None or size > ring.slot_bytes:
@@ -115,26 +214,26 @@ class RingWriter:
             memory = shared_bytes(RING_HEADER + self.slots * slot_bytes)
             if memory is None:
                 self.off = True
-                return batch
+                return None
             replaces = ring.id if ring is not None else None
             ring = self.ring = ByteRing(memory, self.slots, slot_bytes)
         if not ring.free():
-            return batch
+            return None
         position = RING_HEADER + (ring.batches % ring.slots) * ring.slot_bytes
         view = ring.view
-        packed = list(batch)
-        for k in columns:
-            bounds = [position]
-            for value in batch[k]:
+        bounds = []
+        for group in groups:
+            group_bounds = [position]
+            for value in group:
                 end = position + len(value)
                 view[position:end] = value
                 position = end
-                bounds.append(end)
-            packed[k] = RingColumn(ring.id, ring.batches, bounds, None if ring.named else ring.memory, replaces)
-            ring.named = True
-            replaces = None
+                group_bounds.append(end)
+            bounds.append(group_bounds)
+        named = None if ring.named else ring.memory
+        ring.named = True
         ring.batches += 1
-        return packed
+        return ring.id, ring.batches - 1, bounds, named, replaces
 
 
 class Handover:
@@ -145,8 +244,9 @@ class Handover:
         self._rings: dict[int, tuple[memoryview, np.ndarray]] = {}
 
     def settle(self, batch: Any, pin: bool = False) -> Any:
-        """`batch` with each Scalars a tensor (pinned if asked) and each RingColumn a list of bytes,
-        within lists and tuples; the rings read from may then reuse the batch's slot."""
+        """`batch` with each Scalars a tensor (pinned if asked), each RingColumn a list of bytes and
+        each RingPickle its batch (its tensors pinned if asked), within lists and tuples; the rings
+        read from may then reuse the batch's slot."""
         copied: dict[int, int] = {}
         settled = self._settle(batch, pin, copied)
         for ring, number in copied.items():
@@ -157,6 +257,9 @@ class Handover:
         if isinstance(batch, Scalars):
             tensor = default_collate(list(batch))
             return tensor.pin_memory() if pin else tensor
+        if isinstance(batch, RingPickle):
+            aside = [pin_memory(value) for value in batch.aside] if pin else batch.aside
+            return _TakingBytes(batch.pickled, self._copy_out(batch, copied), aside).load()
         if isinstance(batch, RingColumn):
             return self._copy_out(batch, copied)
         if type(batch) in (list, tuple) and any(isinstance(item, (Scalars, RingColumn, list, tuple)) for item in batch):

@@ -1,4 +1,4 @@
-"""The training loader: DDP-equal ranks, epochs and mid-epoch resume, over `readers.order`.
+"""The training loader: DDP-equal ranks, epochs and mid-epoch resume, over `readers.read_order`.
 
 Map-style (the default): the sampler computes each epoch's order in the main process. DataLoader
 workers receive index batches and never hold the order, so their memory does not grow with the
@@ -23,14 +23,22 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 from torch.utils.data._utils.collate import default_collate
 
-from .base import PackedDataset
+from .base import Dataset, PackedDataset
 from .cache import end_waits_with_parent, format_size
 from .cpus import THREAD_VARIABLES, default_num_workers
 from .handover import Handover, Scalars
-from .mixed import MIX_FIELDS, MixedDataset, sources_of
-from .order import DEFAULT_SHUFFLE_WINDOW, EpochOrders, LoaderMode, RankSplit, split_for_rank
+from .mixed import MIX_FIELDS, sources_of
+from .read_order import (
+    DEFAULT_SHUFFLE_WINDOW,
+    EpochOrders,
+    LoaderMode,
+    RankSplit,
+    renamed_arguments,
+    renamed_state,
+    split_for_rank,
+)
 from .streaming import (
-    DEFAULT_MIX_SHARDS,
+    DEFAULT_INTERLEAVE,
     DEFAULT_PREFETCH_SHARDS,
     DEFAULT_SHUFFLE_BUFFER,
     ShardStream,
@@ -129,7 +137,7 @@ class SampleCollate:
     fields) come out as `Scalars`, which the loader stacks in the main process (`Handover.settle`).
     """
 
-    def __init__(self, dataset: PackedDataset | MixedDataset, *, scalars_as_lists: bool = False) -> None:
+    def __init__(self, dataset: Dataset, *, scalars_as_lists: bool = False) -> None:
         self.stack = [name in ("image", "label", "index", *MIX_FIELDS) or (spec is not None and spec.stackable)
                       for name, spec in ((name, dataset.field_spec(name)) for name in dataset.fields)]
         self.image = dataset.fields.index("image") if "image" in dataset.fields else None
@@ -263,7 +271,7 @@ class PackedLoader:
     `len()` is the number of batches per rank in a full epoch, the same on every rank.
     """
 
-    def __init__(self, dataset: PackedDataset | MixedDataset, sampler: ShardWindowBatchSampler | ShardStream,
+    def __init__(self, dataset: Dataset, sampler: ShardWindowBatchSampler | ShardStream,
                  **dataloader_args: Any) -> None:
         self.dataset = dataset
         self.sampler = sampler
@@ -420,21 +428,22 @@ class StreamingLoader(PackedLoader):
         return tuple(batch) if self.sampler.mode == "eval" else batch
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """As PackedLoader's; where the width of the shard mix was chosen (`mix_shards` not given),
+        """As PackedLoader's; where the interleave's width was chosen (`interleave` not given),
         the state's width is taken if the cache holds it, so the rest of the epoch is the one saved."""
-        mine, saved, widest = self.sampler.mix_shards, state.get("mix_shards"), self.sampler.widest_mix
+        state = renamed_state(state)
+        mine, saved, widest = self.sampler.interleave, state.get("interleave"), self.sampler.widest_interleave
         if widest is not None and isinstance(saved, int) and saved >= 1 and saved != mine:
             workers = max(1, self.sampler.num_workers)
             tight = tight_cache(self.dataset, saved, workers)
             if tight is not None:
-                raise ValueError(f"loader state was saved reading mix_shards={saved} shards at once; cache_limit "
+                raise ValueError(f"loader state was saved reading interleave={saved} shards at once; cache_limit "
                                  f"{format_size(tight[0])} holds {widest} for {workers} workers: to resume exactly, "
                                  f"raise cache_limit to hold {tight[1]} of this dataset's largest shard")
-            self.sampler.mix_shards = saved
+            self.sampler.interleave = saved
         try:
             super().load_state_dict(state)
         except ValueError:
-            self.sampler.mix_shards = mine
+            self.sampler.interleave = mine
             raise
 
 
@@ -452,7 +461,8 @@ def _datasets_changed(saved: list[str], now: list[str]) -> str:
 
 def warn_class_sorted(dataset: PackedDataset) -> None:
     """Streaming a class-sorted pack feeds batches of a few classes: a warning (once per line of the
-    caller's that makes such a loader, as Python shows warnings)."""
+    caller's that makes such a loader, as Python shows warnings: past make_loader and its
+    `renamed_arguments`)."""
     mixing = dataset.manifest.class_mixing()
     if mixing is None or not dataset.manifest.class_sorted():
         return
@@ -460,28 +470,28 @@ def warn_class_sorted(dataset: PackedDataset) -> None:
     warnings.warn(
         f"{root}: its shards hold {mixing[0]:.0f} classes each where a shuffled pack's would hold {mixing[1]:.0f}, "
         f"so streamed batches hold few classes (a worse model, with no error); pack it again, shuffled: "
-        f"pack {dataset.manifest.format} {root} NEW_OUT", stacklevel=3)
+        f"pack {dataset.manifest.format} {root} NEW_OUT", stacklevel=4)
 
 
-def check_cache_room(dataset: PackedDataset | MixedDataset, mix_shards: int, workers: int) -> None:
-    """Refuse a `cache_limit` too small for `mix_shards` (`tight_cache`) in one line."""
-    tight = tight_cache(dataset, mix_shards, workers)
+def check_cache_room(dataset: Dataset, interleave: int, workers: int) -> None:
+    """Refuse a `cache_limit` too small for `interleave` (`tight_cache`) in one line."""
+    tight = tight_cache(dataset, interleave, workers)
     if tight is not None:
         limit, needed, largest = tight
         local_ranks = _local_ranks()
         ranks = f"{local_ranks} ranks x " if local_ranks > 1 else ""
         raise ValueError(
             f"cache_limit {format_size(limit)} is too small for streaming: {ranks}{workers} workers reading "
-            f"mix_shards={mix_shards} shards at once need room for {needed} of this dataset's largest shard, "
-            f"{format_size(needed * largest)}; raise cache_limit, or lower mix_shards or num_workers")
+            f"interleave={interleave} shards at once need room for {needed} of this dataset's largest shard, "
+            f"{format_size(needed * largest)}; raise cache_limit, or lower interleave or num_workers")
 
 
 def _local_ranks() -> int:
     return int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
 
 
-def tight_cache(dataset: PackedDataset | MixedDataset, mix_shards: int, workers: int) -> tuple[int, int, int] | None:
-    """A streaming worker opens a shard while it holds up to `mix_shards - 1` others in the cache:
+def tight_cache(dataset: Dataset, interleave: int, workers: int) -> tuple[int, int, int] | None:
+    """A streaming worker opens a shard while it holds up to `interleave - 1` others in the cache:
     unless the cache holds that many for every worker of every rank on the node that shares it,
     plus one, all of them could wait for room at once, for good (a cache with room for every shard
     never makes one wait). The first cache too small for that, as (its limit, the shards it must
@@ -489,32 +499,33 @@ def tight_cache(dataset: PackedDataset | MixedDataset, mix_shards: int, workers:
     folder count together: a worker's shards may be any of theirs."""
     caches: dict[Path, tuple[int, int, int]] = {}  # folder -> its limit, the largest lease, the shards
     for source in sources_of(dataset):
-        cache = getattr(source.files, "cache", None)
+        cache = source.files.cache
         if cache is not None and cache.limit is not None:
             _, largest, shards = caches.get(cache.root, (cache.limit, 0, 0))
             caches[cache.root] = (cache.limit, max(largest, source.largest_lease()), shards + len(source.manifest.shards))
     for limit, largest, shards in caches.values():
-        needed = min(_local_ranks() * workers * (mix_shards - 1) + 1, shards)  # room for all of them: none waits
+        needed = min(_local_ranks() * workers * (interleave - 1) + 1, shards)  # room for all of them: none waits
         if limit < needed * largest:
             return limit, needed, largest
     return None
 
 
-def widest_mix(dataset: PackedDataset | MixedDataset, workers: int) -> int:
-    """The most shards a streaming worker may read at once, up to DEFAULT_MIX_SHARDS, that every
+def widest_interleave(dataset: Dataset, workers: int) -> int:
+    """The most shards a streaming worker may read at once, up to DEFAULT_INTERLEAVE, that every
     capped cache of the dataset holds (`tight_cache`); 1 where none wider fits."""
-    return next((mix for mix in range(DEFAULT_MIX_SHARDS, 1, -1) if tight_cache(dataset, mix, workers) is None), 1)
+    return next((width for width in range(DEFAULT_INTERLEAVE, 1, -1) if tight_cache(dataset, width, workers) is None),
+                1)
 
 
-def log_narrow_mix(dataset: PackedDataset | MixedDataset, widest: int, workers: int) -> None:
-    """Say in one line why streaming reads fewer shards at once than DEFAULT_MIX_SHARDS."""
+def log_narrow_interleave(dataset: Dataset, widest: int, workers: int) -> None:
+    """Say in one line why streaming reads fewer shards at once than DEFAULT_INTERLEAVE."""
     tight = tight_cache(dataset, widest + 1, workers)
     assert tight is not None  # `widest` is the widest that fits
     limit, needed, largest = tight
     log.warning("%s: cache_limit %s holds %d of this dataset's largest shard, and %d workers reading %d shards at "
-                "once need room for %d: streaming reads mix_shards=%d shards at once, not %d (batches mix fewer "
+                "once need room for %d: streaming reads interleave=%d shards at once, not %d (batches mix fewer "
                 "shards; raise cache_limit for more)", dataset.root, format_size(limit), limit // largest, workers,
-                widest + 1, needed, widest, DEFAULT_MIX_SHARDS)
+                widest + 1, needed, widest, DEFAULT_INTERLEAVE)
 
 
 def start_method(context: Any) -> str:
@@ -527,7 +538,7 @@ def start_method(context: Any) -> str:
     return multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
 
 
-def check_picklable(dataset: PackedDataset | MixedDataset, method: str, functions: dict[str, Any]) -> None:
+def check_picklable(dataset: Dataset, method: str, functions: dict[str, Any]) -> None:
     """Workers started by spawn or forkserver receive the dataset pickled: a lambda or a function
     defined inside another cannot be, and DataLoader would fail in a worker with a PicklingError.
     Say which function, before any worker starts."""
@@ -548,8 +559,9 @@ def check_picklable(dataset: PackedDataset | MixedDataset, method: str, function
                              f"defined at module top level (def ...){crop}") from None
 
 
+@renamed_arguments
 def make_loader(
-    dataset: PackedDataset | MixedDataset,
+    dataset: Dataset,
     batch_size: int,
     *,
     shuffle: bool | None = None,
@@ -570,7 +582,7 @@ def make_loader(
     streaming: bool = False,
     shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER,
     prefetch_shards: int = DEFAULT_PREFETCH_SHARDS,
-    mix_shards: int | None = None,
+    interleave: int | None = None,
 ) -> PackedLoader:
     """A loader for a dataset from `open_dataset`, ready for single-process or DDP training.
 
@@ -589,14 +601,14 @@ def make_loader(
       samples mixed in a buffer of `shuffle_buffer`), downloading the next `prefetch_shards`
       shards in the background; the same batch counts, padding, eval masks and resume, with an
       order that also depends on `num_workers`. `shuffle_window` does not apply. Each worker
-      reads `mix_shards` shards at once, interleaved, so batches mix shards; a `cache_limit`
-      must hold `mix_shards` of the largest shards per worker (of every rank on the node sharing
-      the cache, $LOCAL_WORLD_SIZE), checked here: a `mix_shards` given that does not fit is
+      reads `interleave` shards at once, interleaved, so batches mix shards; a `cache_limit`
+      must hold `interleave` of the largest shards per worker (of every rank on the node sharing
+      the cache, $LOCAL_WORLD_SIZE), checked here: an `interleave` given that does not fit is
       refused; by default it is the widest that fits, up to 4 (a narrower one is logged), and a
       resumed state's width is taken where it fits. Workers hand columns of bytes over through
       shared memory (`readers.handover`), where /dev/shm has room for it.
     """
-    if not isinstance(dataset, (PackedDataset, MixedDataset)):
+    if not isinstance(dataset, Dataset):
         raise TypeError(f"make_loader needs a dataset from readers.open_dataset or readers.mix, "
                         f"not {type(dataset).__name__}")
     rank, world_size = distributed(rank, world_size)
@@ -614,19 +626,19 @@ def make_loader(
     collate = collate_fn or SampleCollate(dataset, scalars_as_lists=workers > 0)
     sampler: ShardWindowBatchSampler | ShardStream
     if streaming:
-        widest = widest_mix(dataset, max(1, workers)) if mix_shards is None else None
+        widest = widest_interleave(dataset, max(1, workers)) if interleave is None else None
         sampler = ShardStream(
             dataset, batch_size=batch_size, collate_fn=collate, seed=seed, shuffle=shuffle,
             shuffle_buffer=shuffle_buffer, rank=rank, world_size=world_size,
             drop_last=drop_last and mode == "train", mode=mode, num_workers=workers, prefetch_shards=prefetch_shards,
-            mix_shards=mix_shards if widest is None else widest, scalars_as_lists=workers > 0,
+            interleave=interleave if widest is None else widest, scalars_as_lists=workers > 0,
             ring_slots=(2 if prefetch_factor is None else prefetch_factor) + 1 if workers > 0 else 0,
         )
-        check_cache_room(dataset, sampler.mix_shards, max(1, workers))
+        check_cache_room(dataset, sampler.interleave, max(1, workers))
         if widest is not None and shuffle:
-            sampler.widest_mix = widest
-            if widest < DEFAULT_MIX_SHARDS:
-                log_narrow_mix(dataset, widest, max(1, workers))
+            sampler.widest_interleave = widest
+            if widest < DEFAULT_INTERLEAVE:
+                log_narrow_interleave(dataset, widest, max(1, workers))
         if shuffle and mode == "train":
             for source in sources_of(dataset):
                 warn_class_sorted(source)
@@ -636,14 +648,15 @@ def make_loader(
             shuffle_window=shuffle_window, drop_last=drop_last and mode == "train", mode=mode,
             orders=dataset.orders(),
         )
+    # stacklevel 3: the caller's line, past `renamed_arguments`
     if sampler.num_batches == 0:
         warnings.warn(f"{dataset.root}: {sampler.num_samples} samples fill no batch of {batch_size} on each of "
-                      f"{world_size} ranks with drop_last=True: the loader yields nothing", stacklevel=2)
+                      f"{world_size} ranks with drop_last=True: the loader yields nothing", stacklevel=3)
     if streaming and mode == "train" and len(shard_sizes) < world_size * max(1, workers):
         warnings.warn(
             f"{dataset.root}: {len(shard_sizes)} shards for {world_size} ranks x {max(1, workers)} workers: "
             "streaming workers share shard files and the shard shuffle has little to mix; pack with a "
-            "smaller shard size for at least one shard per worker", stacklevel=2,
+            "smaller shard size for at least one shard per worker", stacklevel=3,
         )
     args: dict[str, Any] = {
         "num_workers": workers,

@@ -2,7 +2,7 @@
 
 A mix's samples are its sources' samples one after another (global index = the source's offset +
 its index there; shard numbers likewise), so `make_loader` reads a mix as it reads one dataset,
-map-style or streaming, with the epochs of `MixOrders`: a function of the sources' shard sizes,
+map-style or streaming, with the epochs of `readers.read_order.MixOrders`: a function of the sources' shard sizes,
 the counts per epoch and (seed, epoch) alone.
 
 An epoch takes `counts[s]` samples of source s: a slice of the source's endless stream of passes
@@ -26,13 +26,13 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Literal, Sequence
 
 import numpy as np
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset as TorchDataset
 
-from .base import DeferredRecord, Fields, PackedDataset, Record, sample_index
+from .base import Dataset, DeferredRecord, Fields, PackedDataset, Record, sample_index
 from .cache import Ahead, CachedFile, Lease
 from .fields import FieldSpec
 from .manifest import DatasetError, ShardInfo
-from .order import LoaderMode, concat_ranges, shuffle_windows
+from .read_order import LoaderMode, MixOrders
 from .remote import ShardFiles
 
 LabelMode = Literal["same", "merged", "per_source"]
@@ -42,14 +42,6 @@ SOURCE_FIELD = "source"
 SOURCE_INDEX_FIELD = "source_index"
 """The field that says a mix's sample's index inside its source (its `index` field is the mix's)."""
 MIX_FIELDS = (SOURCE_FIELD, SOURCE_INDEX_FIELD)
-_MIX_KEY = 0x6D6978  # keeps a mix's draws apart from those of one dataset with the same seed
-_PASS, _MERGE, _WINDOWS = 0, 1, 2
-
-
-def _rng(*keys: int) -> np.random.Generator:
-    return np.random.default_rng(np.random.SeedSequence([_MIX_KEY, *keys]))
-
-
 def epoch_counts(sizes: Sequence[int], *, weights: Sequence[float] | None = None, repeat: Sequence[float] | None = None,
                  choose: Sequence[int] | None = None, epoch_size: int | None = None) -> list[int]:
     """Samples of each source per training epoch. `weights`: shares of `epoch_size` (default: the
@@ -103,77 +95,6 @@ def apportion(weights: np.ndarray, total: int) -> list[int]:
     return [int(count) for count in counts]
 
 
-class MixOrders:
-    """The epochs of a mix (`readers.order.EpochOrders`): `counts[s]` samples of source s per
-    training epoch, every sample of every source once in "eval" mode (the counts ignored)."""
-
-    def __init__(self, shard_sizes: Sequence[Sequence[int]], counts: Sequence[int]) -> None:
-        self.source_shards = [np.asarray(sizes, dtype=np.int64) for sizes in shard_sizes]
-        self.sizes = [int(sizes.sum()) for sizes in self.source_shards]
-        self.counts = list(counts)
-        self.sources: list[list[int]] | None = [[size, count] for size, count in zip(self.sizes, self.counts)]
-        self._first_shard = np.cumsum([0] + [len(sizes) for sizes in self.source_shards])
-        every = np.concatenate(self.source_shards) if self.source_shards else np.empty(0, dtype=np.int64)
-        self._shard_starts = np.concatenate(([0], np.cumsum(every)))
-
-    def epoch_size(self, mode: LoaderMode) -> int:
-        return sum(self.sizes) if mode == "eval" else sum(self.counts)
-
-    def source_runs(self, source: int, first: int, count: int, *, seed: int, shuffle: bool) -> tuple[np.ndarray, np.ndarray]:
-        """Positions [first, first + count) of the source's stream of passes, as runs: the global
-        index each starts at, and their lengths."""
-        sizes = self.source_shards[source]
-        size = self.sizes[source]
-        starts, lengths = [], []
-        position, end = first, first + count
-        while position < end:
-            number = position // size
-            shards = _rng(seed, _PASS, source, number).permutation(len(sizes)) if shuffle else np.arange(len(sizes))
-            bounds = np.concatenate(([0], np.cumsum(sizes[shards])))
-            low = np.maximum(bounds[:-1], position - number * size)
-            high = np.minimum(bounds[1:], end - number * size)
-            keep = high > low
-            global_shards = self._first_shard[source] + shards[keep]
-            starts.append(self._shard_starts[global_shards] + (low - bounds[:-1])[keep])
-            lengths.append((high - low)[keep])
-            position = number * size + int(high[-1])
-        if not starts:
-            return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
-        return np.concatenate(starts), np.concatenate(lengths)
-
-    def runs(self, *, seed: int, epoch: int, shuffle: bool, mode: LoaderMode) -> tuple[np.ndarray, np.ndarray]:
-        """The epoch as runs (global start, length), in reading order: the sources' parts merged at
-        an even pace when shuffled, else one after another."""
-        starts, lengths, keys = [], [], []
-        merge = _rng(seed, _MERGE, epoch)
-        for source, (size, count) in enumerate(zip(self.sizes, self.counts)):
-            count = size if mode == "eval" else count
-            if count == 0:
-                continue
-            source_starts, source_lengths = self.source_runs(source, epoch * count, count, seed=seed, shuffle=shuffle)
-            before = np.concatenate(([0], np.cumsum(source_lengths)[:-1]))
-            starts.append(source_starts)
-            lengths.append(source_lengths)
-            keys.append((before + merge.random(len(source_lengths)) * source_lengths) / count)
-        all_starts, all_lengths = np.concatenate(starts), np.concatenate(lengths)
-        if not shuffle:
-            return all_starts, all_lengths
-        order = np.argsort(np.concatenate(keys), kind="stable")
-        return all_starts[order], all_lengths[order]
-
-    def stream_order(self, *, seed: int, epoch: int, shuffle: bool, mode: LoaderMode) -> np.ndarray:
-        return concat_ranges(*self.runs(seed=seed, epoch=epoch, shuffle=shuffle, mode=mode))
-
-    def epoch_order(self, *, seed: int, epoch: int, shuffle: bool, shuffle_window: int | None,
-                    mode: LoaderMode) -> np.ndarray:
-        """The stream order with the samples shuffled within windows of `shuffle_window` runs (None: all)."""
-        starts, lengths = self.runs(seed=seed, epoch=epoch, shuffle=shuffle, mode=mode)
-        order = concat_ranges(starts, lengths)
-        if shuffle:
-            shuffle_windows(order, lengths, shuffle_window, _rng(seed, _WINDOWS, epoch))
-        return order
-
-
 @dataclass(frozen=True)
 class SourceShard:
     """A shard of one of a mix's sources: what the cache needs of it, and the source that holds it."""
@@ -202,9 +123,12 @@ class MixFiles:
     """The files of a mix's shards (`readers.remote.ShardFiles`): each source's own, local or
     through its own cache."""
 
+    cache = None  # each source's own: `loader.sources_of` asks them
+
     def __init__(self, sources: Sequence[ShardFiles], root: str) -> None:
         self.sources = list(sources)
         self.root = root
+        self.strategy = "; ".join(files.strategy for files in self.sources)
 
     def _of(self, file: CachedFile) -> tuple[ShardFiles, CachedFile]:
         if not isinstance(file, SourceShard):
@@ -220,12 +144,12 @@ class MixFiles:
         return files.present(info)
 
     def lease(self, file: CachedFile, *, make_room: Callable[[], bool] | None = None,
-              ahead: Ahead | None = None) -> Lease:
+              ahead: Ahead | None = None, sequential: bool = False) -> Lease:
         files, info = self._of(file)
-        return files.lease(info, make_room=make_room, ahead=ahead)
+        return files.lease(info, make_room=make_room, ahead=ahead, sequential=sequential)
 
 
-class MixedDataset(Dataset):
+class MixedDataset(TorchDataset):
     """Several datasets from `open_dataset` as one (made by `readers.mix`): map-style over every
     sample of every source (`len()`), read by `make_loader` in epochs of `epoch_size` samples
     with `counts[s]` from source s. Each source keeps its own files, cache, transform and
@@ -364,7 +288,7 @@ class MixedDataset(Dataset):
         return f"MixedDataset({{{parts}}}, epoch_size={self.epoch_size}, labels={self.labels!r})"
 
 
-def sources_of(dataset: PackedDataset | MixedDataset) -> list[PackedDataset]:
+def sources_of(dataset: Dataset) -> list[PackedDataset]:
     """The datasets a loader reads: a mix's sources, or the dataset itself."""
     return dataset.sources if isinstance(dataset, MixedDataset) else [dataset]
 

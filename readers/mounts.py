@@ -1,25 +1,36 @@
-"""Whether a dataset's folder is on networked storage, and how such a folder's shards are copied.
+"""Whether a folder is on networked storage, and how a dataset's shards there are read.
 
 On NFS, Lustre, GPFS, SMB or a FUSE mount every open, stat and 128 KiB read is a round trip to a
-server: reading samples in place pays one or more per sample. A dataset there is read like one in
-a bucket instead: each shard copied whole into the node-local cache (`readers/cache.py`), with
-large reads several at a time, and read from the copy. Imports no torch and no fsspec.
+server: reading samples in place pays one or more per sample. A dataset there is read as one in
+a bucket is, without waiting for it: each shard a reader needs is read in place at once while a
+thread copies it whole into the node-local cache (`readers/cache.py`), with large reads several
+at a time, and the reader moves to the copy when it lands (`MountFiles`). Imports no torch and
+no fsspec; the packer asks `is_networked` about its SRC.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
+import threading
+import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from itertools import islice
 from pathlib import Path
+from typing import Callable
 
+from .cache import Ahead, CachedFile, Lease, NoRoom, ShardCache
 from .manifest import DatasetChanged, DatasetError, plain_name
+from .remote import LocalFiles
+
+log = logging.getLogger(__name__)
 
 STORAGE_CHOICES = ("auto", "local", "network")
 """`open_dataset(storage=...)`: "auto" asks the mount table; the others say so."""
+DEFAULT_STORAGE = "local"
 NETWORK_FILESYSTEMS = frozenset({
     "nfs", "nfs4", "lustre", "gpfs", "cifs", "smb3", "smbfs", "9p", "ceph", "glusterfs", "beegfs", "afs",
     "pvfs2", "orangefs", "fuse", "davfs", "ncpfs", "panfs", "wekafs",
@@ -32,8 +43,12 @@ MOUNTINFO = Path("/proc/self/mountinfo")
 COPY_CHUNK = 1 << 20
 """Bytes per read of a shard copied off a mount: a FUSE mount splits each into 128 KiB requests
 sent together, NFS into rsize ones."""
-COPY_THREADS = 16
-"""Reads of one shard in flight at once: at 1 ms per round trip, 16 x 1 MiB keeps ~1 GB/s coming."""
+COPY_THREADS = 4
+"""Reads of one shard in flight at once while it is copied behind the in-place reads: at 1 ms per
+round trip, 4 x 1 MiB bring ~100-300 MB/s without taking the link (or the server) from the reads
+a batch waits for."""
+COPIES_BEHIND = 1
+"""Shards a process copies at once, for the same reason."""
 
 _OCTAL = re.compile(r"\\([0-7]{3})")
 
@@ -83,6 +98,12 @@ def is_network_type(fstype: str) -> bool:
 def check_storage(storage: str) -> None:
     if storage not in STORAGE_CHOICES:
         raise ValueError(f"storage={storage!r}: expected one of {', '.join(STORAGE_CHOICES)}")
+
+
+def is_networked(path: str | os.PathLike[str]) -> tuple[bool, str]:
+    """Whether the folder `path` is on networked storage, by the mount table, and its filesystem
+    type in words ("filesystem nfs4"): what the packer says of a SRC there."""
+    return reads_as_network(path, "auto")
 
 
 def reads_as_network(path: str | os.PathLike[str], storage: str) -> tuple[bool, str]:
@@ -157,3 +178,86 @@ def copy_ranges(source: int, dest: int, size: int, name: str) -> str:
     except OSError as exc:
         raise DatasetError(f"{name}: read failed ({exc.strerror})") from None
     return digest.hexdigest()
+
+
+class MountFiles:
+    """A dataset folder on networked storage (a `remote.ShardFiles`). A file a reader needs now
+    that the cache does not hold is leased in place at once, while a thread copies it whole into
+    the cache (`MountedStore`); its lease says when the copy has landed (`Lease.superseded`), and
+    the reader then reopens the shard from the copy. So the first batch never waits for a copy,
+    random reads pay round trips only until it lands, and a later epoch (or rank, or run on the
+    node) reads the copy. A file read front to back (`sequential`: streaming) is read in place and
+    not copied, nor fetched ahead: in large reads, in place is as fast as a copy."""
+
+    def __init__(self, local: LocalFiles, cache: ShardCache, strategy: str) -> None:
+        self.local = local
+        self.root = local.root
+        self.cache = cache
+        self.store = MountedStore(local.root.resolve())
+        self.strategy = strategy
+        self._since = time.time()
+        self._reset()
+
+    def _reset(self) -> None:
+        """Copies are this process's: a forked or unpickled reader starts its own."""
+        self._pid = os.getpid()
+        self._guard = threading.Lock()
+        self._turns = threading.Semaphore(COPIES_BEHIND)
+        self._copies: dict[str, threading.Event] = {}  # file name -> set when its copy has landed
+        self._where: dict[str, Path] = {}  # file name -> where its latest lease here reads it
+
+    def __getstate__(self) -> dict[str, object]:
+        return {key: value for key, value in self.__dict__.items()
+                if key not in ("_pid", "_guard", "_turns", "_copies", "_where")}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._reset()
+
+    def path(self, file: CachedFile) -> Path:
+        """Where the latest lease taken here reads `file`: the copy, or the mount."""
+        return self._where.get(file.name) or self.local.path(file)
+
+    def present(self, file: CachedFile) -> bool:
+        return True  # in place, if not yet copied: a lease never waits for a copy
+
+    def lease(self, file: CachedFile, *, make_room: Callable[[], bool] | None = None,
+              ahead: Ahead | None = None, sequential: bool = False) -> Lease:
+        if ahead is not None:  # streaming's next shards: read in place in their turn, as fast as a copy
+            return Lease(self.local.path(file))
+        if os.getpid() != self._pid:
+            self._reset()
+        if self.cache.has(file):
+            lease = self.cache.lease(file, self.store, make_room=make_room)
+        else:
+            path = self.local.path(file)
+            self.local.check_unchanged(file.name, path)
+            lease = Lease(path, landed=None if sequential else self._copy_behind(file))
+        self._where[file.name] = lease.path
+        return lease
+
+    def _copy_behind(self, file: CachedFile) -> threading.Event:
+        """The event set when `file`'s copy lands; its copy is started here unless one is under way
+        (one that landed before and is not in the cache now was evicted since: copied again)."""
+        with self._guard:
+            landed = self._copies.get(file.name)
+            if landed is None or landed.is_set():
+                landed = self._copies[file.name] = threading.Event()
+                threading.Thread(target=self._copy, args=(file, landed), name="pack-mount-copy", daemon=True).start()
+        return landed
+
+    def _copy(self, file: CachedFile, landed: threading.Event) -> None:
+        """Copied as a file fetched ahead is: never taking room a reader waits for. Where it cannot
+        be (no room now, or the copy failed), the file is read in place meanwhile: a copy without
+        room is tried again at its next lease; a failed one, named in the log, is not."""
+        try:
+            with self._turns:
+                self.cache.lease(file, self.store, ahead=Ahead(headroom=file.bytes, since=self._since)).release()
+        except NoRoom:
+            with self._guard:
+                self._copies.pop(file.name, None)
+            return
+        except Exception as exc:  # noqa: BLE001 - in a thread of its own: the in-place reads go on and say what is wrong
+            log.warning("%s: not copied into the cache, read in place (%s)", self.local.path(file), exc)
+            return
+        landed.set()

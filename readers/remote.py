@@ -24,12 +24,9 @@ from .manifest import (
     DatasetError,
     Manifest,
     MissingFile,
-    check_shard_sizes,
-    load_manifest,
     parse_manifest,
     plain_name,
 )
-from .mounts import MountedStore, check_storage, reads_as_network
 
 log = logging.getLogger(__name__)
 
@@ -217,14 +214,23 @@ class RemoteStore(UrlFilesystem):
 
 class ShardFiles(Protocol):
     """Where the readers find a dataset's files: `path` of each, valid while a `lease` on it is held;
-    `present`: whether a lease would find it without fetching it (now)."""
+    `present`: whether a lease would find it without fetching it (now). Made by a store of
+    `readers.stores.READ_STORES`."""
 
     root: str | Path
+    strategy: str
+    """How the files are read, and why, in one line (logged; `pack info` and `pack bench` say it)."""
+
+    @property
+    def cache(self) -> ShardCache | None:
+        """The node cache the files are copied into; None where they are read in place."""
 
     def path(self, file: CachedFile) -> Path: ...
     def present(self, file: CachedFile) -> bool: ...
     def lease(self, file: CachedFile, *, make_room: Callable[[], bool] | None = None,
-              ahead: Ahead | None = None) -> Lease: ...
+              ahead: Ahead | None = None, sequential: bool = False) -> Lease:
+        """`sequential`: the reader reads the file front to back (streaming), in large reads,
+        which on a mount are as fast in place as from a copy."""
 
 
 FileIdentity = tuple[int, int, int, int]
@@ -251,8 +257,11 @@ class LocalFiles:
     stat per shard opened; the samples read cost nothing more.
     """
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    cache: ShardCache | None = None
+
+    def __init__(self, root: str | os.PathLike[str], strategy: str = "read in place") -> None:
         self.root = local_root(root)
+        self.strategy = strategy
         self.opened: dict[str, FileIdentity] = {}
 
     def path(self, file: CachedFile) -> Path:
@@ -280,7 +289,7 @@ class LocalFiles:
         return True  # read in place: nothing to fetch
 
     def lease(self, file: CachedFile, *, make_room: Callable[[], bool] | None = None,
-              ahead: Ahead | None = None) -> Lease:
+              ahead: Ahead | None = None, sequential: bool = False) -> Lease:
         path = self.path(file)
         self.check_unchanged(file.name, path)
         return Lease(path)
@@ -304,13 +313,13 @@ class LocalFiles:
 
 
 class CachedFiles:
-    """A dataset at a URL, or in a folder on networked storage: each file is copied whole into the
-    cache when first leased."""
+    """A dataset at a URL: each file is downloaded whole into the cache when first leased."""
 
-    def __init__(self, store: RemoteStore | MountedStore, cache: ShardCache) -> None:
+    def __init__(self, store: RemoteStore, cache: ShardCache, strategy: str) -> None:
         self.store = store
         self.cache = cache
         self.root = store.url
+        self.strategy = strategy
 
     def path(self, file: CachedFile) -> Path:
         return self.cache.object_path(file)
@@ -319,41 +328,5 @@ class CachedFiles:
         return self.cache.has(file)
 
     def lease(self, file: CachedFile, *, make_room: Callable[[], bool] | None = None,
-              ahead: Ahead | None = None) -> Lease:
+              ahead: Ahead | None = None, sequential: bool = False) -> Lease:
         return self.cache.lease(file, self.store, make_room=make_room, ahead=ahead)
-
-
-def open_files(path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | None,
-               cache_limit: int | str | None, storage_options: dict[str, Any] | None,
-               storage: str = "local") -> tuple[ShardFiles, Manifest]:
-    """The files of the dataset at `path` (a directory or URL) and its manifest, read first. A
-    directory on networked storage (`storage`, see `mounts.reads_as_network`) is read as a URL is."""
-    check_storage(storage)
-    if not is_url(path):
-        local = LocalFiles(path)
-        network, why = reads_as_network(local.root, storage)
-        index = local.root / MANIFEST_NAME
-        before = identity_or_none(index)
-        manifest = load_manifest(local.root)
-        check_shard_sizes(manifest, local.sizes(manifest), lambda name: str(local.root / name))
-        if identity_or_none(index) != before:  # the shards' identities may be the new dataset's
-            raise DatasetChanged(f"{index}: replaced while the dataset was opened; open it again")
-        if not network:
-            log.debug("%s: read in place (%s)", local.root, why)
-            return local, manifest
-        root = local.root.resolve()
-        cache_root = Path(default_cache_dir(str(root)) if cache_dir is None else cache_dir).expanduser()
-        if storage == "auto" and reads_as_network(cache_root, "auto")[0]:
-            log.info("%s: read in place: on networked storage (%s), but so is the cache %s", root, why, cache_root)
-            return local, manifest
-        cache = ShardCache(cache_root, cache_limit)
-        log.info("%s: networked storage (%s): %d shards copied whole through %r", root, why,
-                 len(manifest.shards), cache)
-        return CachedFiles(MountedStore(root), cache), manifest
-    url = str(path)
-    store = RemoteStore(url, storage_options)
-    manifest = store.manifest()
-    check_shard_sizes(manifest, store.listed_sizes(), store.url_of)
-    cache = ShardCache(default_cache_dir(url) if cache_dir is None else cache_dir, cache_limit)
-    log.info("%s: %d shards through %r", url, len(manifest.shards), cache)
-    return CachedFiles(store, cache), manifest

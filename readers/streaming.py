@@ -1,10 +1,10 @@
 """Streaming reads: every rank reads whole shards front to back while the next ones download.
 
 The order of an epoch is computed, never observed: shards in `shard_order(seed, epoch)`, each front
-to back (`readers.order.stream_order`); ranks take equal contiguous shares of it (`split_for_rank`,
+to back (`readers.read_order.stream_order`); ranks take equal contiguous shares of it (`split_for_rank`,
 the padding rule of the map-style loader; with `drop_last`, from a point of the stream that moves
 every epoch, so that what is dropped changes); each DataLoader worker streams a contiguous span of
-its rank's share. A worker reads `mix_shards` shards at once, interleaved (`mixed_read_order`),
+its rank's share. A worker reads `interleave` shards at once, interleaved (`interleaved_order`),
 each still front to back, through a shuffle buffer, so a batch mixes several shards even where
 each shard holds a few classes (a dataset packed in sorted order). DataLoader takes one batch
 from each worker in turn, so worker w yields batches w, w+W, w+2W, ... of the rank; spans are
@@ -26,12 +26,12 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
-from .base import DeferredRecord, PackedDataset, Record
+from .base import Dataset, DeferredRecord, Record
 from .cache import ROOM_POLL_S, Ahead, CachedFile, Lease, NoRoom
 from .handover import RingWriter, Scalars
 from .manifest import DatasetError
-from .mixed import MixedDataset, sources_of
-from .order import LoaderMode, RankSplit, concat_ranges, split_for_rank
+from .mixed import sources_of
+from .read_order import LoaderMode, RankSplit, buffer_order, interleaved_order, renamed_arguments, split_for_rank
 from .remote import ShardFiles
 
 log = logging.getLogger(__name__)
@@ -41,9 +41,9 @@ DEFAULT_SHUFFLE_BUFFER = 1024
 """Samples each worker holds to mix the order within and across neighbouring shards."""
 DEFAULT_PREFETCH_SHARDS = 2
 """Shards each worker downloads ahead of the ones it reads."""
-DEFAULT_MIX_SHARDS = 4
-"""Shards each worker reads at once, interleaved (docs/benchmarks.md, "Mixing": the classes per
-batch of a sorted pack by shards mixed); a shared cache must hold this many per worker."""
+DEFAULT_INTERLEAVE = 4
+"""Shards each worker reads at once, interleaved (docs/benchmarks.md, "Interleave": the classes
+per batch of a sorted pack by shards interleaved); a shared cache must hold this many per worker."""
 
 
 def distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -80,52 +80,6 @@ def batches_before(consumed: int, worker: int, workers: int) -> int:
     return (consumed - worker + workers - 1) // workers
 
 
-def buffer_order(count: int, buffer: int, rng: np.random.Generator) -> np.ndarray:
-    """The output order of a shuffle buffer of `buffer` samples over a stream of `count`:
-    output i is input `order[i]`. Depends on the generator only, so it can be replayed without data."""
-    if buffer <= 1 or count <= 1:
-        return np.arange(count, dtype=np.int64)
-    pool = list(range(min(buffer, count)))
-    arriving = len(pool)
-    order = []
-    # Python floats and a list: numpy scalars made it 1.5x slower (a span of 5,000: 1.2 ms)
-    for draw in rng.random(count).tolist():
-        slot = int(draw * len(pool))
-        order.append(pool[slot])
-        if arriving < count:
-            pool[slot] = arriving
-            arriving += 1
-        else:
-            pool[slot] = pool[-1]
-            pool.pop()
-    return np.array(order, dtype=np.int64)
-
-
-def mixed_read_order(run_lengths: Sequence[int] | np.ndarray, mix: int, rng: np.random.Generator) -> np.ndarray:
-    """The order a worker reads the positions of its span in, when its span is `run_lengths`
-    consecutive runs of one shard each: `mix` lanes, each a queue of whole runs (every run joins
-    the lane with the fewest samples so far, in span order), interleaved at random in proportion
-    to their lengths. Each run is read front to back, at most `mix` are open at once (one per
-    lane), and `mix=1` is the span in order. Output i is span position `order[i]`."""
-    lengths = np.asarray(run_lengths, dtype=np.int64)
-    total = int(lengths.sum())
-    if mix <= 1 or len(lengths) <= 1:
-        return np.arange(total, dtype=np.int64)
-    lanes = min(mix, len(lengths))
-    starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
-    members: list[list[int]] = [[] for _ in range(lanes)]
-    sizes = [0] * lanes
-    for run, length in enumerate(lengths.tolist()):
-        lane = sizes.index(min(sizes))
-        members[lane].append(run)
-        sizes[lane] += length
-    labels = rng.permutation(np.repeat(np.arange(lanes), sizes))  # which lane each read takes from
-    order = np.empty(total, dtype=np.int64)
-    for lane, runs in enumerate(members):
-        order[labels == lane] = concat_ranges(starts[runs], lengths[runs])
-    return order
-
-
 @dataclass(frozen=True)
 class Run:
     """Consecutive samples of one shard: local indices [start, stop), at `position` in the stream."""
@@ -139,7 +93,7 @@ class Run:
 @dataclass(frozen=True)
 class WorkerPlan:
     """A worker's part of an epoch: `span`, its global sample indices in stream order (whole runs
-    of shards); `read`, the span positions in the order they are read (`mixed_read_order`);
+    of shards); `read`, the span positions in the order they are read (`interleaved_order`);
     `order`, the reading positions in the order the shuffle buffer hands them out; where the span
     starts in the rank's share, and how many samples of the share are real (not padding); `runs`,
     the span cut into runs of one shard (`shard_runs`)."""
@@ -259,7 +213,7 @@ class ShardPrefetcher:
             if number in self._errors:
                 raise self._errors.pop(number)
             self._settled.discard(number)
-        return self._files.lease(file)
+        return self._files.lease(file, sequential=True)
 
     def close(self) -> None:
         """Stop scheduling (a download under way finishes first, and stays in the cache)."""
@@ -276,11 +230,12 @@ class ShardStream(IterableDataset, RankSplit):
     """
 
     state_keys = ("seed", "world_size", "batch_size", "num_samples", "shuffle", "shuffle_buffer", "num_workers",
-                  "drop_last", "mode", "mix_shards", "sources")
+                  "drop_last", "mode", "interleave", "sources")
 
+    @renamed_arguments
     def __init__(
         self,
-        dataset: PackedDataset | MixedDataset,
+        dataset: Dataset,
         *,
         batch_size: int,
         collate_fn: Callable[[list[Any]], Any] | None = default_collate,
@@ -293,7 +248,7 @@ class ShardStream(IterableDataset, RankSplit):
         mode: LoaderMode = "train",
         num_workers: int = 0,
         prefetch_shards: int = DEFAULT_PREFETCH_SHARDS,
-        mix_shards: int = DEFAULT_MIX_SHARDS,
+        interleave: int = DEFAULT_INTERLEAVE,
         scalars_as_lists: bool = False,
         ring_slots: int = 0,
     ) -> None:
@@ -303,11 +258,11 @@ class ShardStream(IterableDataset, RankSplit):
                            orders=dataset.orders())
         if shuffle_buffer < 0 or prefetch_shards < 0:
             raise ValueError(f"shuffle_buffer and prefetch_shards must be >= 0, got {shuffle_buffer}, {prefetch_shards}")
-        if mix_shards < 1:
-            raise ValueError(f"mix_shards must be at least 1, not {mix_shards}")
-        self._mix = torch.tensor([mix_shards if shuffle else 1]).share_memory_()  # unshuffled: stored order
-        self.widest_mix: int | None = None
-        """Where the loader chose `mix_shards` (none given): the widest the cache holds, up to which
+        if interleave < 1:
+            raise ValueError(f"interleave must be at least 1, not {interleave}")
+        self._interleave = torch.tensor([interleave if shuffle else 1]).share_memory_()  # unshuffled: stored order
+        self.widest_interleave: int | None = None
+        """Where the loader chose `interleave` (none given): the widest the cache holds, up to which
         a resumed state's width is taken (`StreamingLoader.load_state_dict`)."""
         self.dataset = dataset
         self.collate_fn = collate_fn
@@ -320,13 +275,13 @@ class ShardStream(IterableDataset, RankSplit):
         self._position = torch.zeros(2, dtype=torch.int64).share_memory_()  # epoch, batches to skip
 
     @property
-    def mix_shards(self) -> int:
+    def interleave(self) -> int:
         """Shards each worker reads at once; in shared memory, so persistent workers see a resumed width."""
-        return int(self._mix[0])
+        return int(self._interleave[0])
 
-    @mix_shards.setter
-    def mix_shards(self, mix: int) -> None:
-        self._mix[0] = mix
+    @interleave.setter
+    def interleave(self, width: int) -> None:
+        self._interleave[0] = width
 
     @property
     def epoch(self) -> int:
@@ -373,9 +328,9 @@ class ShardStream(IterableDataset, RankSplit):
         if self.shuffle:
             seeds = np.random.SeedSequence([self.seed, epoch, self.rank, worker])
             order = buffer_order(stop - start, self.shuffle_buffer, np.random.default_rng(seeds))
-            if self.mix_shards > 1:  # its own stream of draws: the buffer's stay those of unmixed reads
+            if self.interleave > 1:  # its own stream of draws: the buffer's stay those of unmixed reads
                 lengths = [run.stop - run.start for run in runs]
-                read = mixed_read_order(lengths, self.mix_shards, np.random.default_rng(seeds.spawn(1)[0]))
+                read = interleaved_order(lengths, self.interleave, np.random.default_rng(seeds.spawn(1)[0]))
         return WorkerPlan(span, runs, read, order, start, real)
 
     def indices(self) -> tuple[np.ndarray, int]:
@@ -467,16 +422,16 @@ class ShardStream(IterableDataset, RankSplit):
     def _may_linger(self) -> bool:
         """Whether a run's shard may stay open (leased) after its last read, until the deferred
         records of it in the buffer are handed out: where no cache limit needs the room (a local
-        dataset, a cache without limit). Under a limit the rule of `check_cache_room` (`mix_shards`
+        dataset, a cache without limit). Under a limit the rule of `check_cache_room` (`interleave`
         shards per worker) holds: the run's deferred records are read before it is closed."""
-        caches = [getattr(source.files, "cache", None) for source in sources_of(self.dataset)]
+        caches = [source.files.cache for source in sources_of(self.dataset)]
         return all(cache is None or cache.limit is None for cache in caches)
 
     def _records(self, runs: list[Run], run_of: np.ndarray, reads: np.ndarray, first: int,
                  prefetcher: ShardPrefetcher, done: np.ndarray, open_runs: dict[int, OpenRun], linger: bool
                  ) -> Iterator[tuple[int, Record | DeferredRecord | DatasetError]]:
         """(reading position, record) from `first` on, each run opened (its lease taken) at its
-        first read and closed at its last, so at most `mix_shards` are open at once; the deferred
+        first read and closed at its last, so at most `interleave` are open at once; the deferred
         records of a run still in the buffer are settled (read) before it is closed, or with
         `linger` the run is closed when the last of them is handed out (`_handed_out`), while no more
         than LINGERING_RUNS are open."""
@@ -537,3 +492,14 @@ class ShardStream(IterableDataset, RankSplit):
             except DatasetError:
                 pass
         return self.dataset[index]  # on_error decides: raise, or stand in the next readable sample
+
+
+class WdsStream(ShardStream):
+    """`WdsDataset.stream()` (the format table's `stream` for wds): samples one at a time, in
+    stored order, split over ranks and workers."""
+
+    def __init__(self, reader: Dataset, *, rank: int | None = None, world_size: int | None = None,
+                 prefetch_shards: int | None = None) -> None:
+        super().__init__(reader, batch_size=1, collate_fn=None, shuffle=False, rank=rank, world_size=world_size,
+                         prefetch_shards=DEFAULT_PREFETCH_SHARDS if prefetch_shards is None else prefetch_shards)
+        self.reader = reader

@@ -1,14 +1,16 @@
 """Tar headers, the one place they are read and written: the WebDataset writer's fixed ustar
 headers (`encode_header`), the reader's strict parse of a shard pack wrote (`canonical_header`,
-then `parse_header`), and the tolerant walk over any tar given as input (`read_members`: PAX and
-GNU long names, base-256 sizes; damage says where). Also WebDataset's member name rule.
+then `parse_header`) and its walk through such a shard, sample by sample (`walk_samples`), and
+the tolerant walk over any tar given as input (`read_members`: PAX and GNU long names, base-256
+sizes; damage says where). Also WebDataset's member name rule.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Container, Iterator
 
 BLOCK = 512
 MAX_MEMBER_SIZE = 8**11 - 1  # what the 11 octal digits of a ustar size field hold (8 GiB)
@@ -152,6 +154,104 @@ def split_name(name: str) -> tuple[str, str]:
     directory, _, base = name.rpartition("/")
     stem, dot, extension = base.partition(".")
     return (directory + "/" if directory else "") + stem, extension if dot else ""
+
+
+WALK_READ = 4096
+"""What a walk that leaves the images unread reads at a time past an image, while reads do not
+wait: a sample's small members (label, fields, meta, a block or two each) and the next image's
+header, in one pread."""
+WALK_READ_WAITED = 1 << 20
+"""What it reads at a time once a read has waited WALK_WAITED_S or more: the next ~30 samples'
+headers, small members and images in one pread. On a network mount (read in place) the kernel
+reads ahead little or not at all, and a pread per header and another per image cost two round
+trips a sample; read here, the images are in the page cache when the samples are handed out.
+Where reads do not wait (the page cache), copying the images twice would only cost CPU."""
+WALK_WAITED_S = 100e-6
+EAGER_READ = 1 << 20
+"""The buffer of a walk that reads every member: many samples per system call."""
+WALK_AHEAD = 8 << 20
+"""How far ahead of the walk the kernel is asked to read the tar (POSIX_FADV_WILLNEED): 4 KB reads
+that skip the images are not sequential to its readahead, and from a cold disk they waited on
+the disk one by one (the images, read later, are then in the page cache too)."""
+
+
+def walk_samples(fd: int, small: Container[str], *, eager: bool
+                 ) -> Iterator[tuple[str, dict[str, bytes | tuple[int, int]]]]:
+    """A tar of WebDataset samples (as pack writes them) front to back: per sample, its key and its
+    members by extension. Members whose extension is in `small` come as bytes, and so do the
+    others (a sample's image) when `eager`; otherwise each of those is (data offset, size), to be
+    read when it is wanted, so the walk reads headers and small members only.
+
+    Every header is checked in full (`strict_member`) and every size against what the file holds
+    from there; anything pack would not write is a TarError. Holds one sample at a time."""
+    end = os.fstat(fd).st_size
+    read = sequential_reads(fd) if eager else skipping_reads(fd, end)
+    key: str | None = None
+    parts: dict[str, bytes | tuple[int, int]] = {}
+    offset = 0
+    while True:
+        block = read(offset, BLOCK)
+        if len(block) < BLOCK:
+            raise TarError("tar shard is truncated (no end-of-archive block)")
+        member = strict_member(block)
+        if member is None:
+            if key is not None:
+                yield key, parts
+            return
+        name, size = member
+        member_key, extension = split_name(name)
+        if key is not None and member_key != key:
+            yield key, parts
+            parts = {}
+        key = member_key
+        start = offset + BLOCK
+        if size > end - start:
+            raise TarError(f"tar shard is truncated in {name!r} ({size} bytes, {max(end - start, 0)} left)")
+        if eager or extension in small:
+            data = read(start, size)
+            if len(data) < size:  # the file shrank while read
+                raise TarError(f"tar shard is truncated in {name!r}")
+            parts[extension] = data
+        else:
+            parts[extension] = (start, size)
+        offset = start + size + padding(size)
+
+
+def sequential_reads(fd: int) -> Callable[[int, int], bytes]:
+    """`read(offset, size)` for a walk that reads every member in turn: through a buffer of
+    EAGER_READ bytes, each read a copy out of it (the kernel's readahead sees a sequential read)."""
+    file = open(fd, "rb", buffering=EAGER_READ, closefd=False)
+
+    def read(offset: int, size: int) -> bytes:
+        file.seek(offset)  # a padding ahead at most: within the buffer, no system call
+        return file.read(size)
+
+    return read
+
+
+def skipping_reads(fd: int, end: int) -> Callable[[int, int], bytes]:
+    """`read(offset, size)` for a walk that skips the images: one pread of WALK_READ bytes serves a
+    sample's small members and the next header (WALK_READ_WAITED once a read waits), and the kernel
+    is asked to read ahead of it."""
+    window, window_start = b"", 0
+    advised = 0  # the kernel was asked to read the tar up to here
+    read_size = WALK_READ
+
+    def read(offset: int, size: int) -> bytes:
+        nonlocal window, window_start, advised, read_size
+        at = offset - window_start
+        if at < 0 or at + size > len(window):
+            if offset + size > advised - WALK_AHEAD // 2 and advised < end and hasattr(os, "posix_fadvise"):
+                start = max(advised, offset)
+                advised = offset + size + WALK_AHEAD
+                os.posix_fadvise(fd, start, advised - start, os.POSIX_FADV_WILLNEED)
+            started = time.perf_counter()
+            window, window_start, at = os.pread(fd, max(size, read_size), offset), offset, 0
+            if time.perf_counter() - started >= WALK_WAITED_S:
+                read_size = WALK_READ_WAITED  # a round trip per read (a mount, a cold disk): fewer, larger
+        return window[at:at + size]
+
+    return read
 
 
 def read_members(read: Callable[[int, int], bytes | memoryview], start: int, end: int, *,

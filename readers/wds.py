@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Any, BinaryIO, Iterator, Sequence, TypeVar
 
 import numpy as np
+from torch.utils.data import IterableDataset
 
 from .base import DeferredRecord, Fields, PackedDataset, Record, read_as_span
 from .fields import FieldSpec, parse_value
+from .formats import FORMATS, resolve
 from .layouts.wds import (
     ABSENT,
     INDEX_COLUMNS,
@@ -35,8 +37,7 @@ from .layouts.wds import (
     parse_index_header,
 )
 from .manifest import DatasetError, FileInfo
-from .tar import BLOCK, TarError, padding, parse_header, split_name, strict_member
-from .streaming import DEFAULT_PREFETCH_SHARDS, ShardStream
+from .tar import BLOCK, TarError, padding, parse_header, split_name, walk_samples
 
 T = TypeVar("T")
 
@@ -187,10 +188,11 @@ class WdsDataset(PackedDataset):
             os.posix_fadvise(handle.fd, start, length, os.POSIX_FADV_WILLNEED)
 
     def _pread_sample(self, handle: TarShard, local: int, key: str) -> Record:
-        """Three preads: the image's header, the image itself (bytes of its own, handed on without
-        a copy), then everything up to the end of the meta (the label and fields lie between); the
-        headers of the members used are checked against the index, which is untrusted: nothing is
-        read outside the tar, so a lying row can never cost more than the tar's size."""
+        """One pread from the image's header to the end of the meta (the image, then the label and
+        fields; on a network mount each pread is a round trip), the image handed on as a view of it
+        without a copy; the headers of the members used are checked against the index, which is
+        untrusted: nothing is read outside the tar, so a lying row can never cost more than the
+        tar's size."""
         row = handle.row(local)
         image_offset, image_size, json_offset, json_size = row[:INDEX_COLUMNS]
         start = image_offset + image_size + padding(image_size)  # of the members after the image
@@ -199,11 +201,11 @@ class WdsDataset(PackedDataset):
             raise TarError("damaged tar index")
         if end > handle.size:
             raise TarError(f"tar shard is truncated (the sample ends at byte {end}, the tar has {handle.size})")
-        image_header = memoryview(os.pread(handle.fd, BLOCK, image_offset - BLOCK))
-        image = memoryview(os.pread(handle.fd, image_size, image_offset))
-        data = memoryview(os.pread(handle.fd, end - start, start))
-        if len(image_header) != BLOCK or len(image) != image_size or len(data) != end - start:
+        sample = memoryview(os.pread(handle.fd, end - image_offset + BLOCK, image_offset - BLOCK))
+        if len(sample) != end - image_offset + BLOCK:
             raise TarError("tar shard is truncated")
+        image_header, image = sample[:BLOCK], sample[BLOCK:BLOCK + image_size]
+        data = sample[start - image_offset + BLOCK:]
         prefix = key.encode("ascii") + b"."
 
         def check(header: memoryview, size: int, extension: str | None) -> str:
@@ -249,36 +251,31 @@ class WdsDataset(PackedDataset):
         (`iter_shard`); read to its end, the sample count is checked against index.json."""
         info = self.manifest.shards[shard]
         with self.files.lease(info) as path:
+            fd = open_tar(path)
             try:
-                handle = open(path, "rb", buffering=1 << 20)
-            except OSError as exc:
-                raise DatasetError(f"{path}: cannot open tar shard ({exc.strerror or exc})") from None
-            with handle:
-                try:
-                    walk = read_tar_samples(handle, self._meta_extension, self.manifest.fields, self.wanted)
-                    for count, (meta, payload, stored) in numbered(walk, path, info.num_samples, start, stop):
-                        try:
-                            self.check(shard, count, meta, payload)
-                            yield count, (meta, payload, self._parse_fields(shard, count, stored))
-                        except DatasetError as exc:
-                            yield count, exc
-                except TarError as exc:
-                    raise DatasetError(f"{path}: {exc}") from None
+                walk = tar_samples(fd, self._meta_extension, self.manifest.fields, self.wanted, eager=True)
+                for count, (meta, _, payload, stored) in numbered(walk, path, info.num_samples, start, stop):
+                    try:
+                        self.check(shard, count, meta, payload)
+                        yield count, (meta, payload, self._parse_fields(shard, count, stored))
+                    except DatasetError as exc:
+                        yield count, exc
+            except TarError as exc:
+                raise DatasetError(f"{path}: {exc}") from None
+            finally:
+                os.close(fd)
 
     def stream_records(self, shard: int, start: int, stop: int) -> Iterator[tuple[int, DeferredRecord]]:
         """`read_records` for the streaming loader, each image read when its sample is handed out
         (`StreamedSample`): the walk reads headers and small members only, so a streaming worker's
         first batch reads ~1,100 headers and 64 images, where it read ~1,100 samples whole."""
         info = self.manifest.shards[shard]
-        with self.files.lease(info) as path:
+        with self.files.lease(info, sequential=True) as path:
+            tar = StreamedTar(open_tar(path), path)
             try:
-                tar = StreamedTar(os.open(path, os.O_RDONLY), path)
-            except OSError as exc:
-                raise DatasetError(f"{path}: cannot open tar shard ({exc.strerror or exc})") from None
-            try:
-                walk = walk_tar_samples(tar.fd, self._meta_extension, self.manifest.fields, self.wanted)
-                for count, (meta, image, stored) in numbered(walk, path, info.num_samples, start, stop):
-                    yield count, StreamedSample(self, tar, shard, count, meta, image, stored)
+                walk = tar_samples(tar.fd, self._meta_extension, self.manifest.fields, self.wanted, eager=False)
+                for count, (meta, extension, image, stored) in numbered(walk, path, info.num_samples, start, stop):
+                    yield count, StreamedSample(self, tar, shard, count, meta, (extension, *image), stored)
             except TarError as exc:
                 raise DatasetError(f"{path}: {exc}") from None
             finally:
@@ -296,25 +293,38 @@ class WdsDataset(PackedDataset):
         """Counted by walking the tar's headers: also proves the tar itself is well formed. Needs
         the tar alone (leased: for a URL, downloaded into the cache), not its index."""
         with self.files.lease(self.manifest.shards[shard]) as path:
+            fd = open_tar(path)
             try:
-                with open(path, "rb", buffering=1 << 20) as handle:
-                    return sum(1 for _ in read_tar_samples(handle, self._meta_extension, self.manifest.fields, ()))
+                return sum(1 for _ in tar_samples(fd, self._meta_extension, self.manifest.fields, (), eager=True))
             except TarError as exc:
                 raise DatasetError(f"{path}: {exc}") from None
+            finally:
+                os.close(fd)
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
         for shard in range(len(self.manifest.shards)):
             yield from self.iter_shard(shard)
 
     def stream(self, *, rank: int | None = None, world_size: int | None = None,
-               prefetch_shards: int = DEFAULT_PREFETCH_SHARDS) -> WdsStream:
+               prefetch_shards: int | None = None) -> IterableDataset:
         """Every sample once, in stored order, as an IterableDataset for DataLoader workers.
 
         Split like `make_loader(..., streaming=True)`: each DDP rank (torch.distributed's unless
         given) streams an equal contiguous share of ceil(N / world_size) samples, the last share
-        filled up with the first samples; each worker streams a contiguous part of its rank's share.
+        filled up with the first samples; each worker streams a contiguous part of its rank's share,
+        downloading its next `prefetch_shards` (None: the streaming loader's default) meanwhile.
+        A `readers.streaming.WdsStream`, found through the format table: formats stand below streaming.
         """
-        return WdsStream(self, rank=rank, world_size=world_size, prefetch_shards=prefetch_shards)
+        stream = resolve(FORMATS[self.format].stream)
+        return stream(self, rank=rank, world_size=world_size, prefetch_shards=prefetch_shards)
+
+
+def open_tar(path: Path) -> int:
+    """A descriptor of the tar shard at `path`; one it cannot open is a DatasetError."""
+    try:
+        return os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        raise DatasetError(f"{path}: cannot open tar shard ({exc.strerror or exc})") from None
 
 
 def numbered(walk: Iterator[T], path: Path, expected: int, start: int, stop: int) -> Iterator[tuple[int, T]]:
@@ -390,53 +400,19 @@ class StreamedSample(DeferredRecord):
             return exc
 
 
-def read_tar_samples(handle: BinaryIO, meta_extension: str, fields: Sequence[FieldSpec],
-                     wanted: Sequence[FieldSpec]) -> Iterator[tuple[dict[str, Any], memoryview, dict[str, bytes | None]]]:
-    """Group a tar's members by key, front to back, and yield (meta, image bytes, the `wanted`
-    fields' member bytes, None for an absent optional one) per sample.
+def tar_samples(fd: int, meta_extension: str, fields: Sequence[FieldSpec], wanted: Sequence[FieldSpec], *,
+                eager: bool) -> Iterator[tuple[dict[str, Any], str, Any, dict[str, bytes | None]]]:
+    """A shard's samples front to back (`readers.tar.walk_samples`): per sample its meta, its
+    image's extension, the image (if `eager` its payload, `image_data`, else its (data offset,
+    size) in the tar) and the `wanted` fields' member bytes (None for an absent optional one).
 
-    `fields` are all the dataset's fields (their members are not the image). Holds one sample in
-    memory at a time; raises TarError on anything pack would not write (a required field missing
-    included); parsing the field bytes is the caller's, so one damaged value stays one sample's.
-    """
+    `fields` are all the dataset's fields (their members are not the image). A TarError on
+    anything pack would not write (a required field missing included); parsing the field bytes
+    is the caller's, so one damaged value stays one sample's."""
     known = {LABEL_EXTENSION, meta_extension, *field_extensions(fields)}
-    key: str | None = None
-    parts: dict[str, bytes] = {}
-    left = os.fstat(handle.fileno()).st_size - handle.tell()  # a member's size is checked against it before a read
-    read = handle.read
-    skip = 0  # the last member's padding, read with the next header
-    while True:
-        block = read(skip + BLOCK)
-        left -= skip + BLOCK
-        if len(block) < skip + BLOCK:
-            raise TarError("tar shard is truncated (no end-of-archive block)")
-        if skip:
-            block = block[skip:]
-        member = strict_member(block)
-        if member is None:
-            if key is not None:
-                yield assemble(key, parts, known, meta_extension, wanted)
-            return
-        name, size = member
-        member_key, extension = split_name(name)
-        if key is not None and member_key != key:
-            yield assemble(key, parts, known, meta_extension, wanted)
-            parts = {}
-        key = member_key
-        if size > left:
-            raise TarError(f"tar shard is truncated in {name!r} ({size} bytes, {max(left, 0)} left)")
-        data = read(size)
-        skip = padding(size)
-        left -= size
-        if len(data) < size:  # the file shrank while read
-            raise TarError(f"tar shard is truncated in {name!r}")
-        parts[extension] = data
-
-
-def assemble(key: str, parts: dict[str, bytes], known: set[str], meta_extension: str,
-             wanted: Sequence[FieldSpec]) -> tuple[dict[str, Any], memoryview, dict[str, bytes | None]]:
-    meta, image, values = sample_parts(key, parts, known, meta_extension, wanted)
-    return meta, image_data(image, memoryview(parts[image])), values
+    for key, parts in walk_samples(fd, known, eager=eager):
+        meta, image, values = sample_parts(key, parts, known, meta_extension, wanted)
+        yield meta, image, image_data(image, memoryview(parts[image])) if eager else parts[image], values
 
 
 def sample_parts(key: str, parts: dict[str, Any], known: set[str], meta_extension: str,
@@ -459,82 +435,7 @@ def sample_parts(key: str, parts: dict[str, Any], known: set[str], meta_extensio
     return meta, images[0], values
 
 
-WALK_READ = 4096
-"""What `walk_tar_samples` reads at a time past an image: a sample's small members (label, fields,
-meta, a block or two each) and the next image's header, in one pread."""
-WALK_AHEAD = 8 << 20
-"""How far ahead of the walk the kernel is asked to read the tar (POSIX_FADV_WILLNEED): 4 KB reads
-that skip the images are not sequential to its readahead, and from a cold disk they waited on
-the disk one by one (the images, read later, are then in the page cache too)."""
-
-
-def walk_tar_samples(fd: int, meta_extension: str, fields: Sequence[FieldSpec], wanted: Sequence[FieldSpec]
-                     ) -> Iterator[tuple[dict[str, Any], tuple[str, int, int], dict[str, bytes | None]]]:
-    """`read_tar_samples` of an open tar without reading the images: per sample (meta, (the image's
-    extension, data offset, size), the wanted fields' bytes), after the same checks, each size
-    against what the file holds from there."""
-    known = {LABEL_EXTENSION, meta_extension, *field_extensions(fields)}
-    end = os.fstat(fd).st_size
-    window, window_start = b"", 0
-    advised = 0  # the kernel was asked to read the tar up to here
-
-    def read(offset: int, size: int) -> bytes:
-        nonlocal window, window_start, advised
-        at = offset - window_start
-        if at < 0 or at + size > len(window):
-            if offset + size > advised - WALK_AHEAD // 2 and advised < end and hasattr(os, "posix_fadvise"):
-                start = max(advised, offset)
-                advised = offset + size + WALK_AHEAD
-                os.posix_fadvise(fd, start, advised - start, os.POSIX_FADV_WILLNEED)
-            window, window_start, at = os.pread(fd, max(size, WALK_READ), offset), offset, 0
-        return window[at:at + size]
-
-    key: str | None = None
-    parts: dict[str, Any] = {}  # small members' bytes; the image's (offset, size)
-    offset = 0
-    while True:
-        block = read(offset, BLOCK)
-        if len(block) < BLOCK:
-            raise TarError("tar shard is truncated (no end-of-archive block)")
-        member = strict_member(block)
-        if member is None:
-            if key is not None:
-                yield walked(key, parts, known, meta_extension, wanted)
-            return
-        name, size = member
-        member_key, extension = split_name(name)
-        if key is not None and member_key != key:
-            yield walked(key, parts, known, meta_extension, wanted)
-            parts = {}
-        key = member_key
-        start = offset + BLOCK
-        if size > end - start:
-            raise TarError(f"tar shard is truncated in {name!r} ({size} bytes, {max(end - start, 0)} left)")
-        if extension in known:
-            parts[extension] = read(start, size)
-            if len(parts[extension]) < size:  # the file shrank while read
-                raise TarError(f"tar shard is truncated in {name!r}")
-        else:
-            parts[extension] = (start, size)
-        offset = start + size + padding(size)
-
-
-def walked(key: str, parts: dict[str, Any], known: set[str], meta_extension: str,
-           wanted: Sequence[FieldSpec]) -> tuple[dict[str, Any], tuple[str, int, int], dict[str, bytes | None]]:
-    meta, image, values = sample_parts(key, parts, known, meta_extension, wanted)
-    return meta, (image, *parts[image]), values
-
-
 def image_data(extension: str, member: memoryview) -> memoryview:
     """The payload a member holds: a `.npy` member's pixels without its header, other members whole."""
     return npy_data(member) if extension == PIXELS_EXTENSION else member
 
-
-class WdsStream(ShardStream):
-    """`WdsDataset.stream()`: samples one at a time, in stored order, split over ranks and workers."""
-
-    def __init__(self, reader: WdsDataset, *, rank: int | None = None, world_size: int | None = None,
-                 prefetch_shards: int = DEFAULT_PREFETCH_SHARDS) -> None:
-        super().__init__(reader, batch_size=1, collate_fn=None, shuffle=False, rank=rank, world_size=world_size,
-                         prefetch_shards=prefetch_shards)
-        self.reader = reader

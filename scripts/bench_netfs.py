@@ -18,10 +18,12 @@ interleaved rounds, medians of --repeat. Needs /dev/fuse, fusermount3 and mfusep
    opening the dataset to the last batch, and to the first batch: the loose files (a plain torch
    Dataset as torchvision's ImageFolder: listing, then open + read per sample; streaming them would
    be the same reads) against each format map-style (`make_loader`) and streaming
-   (`make_loader(streaming=True)`). `--latency-ms 0` shows what the harness itself costs.
+   (`make_loader(streaming=True)`), opened with each `--storage` (a row each). `--latency-ms 0`
+   shows what the harness itself costs; `--latency-ms local` reads the local disk, no mount.
 
     python scripts/bench_netfs.py                                # 0.2, 1 and 5 ms; 4000 files
     python scripts/bench_netfs.py --latency-ms 1 --files 2000 --repeat 1 --json netfs.json
+    python scripts/bench_netfs.py --parts read --latency-ms local,0.2,1 --storage local,auto
     python scripts/bench_netfs.py --parts plan --plan-files 1000000 --latency-ms 1
 """
 
@@ -144,18 +146,21 @@ def reading_cases(args: argparse.Namespace) -> dict[str, tuple[str, Callable[[Pa
         return dataset, DataLoader(dataset, batch_size=args.batch_size, shuffle=True, num_workers=args.workers,
                                    collate_fn=keep_list, generator=torch.Generator().manual_seed(0))
 
-    def packed(fmt: str, streaming: bool) -> Callable[[Path], tuple[Any, Iterable[Any]]]:
+    def packed(fmt: str, streaming: bool, storage: str | None) -> Callable[[Path], tuple[Any, Iterable[Any]]]:
         def make(mount: Path) -> tuple[Any, Iterable[Any]]:
+            chosen = {} if storage is None else {"storage": storage}
             dataset = readers.open_dataset(mount / fmt, decode="bytes", fields=("image", "label"),
-                                           cache_dir=read_cache(args.work))
+                                           cache_dir=read_cache(args.work), **chosen)
             return dataset, readers.make_loader(dataset, args.batch_size, num_workers=args.workers,
                                                 collate_fn=keep_list, pin_memory=False, streaming=streaming)
         return make
 
     cases = {"loose files": ("loose", loose)}
     for fmt in WRITERS:
-        cases[f"{fmt} map"] = ("packed", packed(fmt, False))
-        cases[f"{fmt} stream"] = ("packed", packed(fmt, True))
+        for storage in args.storage:
+            named = "" if storage is None else f" {storage}"
+            cases[f"{fmt} map{named}"] = ("packed", packed(fmt, False, storage))
+            cases[f"{fmt} stream{named}"] = ("packed", packed(fmt, True, storage))
     return cases
 
 
@@ -189,10 +194,13 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
         for latency in args.latency_ms:
             for part, name, mount_src, run in jobs:
                 shutil.rmtree(read_cache(work), ignore_errors=True)  # every run starts cold
-                with mounted(mount_src, latency, read_cap_kb=args.read_cap, bandwidth_mbps=args.bandwidth) as mount:
-                    result = run(mount)
+                if latency is None:  # the local disk itself, no mount (its page cache as it is)
+                    result = run(mount_src)
+                else:
+                    with mounted(mount_src, latency, read_cap_kb=args.read_cap, bandwidth_mbps=args.bandwidth) as mount:
+                        result = run(mount)
                 runs.setdefault((part, latency, name), []).append(result)
-                print(f"  round {round_number + 1}, {latency:g} ms, {part}: {name}: {result}", flush=True)
+                print(f"  round {round_number + 1}, {column(latency)}, {part}: {name}: {result}", flush=True)
     rows = []
     for (part, latency, name), results in runs.items():
         row: dict[str, Any] = {"part": part, "latency_ms": latency, "name": name}
@@ -207,6 +215,10 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
+def column(latency: float | None) -> str:
+    return "local disk" if latency is None else f"{latency:g} ms"
+
+
 def table(rows: list[dict[str, Any]], latencies: list[float]) -> str:
     """One block per part: median seconds per latency, and the speed-up over the part's baseline."""
     baselines = {"pack": "tar cf", "plan": "find -printf %s", "read": "loose files"}
@@ -219,7 +231,7 @@ def table(rows: list[dict[str, Any]], latencies: list[float]) -> str:
         names = list(dict.fromkeys(row["name"] for row in rows if row["part"] == part))
         if not names:
             continue
-        lines += ["", titles[part], f"{'':18s}" + "".join(f"{f'{latency:g} ms':>26s}" for latency in latencies)]
+        lines += ["", titles[part], f"{'':22s}" + "".join(f"{column(latency):>26s}" for latency in latencies)]
         for name in names:
             texts = []
             for latency in latencies:
@@ -230,13 +242,16 @@ def table(rows: list[dict[str, Any]], latencies: list[float]) -> str:
                 if name != baselines[part]:
                     text += f" ({base['seconds'] / row['seconds']:.1f}x)"
                 texts.append(f"{text:>26s}")
-            lines.append(f"{name:18s}" + "".join(texts))
+            lines.append(f"{name:22s}" + "".join(texts))
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--latency-ms", default="0.2,1,5", help="comma-separated latencies, each a column")
+    parser.add_argument("--latency-ms", default="0.2,1,5",
+                        help="comma-separated latencies, each a column; 'local': the local disk, no mount")
+    parser.add_argument("--storage", default=None,
+                        help="comma-separated open_dataset(storage=...) values, each its own rows (default: its default)")
     parser.add_argument("--files", type=int, default=4000, help="JPEGs for packing and reading")
     parser.add_argument("--classes", type=int, default=10)
     parser.add_argument("--plan-files", type=int, default=100_000, help="tiny files of the planning tree")
@@ -252,7 +267,8 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "pack-netfs")
     parser.add_argument("--json", type=Path, default=None, help="also save the rows, every run included")
     args = parser.parse_args()
-    args.latency_ms = [float(value) for value in args.latency_ms.split(",")]
+    args.latency_ms = [None if value == "local" else float(value) for value in args.latency_ms.split(",")]
+    args.storage = [None] if args.storage is None else args.storage.split(",")
     args.parts = args.parts.split(",")
     unknown = set(args.parts) - set(PARTS)
     if unknown:
@@ -263,7 +279,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("bench_netfs: terminated"))  # unmount on the way out
     args.work.mkdir(parents=True, exist_ok=True)
     cpus = len(os.sched_getaffinity(0))
-    print(f"latencyfs at {', '.join(f'{latency:g}' for latency in args.latency_ms)} ms per call; {args.files} JPEGs "
+    print(f"latencyfs at {', '.join(column(latency) for latency in args.latency_ms)} per call; {args.files} JPEGs "
           f"in {args.classes} folders; plan tree {args.plan_files} files; {cpus} CPUs, load {os.getloadavg()[0]:.1f}; "
           f"median of {args.repeat}; each run on a fresh (cold) mount", flush=True)
     rows = measure(args)

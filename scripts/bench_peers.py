@@ -146,24 +146,31 @@ def written(source: Path, work: Path, name: str, images: int) -> Path:
 
 
 def batch_len(batch: Any) -> int:
-    return len(batch["label"]) if isinstance(batch, dict) else len(batch[1])
+    if isinstance(batch, dict):
+        return len(batch["label"])
+    # each one's default collate: columns, labels last; collate_fn=list: the samples
+    return len(batch[1]) if hasattr(batch[1], "shape") else len(batch)
 
 
 class Loader:
     """A loader kept across epochs, so warm epochs reuse its workers and cache as training would."""
 
     name: str
+    collate = "default"  # the collate it runs with: 'default' (its own) or 'list'
 
     def epoch(self, number: int) -> Iterator[Any]:
         raise NotImplementedError
 
 
 class Ours(Loader):
-    def __init__(self, url: str, cache: Path, storage: dict[str, Any], args: argparse.Namespace, mix: int) -> None:
-        self.name = f"ours, mix_shards={mix}"
-        dataset = readers.open_dataset(url, decode="bytes", cache_dir=cache, storage_options=storage)
+    def __init__(self, url: str, cache: Path, storage: dict[str, Any], args: argparse.Namespace, mix: int,
+                 collate: str) -> None:
+        self.name, self.collate = f"ours, interleave={mix}" + CUSTOM_SUFFIX[collate], collate
+        dataset = readers.open_dataset(url, decode="bytes", fields=("image", "label"), cache_dir=cache,
+                                       storage_options=storage)
         self.loader = readers.make_loader(dataset, args.batch_size, num_workers=args.workers, seed=0,
-                                          streaming=True, mix_shards=mix)
+                                          streaming=True, interleave=mix,
+                                          collate_fn=list if collate == "list" else None)
 
     def epoch(self, number: int) -> Iterator[Any]:
         self.loader.set_epoch(number)
@@ -193,11 +200,21 @@ def litdata_collate(items: list[dict[str, Any]]) -> dict[str, Any]:
             "label": torch.tensor([item["label"] for item in items])}
 
 
-class LitData(Loader):
-    name = "LitData"
+def litdata_list(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`collate_fn=list` for LitData: its items as they are, a list of dicts, with the image bytes
+    (a memoryview would not pickle to the main process)."""
+    return [{"image": bytes(item["image"]), "label": item["label"]} for item in items]
 
-    def __init__(self, url: str, cache: Path, storage: dict[str, Any], args: argparse.Namespace) -> None:
+
+CUSTOM_SUFFIX = {"default": "", "list": ", collate_fn=list"}
+
+
+class LitData(Loader):
+    def __init__(self, url: str, cache: Path, storage: dict[str, Any], args: argparse.Namespace,
+                 collate: str) -> None:
         from litdata import StreamingDataLoader, StreamingDataset
+
+        self.name, self.collate = "LitData" + CUSTOM_SUFFIX[collate], collate
 
         allow_http_obstore()
 
@@ -205,7 +222,8 @@ class LitData(Loader):
             "endpoint_url": storage["client_kwargs"]["endpoint_url"], "aws_access_key_id": storage["key"],
             "aws_secret_access_key": storage["secret"], "region_name": "us-east-1"})
         self.loader = StreamingDataLoader(dataset, batch_size=args.batch_size, num_workers=args.workers,
-                                          persistent_workers=True, collate_fn=litdata_collate)
+                                          persistent_workers=True,
+                                          collate_fn=litdata_list if collate == "list" else litdata_collate)
 
     def epoch(self, number: int) -> Iterator[Any]:
         return iter(self.loader)  # the loader counts its epochs itself
@@ -235,8 +253,11 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=5, help="warm epochs of each loader, interleaved")
-    parser.add_argument("--mix", default="4,1", help="our loader once per mix_shards value")
+    parser.add_argument("--mix", default="4,1", help="our loader once per interleave value")
     parser.add_argument("--peers", default="litdata,mds", help="which peers to run (none: '')")
+    parser.add_argument("--collate", default="default,list",
+                        help="ours and LitData once per collate: 'default' (each one's), 'list' (collate_fn=list, "
+                             "a custom collate as detection and captioning loaders have; MDS runs with 'default' only)")
     parser.add_argument("--work", default="/tmp/pack-bench-peers")
     args = parser.parse_args()
     peers = [name for name in args.peers.split(",") if name]
@@ -271,14 +292,19 @@ def main() -> None:
         caches = work / "caches"
         shutil.rmtree(caches, ignore_errors=True)
         loaders: list[Loader] = []
-        for mix in (int(value) for value in args.mix.split(",")):
-            loaders.append(Ours(f"s3://{BUCKET}/ours", caches / f"ours-{mix}", storage, args, mix))
-        makers = {"litdata": LitData, "mds": Mds}
-        for name in peers:
-            loaders.append(makers[name](f"s3://{BUCKET}/{name}", caches / name, storage, args))
+        for collate in args.collate.split(","):
+            for mix in (int(value) for value in args.mix.split(",")):
+                loaders.append(Ours(f"s3://{BUCKET}/ours", caches / f"ours-{mix}-{collate}", storage, args, mix,
+                                    collate))
+            if "litdata" in peers:
+                loaders.append(LitData(f"s3://{BUCKET}/litdata", caches / f"litdata-{collate}", storage, args,
+                                       collate))
+        if "mds" in peers:
+            loaders.append(Mds(f"s3://{BUCKET}/mds", caches / "mds", storage, args))
         print(f"{args.images} JPEGs; formats: " + ", ".join(f"{name} {format_size(size)}" for name, size in sizes.items()))
         print(f"store: loopback S3, {args.delay_ms:g} ms per request; {args.workers} workers, batches of "
-              f"{args.batch_size}, bytes only; {args.rounds} warm rounds, interleaved")
+              f"{args.batch_size}, bytes only; {args.rounds} warm rounds, interleaved; load average "
+              + " ".join(f"{load:.2f}" for load in os.getloadavg()))
         figures: dict[str, list[Epoch]] = {loader.name: [] for loader in loaders}
         for round_ in range(args.rounds + 1):  # round 0: cold
             turn = loaders[round_ % len(loaders):] + loaders[:round_ % len(loaders)]
@@ -291,24 +317,24 @@ def main() -> None:
     finally:
         stop.set()
         store.join()
-    report(figures, loaders[0].name)
+    print("load average at the end: " + " ".join(f"{load:.2f}" for load in os.getloadavg()))
+    report(figures, {loader.name: loader.collate for loader in loaders})
 
 
-def report(figures: dict[str, list[Epoch]], ours: str) -> None:
+def report(figures: dict[str, list[Epoch]], collates: dict[str, str]) -> None:
     def median(name: str, key: Callable[[Epoch], float]) -> float:
         return statistics.median(key(epoch) for epoch in figures[name][1:])
 
-    print(f"\n{'loader':<22}{'cold /s':>9}{'cold 1st s':>11}{'warm /s':>9}{'warm 1st s':>11}{'warm /CPU-s':>12}"
-          f"{'ours/this warm':>15}")
+    print(f"\n{'loader':<38}{'cold /s':>9}{'cold 1st s':>11}{'warm /s':>9}{'warm 1st s':>11}{'warm /CPU-s':>12}")
     for name, epochs in figures.items():
-        warm = median(name, lambda epoch: epoch.rate)
-        print(f"{name:<22}{epochs[0].rate:>9.0f}{epochs[0].first:>11.3f}{warm:>9.0f}"
-              f"{median(name, lambda epoch: epoch.first):>11.3f}{median(name, lambda epoch: epoch.per_cpu):>12.0f}"
-              f"{median(ours, lambda epoch: epoch.rate) / warm:>15.2f}")
-    paired = {name: statistics.median(mine.rate / theirs.rate for mine, theirs in zip(figures[ours][1:], epochs[1:]))
-              for name, epochs in figures.items() if name != ours}
-    print(f"{ours} / each, per round (epochs run next to each other), median: "
-          + ", ".join(f"{name} {ratio:.2f}" for name, ratio in paired.items()))
+        print(f"{name:<38}{epochs[0].rate:>9.0f}{epochs[0].first:>11.3f}{median(name, lambda epoch: epoch.rate):>9.0f}"
+              f"{median(name, lambda epoch: epoch.first):>11.3f}{median(name, lambda epoch: epoch.per_cpu):>12.0f}")
+    for mine in (name for name in figures if name.startswith("ours")):  # against each peer, same collate
+        for peer in (name for name in figures if not name.startswith("ours") and collates[name] == collates[mine]):
+            paired = [a.rate / b.rate for a, b in zip(figures[mine][1:], figures[peer][1:])]
+            print(f"{mine} / {peer}: warm, paired per round, median {statistics.median(paired):.2f} "
+                  f"(rounds {', '.join(f'{ratio:.2f}' for ratio in paired)}); first warm epoch "
+                  f"{paired[0]:.2f}; cold {figures[mine][0].rate / figures[peer][0].rate:.2f}")
     print("warm: medians over the warm rounds; per round, samples/s: " + json.dumps(
         {name: [round(epoch.rate) for epoch in epochs[1:]] for name, epochs in figures.items()}))
 

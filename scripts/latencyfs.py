@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import json
 import os
 import shutil
 import subprocess
@@ -64,6 +65,28 @@ class Link:
         self.bandwidth_bps = bandwidth_bps
         self._lock = threading.Lock()
         self._free_at = 0.0  # when the shared link has sent every byte booked so far
+        self.calls: dict[str, int] = {}  # per kind of call: how many were served,
+        self.in_flight: dict[str, int] = {}  # how many are being served now,
+        self.most_in_flight: dict[str, int] = {"all": 0}  # and the most at once ("all": of every kind together)
+
+    @contextlib.contextmanager
+    def serving(self, call: str) -> Iterator[None]:
+        """Count one `call` (getattr, open, read, ...) in flight while the block runs."""
+        with self._lock:
+            self.calls[call] = self.calls.get(call, 0) + 1
+            self.in_flight[call] = self.in_flight.get(call, 0) + 1
+            self.most_in_flight[call] = max(self.most_in_flight.get(call, 0), self.in_flight[call])
+            self.most_in_flight["all"] = max(self.most_in_flight["all"], sum(self.in_flight.values()))
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.in_flight[call] -= 1
+
+    def report(self) -> dict[str, dict[str, int]]:
+        """What was served: calls and the most in flight, per kind of call."""
+        with self._lock:
+            return {"calls": dict(self.calls), "most_in_flight": dict(self.most_in_flight)}
 
     def round_trip(self, nbytes: int = 0) -> None:
         """Sleep one round trip, then until `nbytes` have gone through the link behind earlier bookings."""
@@ -88,8 +111,9 @@ def operations(root: Path, link: Link, read_cap: int | None) -> Any:
             return os.path.join(root, path.lstrip("/"))
 
         def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
-            link.round_trip()
-            stat = os.lstat(self._real(path))
+            with link.serving("getattr"):
+                link.round_trip()
+                stat = os.lstat(self._real(path))
             attrs = {name: getattr(stat, name) for name in STAT_FIELDS}
             attrs.update({name: getattr(stat, name + "_ns") for name in TIME_FIELDS})
             return attrs
@@ -97,26 +121,30 @@ def operations(root: Path, link: Link, read_cap: int | None) -> Any:
         def readdir(self, path: str, fh: int) -> list[str | tuple[str, dict[str, int], int]]:
             """Names with their types (the kernel's d_type, so `find -type f` needs no stat), as NFS's
             READDIR; sizes and times cost a getattr per entry (no READDIRPLUS: mfusepy cannot fill one)."""
-            link.round_trip()
-            with os.scandir(self._real(path)) as entries:
-                return [".", "..", *((entry.name, {"st_mode": entry.stat(follow_symlinks=False).st_mode}, 0)
-                                     for entry in entries)]
+            with link.serving("readdir"):
+                link.round_trip()
+                with os.scandir(self._real(path)) as entries:
+                    return [".", "..", *((entry.name, {"st_mode": entry.stat(follow_symlinks=False).st_mode}, 0)
+                                         for entry in entries)]
 
         def readlink(self, path: str) -> str:
-            link.round_trip()
-            return os.readlink(self._real(path))
+            with link.serving("readlink"):
+                link.round_trip()
+                return os.readlink(self._real(path))
 
         def statfs(self, path: str) -> dict[str, int]:
-            link.round_trip()
-            stat = os.statvfs(self._real(path))
+            with link.serving("statfs"):
+                link.round_trip()
+                stat = os.statvfs(self._real(path))
             return {name: getattr(stat, name) for name in (
                 "f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail", "f_files", "f_ffree", "f_namemax")}
 
         def open(self, path: str, flags: int) -> int:
             if flags & WRITE_FLAGS:
                 raise mfusepy.FuseOSError(errno.EROFS)
-            link.round_trip()
-            return os.open(self._real(path), os.O_RDONLY)
+            with link.serving("open"):
+                link.round_trip()
+                return os.open(self._real(path), os.O_RDONLY)
 
         def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
             piece = read_cap or size
@@ -124,14 +152,16 @@ def operations(root: Path, link: Link, read_cap: int | None) -> Any:
             for start in range(offset, offset + size, piece):
                 wanted = min(piece, offset + size - start)
                 data = os.pread(fh, wanted, start)
-                link.round_trip(len(data))
+                with link.serving("read"):
+                    link.round_trip(len(data))
                 parts.append(data)
                 if len(data) < wanted:  # the end of the file: no call past it
                     break
             return b"".join(parts)
 
         def release(self, path: str, fh: int) -> int:
-            link.round_trip()
+            with link.serving("release"):
+                link.round_trip()
             os.close(fh)
             return 0
 
@@ -140,8 +170,9 @@ def operations(root: Path, link: Link, read_cap: int | None) -> Any:
 
 def serve(src: Path, mountpoint: Path, *, latency_ms: float, read_cap_kb: int | None = None,
           bandwidth_mbps: float | None = None, attr_timeout: float = 1.0, threads: int = 64,
-          foreground: bool = True) -> None:
-    """Mount `src` read-only at `mountpoint` and serve it until unmounted."""
+          foreground: bool = True, report: Path | None = None) -> None:
+    """Mount `src` read-only at `mountpoint` and serve it until unmounted; then, with `report`,
+    write there (JSON) how many calls of each kind were served and the most at once (`Link.report`)."""
     import mfusepy
 
     link = Link(latency_ms / 1000, bandwidth_mbps * 1e6 if bandwidth_mbps else None)
@@ -149,6 +180,8 @@ def serve(src: Path, mountpoint: Path, *, latency_ms: float, read_cap_kb: int | 
     mfusepy.FUSE(ops, os.fspath(mountpoint), foreground=foreground, ro=True, fsname=f"latencyfs:{src}",
                  attr_timeout=attr_timeout, entry_timeout=attr_timeout, negative_timeout=attr_timeout,
                  max_threads=threads, max_idle_threads=threads)
+    if report is not None:
+        report.write_text(json.dumps(link.report()))
 
 
 def unmount(mountpoint: Path) -> bool:
@@ -167,8 +200,9 @@ def unmount(mountpoint: Path) -> bool:
 @contextlib.contextmanager
 def mounted(src: Path | str, latency_ms: float, *, mountpoint: Path | str | None = None,
             read_cap_kb: int | None = None, bandwidth_mbps: float | None = None,
-            attr_timeout: float = 1.0) -> Iterator[Path]:
-    """A fresh (cold) latencyfs of `src`, served by a child process, unmounted when the block ends."""
+            attr_timeout: float = 1.0, report: Path | None = None) -> Iterator[Path]:
+    """A fresh (cold) latencyfs of `src`, served by a child process, unmounted when the block ends;
+    `report`: a file where the server leaves its counts of calls once unmounted (`serve`)."""
     made = mountpoint is None
     where = Path(tempfile.mkdtemp(prefix="latencyfs-") if mountpoint is None else mountpoint)
     where.mkdir(parents=True, exist_ok=True)
@@ -178,6 +212,8 @@ def mounted(src: Path | str, latency_ms: float, *, mountpoint: Path | str | None
         cmd += ["--read-cap", str(read_cap_kb)]
     if bandwidth_mbps:
         cmd += ["--bandwidth", str(bandwidth_mbps)]
+    if report is not None:
+        cmd += ["--report", os.fspath(report)]
     server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + MOUNT_WAIT_S
@@ -216,6 +252,8 @@ def main() -> None:
                         help="seconds the kernel may keep attributes and names (default 1, libfuse's)")
     parser.add_argument("--threads", type=int, default=64, help="most calls served at once")
     parser.add_argument("--background", action="store_true", help="detach once mounted")
+    parser.add_argument("--report", type=Path, default=None, metavar="FILE",
+                        help="once unmounted, write the calls served and the most in flight, per kind (JSON)")
     args = parser.parse_args()
     why = missing_requirements()
     if why:
@@ -224,7 +262,7 @@ def main() -> None:
         sys.exit(f"latencyfs: {args.src}: not a folder")
     serve(args.src, args.mountpoint, latency_ms=args.latency_ms, read_cap_kb=args.read_cap,
           bandwidth_mbps=args.bandwidth, attr_timeout=args.attr_timeout, threads=args.threads,
-          foreground=not args.background)
+          foreground=not args.background, report=args.report.resolve() if args.report else None)
 
 
 if __name__ == "__main__":

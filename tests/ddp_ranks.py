@@ -142,7 +142,7 @@ def run_streaming_rank(rank: int, world_size: int, init_file: str, url: str, cac
             real += index[mask].tolist()
         result["eval_real"] = real
 
-        tight = _streaming(tight_url, tight_cache_dir, tight_limit, mix_shards=1)  # the least room streaming takes
+        tight = _streaming(tight_url, tight_cache_dir, tight_limit, interleave=1)  # the least room streaming takes
         result["tight"] = []
         for epoch in (0, 1):
             tight.set_epoch(epoch)

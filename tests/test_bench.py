@@ -47,6 +47,7 @@ def test_bench_command(packed: tuple[Path, dict[str, bytes]], tmp_path: Path) ->
     lines = output.splitlines()
     assert lines[0].split() == ["batch", "workers", "samples/s"]
     assert lines[1].split()[:2] == ["4", "0"]
+    assert lines[-3] == "reading: read in place (storage='local')"
     assert lines[-2].startswith("recommended: batch 4, num_workers=")
     assert "decode='tensor'" in lines[-2]  # as the README trains
     code, output = run("bench", tmp_path / "nowhere")

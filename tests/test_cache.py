@@ -266,7 +266,7 @@ def test_shards_fetched_ahead_never_cost_the_shard_being_read(http_server: Loopb
     url, shards = served_shards(http_server, "prefetch-room", 8)
 
     def read(cache: ShardCache, mine: list[ShardInfo], seconds: float) -> None:
-        prefetcher = ShardPrefetcher(CachedFiles(RemoteStore(url), cache), mine, 2)
+        prefetcher = ShardPrefetcher(CachedFiles(RemoteStore(url), cache, "test"), mine, 2)
         try:
             for number in range(len(mine)):
                 lease = prefetcher.take(number)
@@ -300,17 +300,17 @@ def test_a_shard_already_in_the_cache_is_taken_without_waiting_for_its_thread(ht
     """Shards 1 and 2 are fetched ahead by threads that cannot finish (their leases ahead block):
     taking shard 1, which the cache holds, does not wait for them; shard 2 downloads at its turn."""
     url, shards = served_shards(http_server, "present", 3)
-    files = CachedFiles(RemoteStore(url), ShardCache(tmp_path))
+    files = CachedFiles(RemoteStore(url), ShardCache(tmp_path), "test")
     files.lease(shards[1]).release()
     stuck = threading.Event()
 
     class StuckAhead(CachedFiles):
-        def lease(self, file, *, make_room=None, ahead=None):  # type: ignore[no-untyped-def]
+        def lease(self, file, *, make_room=None, ahead=None, sequential=False):  # type: ignore[no-untyped-def]
             if ahead is not None:
                 stuck.wait(30)
-            return super().lease(file, make_room=make_room, ahead=ahead)
+            return super().lease(file, make_room=make_room, ahead=ahead, sequential=sequential)
 
-    prefetcher = ShardPrefetcher(StuckAhead(files.store, files.cache), shards, 2)
+    prefetcher = ShardPrefetcher(StuckAhead(files.store, files.cache, "test"), shards, 2)
     try:
         started = time.monotonic()
         for number in (0, 1):

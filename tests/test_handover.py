@@ -4,12 +4,16 @@ have given it, and a ring never overwrites a batch the main process has not copi
 from __future__ import annotations
 
 import pickle
+from collections import namedtuple
 from multiprocessing.reduction import ForkingPickler
+
+import numpy as np
 
 import torch
 import torch.multiprocessing  # noqa: F401 - registers how tensors cross processes
+from torch.utils.data._utils.collate import default_convert
 
-from readers.handover import Handover, RingColumn, RingWriter, Scalars
+from readers.handover import MIN_RING_VALUE, Handover, RingColumn, RingPickle, RingWriter, Scalars
 
 
 def handed(batch: object) -> object:
@@ -62,4 +66,44 @@ def test_a_batch_larger_than_a_slot_gets_a_larger_ring() -> None:
 def test_without_slots_nothing_goes_through_a_ring() -> None:
     batch = batch_of(1)
     assert RingWriter(slots=0).pack(batch) is batch
-    assert RingWriter(slots=3).pack(tuple(batch)) == tuple(batch)  # only a list of columns is packed
+    assert RingWriter(slots=0).pack([(image, 1) for image in batch[0]]) == [(image, 1) for image in batch[0]]
+
+
+Sample = namedtuple("Sample", "image label")
+
+
+def test_a_custom_collates_batch_of_any_shape_comes_out_as_pickling_makes_it() -> None:
+    """collate_fn=list and the like: the items as the user's collate returned them (same containers,
+    types, order, shared objects), with the large bytes values through the ring, not the pipe."""
+    writer, handover = RingWriter(slots=3), Handover()
+    big = bytes(range(256)) * 8
+    tensor, array = torch.arange(6).reshape(2, 3), np.arange(4, dtype=np.uint8)
+    batches = [
+        [(bytes([seed]) * (MIN_RING_VALUE + seed), seed) for seed in range(5)],  # collate_fn=list
+        {"images": [big, big[:MIN_RING_VALUE - 1], b""], "labels": (1, 2)},
+        [Sample(big, 3), Sample(big[1:], 4)],
+        big,
+    ]
+    for batch in batches:
+        packed = writer.pack(batch)
+        assert isinstance(packed, RingPickle) and len(packed.pickled) < 2 * MIN_RING_VALUE  # the images left out
+        settled = handover.settle(handed(packed))
+        # the same types, values and order throughout, as DataLoader converts a worker's batch
+        assert pickle.dumps(settled) == pickle.dumps(default_convert(batch))
+    assert all(type(sample) is Sample for sample in handover.settle(handed(writer.pack(batches[2]))))
+    assert handover.settle(handed(writer.pack(batches[0])))[0] == [bytes(MIN_RING_VALUE), 0]  # tuples: lists
+    with_arrays = handover.settle(handed(writer.pack({"images": [big], "tensor": tensor, "array": array})))
+    assert with_arrays["images"] == [big] and torch.equal(with_arrays["tensor"], tensor)
+    assert type(with_arrays["array"]) is torch.Tensor and with_arrays["array"].tolist() == array.tolist()
+    twice = handover.settle(handed(writer.pack([big, big])))
+    assert twice == [big, big] and twice[0] is twice[1]  # one value met twice is one object, as pickle keeps it
+    evaluated = handover.settle(handed((writer.pack(batches[0]), Scalars([True, False]))))
+    assert evaluated[0] == default_convert(batches[0]) and evaluated[1].tolist() == [True, False]
+
+
+def test_a_batch_without_large_bytes_or_that_does_not_pickle_crosses_as_it_is() -> None:
+    writer = RingWriter(slots=3)
+    batch = [(b"small", 1, torch.zeros(2)), (b"", 2, torch.ones(2))]
+    assert writer.pack(batch) is batch
+    unpicklable = [(bytes(MIN_RING_VALUE), lambda: 0)]  # DataLoader's pickler reports it, as before
+    assert writer.pack(unpicklable) is unpicklable

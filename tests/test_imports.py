@@ -91,6 +91,16 @@ def test_data_flows_one_way_with_no_import_cycle() -> None:
         visit(name, [])
 
 
+def test_formats_stand_below_streaming() -> None:
+    """A format's module reads records by index and as a stream; the streaming loader reads it
+    through that interface (and `stream()` reaches it through the format table), never the
+    other way round: no format module, nor the tar module under them, imports readers.streaming."""
+    modules = {spec.dataset.partition(":")[0] for spec in FORMATS.values()} | {"readers.tar"}
+    importers = [module for module in sorted(modules)
+                 if "readers.streaming" in imports_of(ROOT / (module.replace(".", "/") + ".py"), "readers")]
+    assert importers == []
+
+
 def test_inspection_commands_share_one_helper_and_never_import_each_other() -> None:
     """info, show and verify open a dataset through packer.inspect.dataset, not through one another."""
     commands = {"packer.inspect.info", "packer.inspect.show", "packer.inspect.verify"}

@@ -4,12 +4,14 @@ view of its source, and a pack through it that round-trips byte for byte."""
 from __future__ import annotations
 
 import errno
+import json
 import os
+import random
 from pathlib import Path
 
 import pytest
 from clirun import run
-from imagefolders import make_image_folder
+from imagefolders import image_bytes, make_image_folder
 from latencyfs import Link, missing_requirements, mounted, operations
 
 import readers
@@ -104,3 +106,69 @@ def test_pack_through_the_mount_round_trips(source: tuple[Path, dict[str, bytes]
     assert code == 0, output
     dataset = readers.open_dataset(tmp_path / "out", decode="bytes", fields=("image", "path"))
     assert {path: image for image, path in (dataset[i] for i in range(len(dataset)))} == files
+
+
+@pytest.fixture(scope="module")
+def many_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, bytes]]:
+    """160 small JPEGs in 8 class folders: enough calls for pack to measure that they wait."""
+    root = tmp_path_factory.mktemp("netfs-many")
+    files = {}
+    for index in range(160):
+        rel = f"class_{index % 8}/img {index:03d}.jpg"
+        files[rel] = image_bytes(random.Random(index), size=(24, 16))
+        (root / rel).parent.mkdir(exist_ok=True)
+        (root / rel).write_bytes(files[rel])
+    return root, files
+
+
+@pytest.mark.parametrize("pool", [False, True], ids=["small SRC", "large SRC"])
+def test_the_walk_keeps_stats_in_flight_on_a_mount_where_each_waits(many_files: tuple[Path, dict[str, bytes]],
+                                                                     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                     pool: bool) -> None:
+    """One stat after another, 160 files take 160 round trips; across the class folders, many at
+    once. A SRC large enough for the walk's pool of processes (each would walk its classes one
+    stat at a time, before it had timed enough calls to tell) is walked here on threads too."""
+    import packer.sources.walk as walk_module
+    from packer.sources.walk import walk
+
+    if pool:
+        monkeypatch.setattr(walk_module, "PARALLEL_ABOVE_SECONDS", -1.0)
+        monkeypatch.setattr(walk_module, "available_cpus", lambda: 2)
+    root, files = many_files
+    report = tmp_path / "calls.json"
+    with mounted(root, latency_ms=3, report=report) as mount:
+        listing = walk(mount)
+    local = walk(root)
+    assert list(listing.paths) == list(local.paths) == sorted(files)
+    assert list(listing.labels) == list(local.labels) and list(listing.sizes) == list(local.sizes)
+    served = json.loads(report.read_text())
+    assert served["calls"]["getattr"] >= 160
+    assert served["most_in_flight"]["getattr"] >= 4, served
+
+
+def test_packing_keeps_opens_in_flight_on_a_mount_where_each_waits(many_files: tuple[Path, dict[str, bytes]],
+                                                                   tmp_path: Path) -> None:
+    """One packing process (one shard): its reads of the files, open to close, overlap, more of
+    them than its 4 opener threads of a local disk (main: 4 at most)."""
+    root, files = many_files
+    report = tmp_path / "calls.json"
+    with mounted(root, latency_ms=5, report=report) as mount:
+        code, output = run("wds", mount, tmp_path / "out", "--quiet", "--workers", "1")
+    assert code == 0, output
+    dataset = readers.open_dataset(tmp_path / "out", decode="bytes", fields=("image", "path"))
+    assert {path: image for image, path in (dataset[i] for i in range(len(dataset)))} == files
+    served = json.loads(report.read_text())
+    assert served["calls"]["open"] == 160
+    assert served["most_in_flight"]["open"] >= 6, served
+
+
+def test_telling_a_folder_of_class_folders_from_container_inputs_stats_none_of_them(tmp_path: Path) -> None:
+    """SRC's top level is told apart by the listing's types, not a stat (a round trip) per entry."""
+    from packer.sources.inputs import resolve_source
+
+    for index in range(40):
+        (tmp_path / "src" / f"class_{index:02d}").mkdir(parents=True)
+    report = tmp_path / "calls.json"
+    with mounted(tmp_path / "src", latency_ms=1, report=report) as mount:
+        assert resolve_source(mount).kind == "folder"
+    assert json.loads(report.read_text())["calls"].get("getattr", 0) < 10

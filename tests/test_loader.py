@@ -30,11 +30,12 @@ from imagefolders import make_image_folder
 
 import readers
 import readers.prefetch
+import readers.stores
 from packer.run.pipeline import pack
 from packer.plan.options import PackOptions
 from packer.write.writers import WRITERS
 from readers.loader import RESULT_PIPE_BYTES
-from readers.order import epoch_order, shard_order, split_for_rank
+from readers.read_order import epoch_order, shard_order, split_for_rank
 
 def open_indexed(out: Path) -> readers.PackedDataset:
     dataset = readers.open_dataset(out, decode="bytes", fields=("index",))
@@ -90,7 +91,7 @@ def test_shard_order_is_the_shard_order_of_epoch_order() -> None:
 
 
 def test_order_and_cpu_defaults_import_no_torch() -> None:
-    code = "import sys, readers.order, readers.cpus; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, readers.read_order, readers.cpus; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -385,6 +386,16 @@ def test_a_state_saved_before_states_named_their_dataset_loads_with_a_warning(pa
         fresh.load_state_dict({**loader.state_dict(), "version": 3})
 
 
+def test_one_dataset_and_a_mix_are_both_a_dataset_the_loaders_read(packed: tuple[Path, dict[str, bytes]]) -> None:
+    """`readers.Dataset` is what make_loader, the streaming loader and bench need of a dataset:
+    every format's and a mix of them qualify, with the same shard sizes the loaders split."""
+    dataset = open_indexed(packed[0])
+    both = readers.mix([dataset, open_indexed(packed[0])])
+    assert isinstance(dataset, readers.Dataset) and isinstance(both, readers.Dataset)
+    assert not isinstance(list(range(4)), readers.Dataset)
+    assert [shard.num_samples for shard in both.shards] == 2 * [shard.num_samples for shard in dataset.shards]
+    assert len(readers.make_loader(both, 2, num_workers=0)) == len(both) // 2
+
 def test_bad_arguments(packed: tuple[Path, dict[str, bytes]]) -> None:
     out, _ = packed
     dataset = open_indexed(out)
@@ -398,15 +409,17 @@ def test_bad_arguments(packed: tuple[Path, dict[str, bytes]]) -> None:
         readers.make_loader(dataset, 2, mode="test")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="shuffle_window"):
         readers.make_loader(dataset, 2, shuffle_window=0)
-    with pytest.warns(UserWarning, match="fill no batch"):
+    with pytest.warns(UserWarning, match="fill no batch") as said:
         readers.make_loader(dataset, 64, drop_last=True, num_workers=0)
+    assert said[0].filename == __file__  # the caller's line, past the wrapper that takes old argument names
 
 
 def test_warns_when_shards_are_fewer_than_ranks_times_streaming_workers(packed: tuple[Path, dict[str, bytes]]) -> None:
     out, _ = packed
     dataset = open_indexed(out)
-    with pytest.warns(UserWarning, match="5 shards for 3 ranks x 2 workers: streaming workers share"):
+    with pytest.warns(UserWarning, match="5 shards for 3 ranks x 2 workers: streaming workers share") as said:
         readers.make_loader(dataset, 2, num_workers=2, rank=0, world_size=3, streaming=True)
+    assert said[0].filename == __file__
     with warnings.catch_warnings():  # map-style reads samples, not shards; eval needs no mixing
         warnings.simplefilter("error")
         readers.make_loader(dataset, 2, num_workers=2, rank=0, world_size=3)
@@ -541,7 +554,7 @@ def test_a_dataset_packed_again_in_place_stops_its_loader_with_one_line(
     dataset = readers.open_dataset(out, decode="bytes", fields=("image", "label", "path"))
     classes = list(dataset.classes)
     loader = readers.make_loader(dataset, 2, shuffle=False, num_workers=1, persistent_workers=True,
-                                 streaming=streaming, shuffle_buffer=2, mix_shards=1, prefetch_shards=1)
+                                 streaming=streaming, shuffle_buffer=2, interleave=1, prefetch_shards=1)
     batches = iter(loader)
     seen = [next(batches)]
     (src / "class_00").rename(src / "class_000")  # another dataset: each label one class further
@@ -579,7 +592,7 @@ def test_index_json_replaced_while_a_dataset_is_opened_is_refused(packed_as: Cal
     would pair the old manifest with the new files."""
     out = tmp_path / "out"
     shutil.copytree(packed_as("wds")[0], out)
-    read = readers.remote.load_manifest
+    read = readers.stores.load_manifest
 
     def read_then_replace(root: Path) -> readers.Manifest:
         manifest = read(root)
@@ -587,7 +600,7 @@ def test_index_json_replaced_while_a_dataset_is_opened_is_refused(packed_as: Cal
         os.replace(tmp_path / "index.json", out / "index.json")
         return manifest
 
-    monkeypatch.setattr(readers.remote, "load_manifest", read_then_replace)
+    monkeypatch.setattr(readers.stores, "load_manifest", read_then_replace)
     with pytest.raises(readers.DatasetChanged, match=f"{out / 'index.json'}: replaced while the dataset was opened; "
                                                      "open it again"):
         readers.open_dataset(out)

@@ -16,7 +16,8 @@ from imagefolders import image_bytes
 import readers
 from packer.run.pipeline import pack
 from packer.plan.options import PackOptions
-from readers.mixed import MixOrders, apportion, epoch_counts
+from readers.mixed import apportion, epoch_counts
+from readers.read_order import MixOrders
 
 FIELDS = ("index", "image", "label")
 SIZES = [4, 4, 4, 4, 3]  # the shared packed dataset's shards (19 samples, classes class_00..class_02)
@@ -341,7 +342,7 @@ def test_a_local_and_an_http_source_stream_as_two_local_ones(two: tuple, packed_
     assert batches[0] == batches[1] == batches[2] and sum(len(b[0]) for b in batches[1]) == 30
     tight = opened(serve("wds"), cache_dir=tmp_path / "tight", cache_limit=3 * remote.largest_lease())
     with pytest.raises(ValueError, match="cache_limit .* is too small for streaming"):
-        readers.make_loader(readers.mix([two[0], tight]), 4, num_workers=2, streaming=True, mix_shards=4)
+        readers.make_loader(readers.mix([two[0], tight]), 4, num_workers=2, streaming=True, interleave=4)
     narrow = readers.make_loader(readers.mix([two[0], tight]), 4, num_workers=2, streaming=True)
-    assert narrow.sampler.mix_shards == 2  # 2 workers x 1 + 1: the widest the tight cache holds
+    assert narrow.sampler.interleave == 2  # 2 workers x 1 + 1: the widest the tight cache holds
 

@@ -18,7 +18,7 @@ from test_inputs import write_tars
 
 import packer
 import readers
-from packer.plan import order
+from packer.plan import pack_order as order
 from packer.errors import PackError
 from packer.plan.partition import Partition
 from packer.run.pipeline import merge, pack

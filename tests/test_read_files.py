@@ -13,6 +13,7 @@ import pytest
 from clirun import run
 from imagefolders import image_bytes, make_image_folder
 
+from packer.sources import inflight
 from packer.write import load
 from packer.write.encode import Encoded
 from packer.errors import PackError, RejectedFile
@@ -28,13 +29,20 @@ def test_read_file_returns_the_whole_file_even_if_its_size_changed(tmp_path: Pat
     assert load.read_file(str(path), scanned_size) == data
 
 
-@pytest.mark.parametrize("inline", [True, False], ids=["read-ahead in line", "reader threads"])
+@pytest.mark.parametrize("inline, waits", [(True, False), (True, True), (False, False)],
+                         ids=["read-ahead in line", "read-ahead whole on threads", "reader threads"])
 def test_load_samples_keeps_listing_order_across_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                      inline: bool) -> None:
+                                                      inline: bool, waits: bool) -> None:
     monkeypatch.setattr(load, "READ_RUN_FILES", 3)
     monkeypatch.setattr(load, "READAHEAD_FILES", 6)
     monkeypatch.setattr(load, "OPEN_AHEAD_FILES", 4)
     monkeypatch.setattr(load, "INLINE_STORES", ("original",) if inline else ())
+    if waits:  # as on a network mount: the opens are measured to wait, files are then read whole on threads
+        monkeypatch.setattr(inflight, "ROUND_TRIP_SECONDS", -1.0)
+        monkeypatch.setattr(inflight, "PROBE_CALLS", 3)
+    read_whole: list[int] = []
+    monkeypatch.setattr(load, "read_run", lambda paths, read_run=load.read_run: read_whole.append(len(paths)) or
+                        read_run(paths))
     entries, contents = [], []
     for index in range(20):
         name = f"{index:02d}.jpg"
@@ -45,6 +53,7 @@ def test_load_samples_keeps_listing_order_across_runs(tmp_path: Path, monkeypatc
     (tmp_path / "05.jpg").unlink()  # vanished after the scan
     options = PackOptions(format="wds")
     loaded = list(load.load_samples(tmp_path, entries, options, threads=4))
+    assert sum(read_whole) == (14 if waits else 0)  # all but the 2 runs of 3 opened before the measurement
     assert [entry.path for entry, _ in loaded] == [entry.path for entry in entries]
     results = [result for _, result in loaded]
     assert str(results[3]) == "not an image (unrecognised content)" and str(results[10]) == "empty file"

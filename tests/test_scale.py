@@ -14,10 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import packer.plan.order as order_module
-from packer.plan.order import arrange, full_permutation, splitmix64
+import packer.plan.pack_order as order_module
+from packer.plan.pack_order import arrange, full_permutation, splitmix64
 from packer.plan.options import PackOptions
 from packer.plan.plan import listing_lines, shard_bounds, write_plan
+from packer.sources.inputs import resolve_source
 from packer.sources.listing import Listing, PathList, extended
 from packer.sources.walk import walk
 
@@ -257,7 +258,8 @@ def test_writing_a_shuffled_plan_holds_4_bytes_a_file(tmp_path: Path, monkeypatc
     arrange(listing, "shuffled", 0)
     monkeypatch.setattr(order_module, "arrange", lambda *args: None)  # arranged already: trace the writing alone
     tracemalloc.start()
-    plan = write_plan(tmp_path / "out", listing, PackOptions(format="wds", order="shuffled"))
+    plan = write_plan(tmp_path / "out", listing, PackOptions(format="wds", order="shuffled"),
+                      source=resolve_source(tmp_path))
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     expected = np.argsort(splitmix64(0, 0, count))

@@ -83,3 +83,50 @@ def test_special_files_are_rejects_not_a_hang(tmp_path: Path) -> None:
     listing = scan(src)
     assert listing.paths == ["cats/a.jpg"]
     assert listing.rejects == [("cats/pipe.jpg", "not a regular file")]
+
+
+def tricky_tree(root: Path) -> Path:
+    """Classes with nested folders, hidden and other files, a pipe, a broken link, a symlink loop,
+    a folder that aliases another class, and entries beside the classes."""
+    make_image_folder(root, classes=4, per_class=9)
+    (root / "class_00" / "sub" / ".hidden.jpg").write_bytes(b"x")
+    (root / "class_00" / "notes.txt").write_text("x")
+    (root / "class_01" / "a-b").mkdir()
+    (root / "class_01" / "a-b" / "z.jpg").write_bytes(image_bytes(random.Random(2)))
+    (root / "class_01" / "a.jpg").write_bytes(image_bytes(random.Random(3)))
+    os.mkfifo(root / "class_02" / "pipe.jpg")
+    (root / "class_02" / "broken.jpg").symlink_to(root / "missing.jpg")
+    (root / "class_02" / "loop").symlink_to(root / "class_02", target_is_directory=True)
+    (root / "class_03" / "same-as-1").symlink_to(root / "class_01", target_is_directory=True)
+    (root / "beside.jpg").write_bytes(b"x")
+    (root / ".cache").mkdir()
+    return root
+
+
+def listing_state(listing: object) -> dict[str, object]:
+    return {name: value if value is None or isinstance(value, (int, str)) else list(value)
+            for name, value in vars(listing).items()}
+
+
+@pytest.mark.parametrize("flat", [False, True], ids=["classes", "flat"])
+def test_a_walk_with_calls_in_flight_lists_exactly_what_the_walk_in_line_lists(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, flat: bool) -> None:
+    """Once stats are measured to wait on storage, directories are read ahead on threads; the
+    listing, its rejects, aliases and ignored entries, and the warnings must not change."""
+    from packer.sources import inflight, walk
+
+    src = tricky_tree(tmp_path / "src")
+    caplog.set_level("INFO")
+    monkeypatch.setattr(inflight, "ROUND_TRIP_SECONDS", float("inf"))  # no call "waits": all in line
+    in_line = walk.walk(src, folders_are_classes=not flat, times=True)
+    in_line_logs = [(record.levelname, record.getMessage()) for record in caplog.records]
+    caplog.clear()
+    monkeypatch.setattr(inflight, "ROUND_TRIP_SECONDS", -1.0)  # every call "waits": threads from the first
+    monkeypatch.setattr(inflight, "PROBE_CALLS", 2)
+    monkeypatch.setattr(walk, "DIRS_AHEAD", 3)
+    ahead = walk.walk(src, folders_are_classes=not flat, times=True)
+    ahead_logs = [(record.levelname, record.getMessage()) for record in caplog.records]
+    assert any("stats in flight" in message for _, message in ahead_logs)
+    assert listing_state(ahead) == listing_state(in_line)
+    assert len(in_line) > 30 and in_line.rejects and (flat or in_line.aliases)
+    assert [log for log in ahead_logs if "in flight" not in log[1] and "each" not in log[1]] == in_line_logs

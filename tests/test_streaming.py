@@ -22,11 +22,12 @@ from loopback import LoopbackHTTP
 
 import readers
 import readers.cache
+import readers.handover
 from packer.run.pipeline import pack
 from packer.plan.options import PackOptions
 from packer.write.writers import WRITERS
-from readers.order import shard_order, stream_order
-from readers.streaming import batches_before, buffer_order, mixed_read_order, worker_spans
+from readers.read_order import buffer_order, interleaved_order, shard_order, stream_order
+from readers.streaming import batches_before, worker_spans
 
 SIZES = [4, 4, 4, 4, 3]  # the shared packed dataset's shards
 
@@ -89,22 +90,22 @@ def test_buffer_order_is_a_permutation_that_mixes_within_the_buffer() -> None:
     assert buffer_order(10, 1, rng).tolist() == list(range(10))
 
 
-def test_mixed_read_order_reads_each_run_front_to_back_with_at_most_mix_open() -> None:
+def test_interleaved_order_reads_each_run_front_to_back_with_at_most_width_open() -> None:
     lengths = [10, 10, 3, 10, 7, 10, 1, 10]
     starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
     run_of = np.repeat(np.arange(len(lengths)), lengths)
-    for mix in (1, 2, 3, 4, 8, 20):
-        order = mixed_read_order(lengths, mix, np.random.default_rng(mix))
+    for width in (1, 2, 3, 4, 8, 20):
+        order = interleaved_order(lengths, width, np.random.default_rng(width))
         assert sorted(order.tolist()) == list(range(sum(lengths)))
-        assert order.tolist() == mixed_read_order(lengths, mix, np.random.default_rng(mix)).tolist()
+        assert order.tolist() == interleaved_order(lengths, width, np.random.default_rng(width)).tolist()
         runs = run_of[order]
         for run, start in enumerate(starts):
             assert order[runs == run].tolist() == list(range(start, start + lengths[run]))  # front to back
         first = {run: int(np.argmax(runs == run)) for run in range(len(lengths))}
         last = {run: len(runs) - 1 - int(np.argmax(runs[::-1] == run)) for run in range(len(lengths))}
         most_open = max(sum(first[run] <= i <= last[run] for run in first) for i in range(len(order)))
-        assert most_open <= mix and (mix == 1 or most_open >= 2)
-        if mix == 1:
+        assert most_open <= width and (width == 1 or most_open >= 2)
+        if width == 1:
             assert order.tolist() == list(range(sum(lengths)))
 
 
@@ -146,6 +147,36 @@ def test_workers_hand_over_tensors_as_one_process_makes_them(mode: str, stream: 
             assert [type(column) for column in columns] == [torch.Tensor, list, torch.Tensor]
             assert columns[0].dtype == columns[2].dtype == torch.int64 and mask.dtype == torch.bool
             assert len(mask) == len(columns[0]) and all(type(image) is bytes for image in columns[1])
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_a_custom_collate_sees_exactly_the_samples_the_default_one_reads(mode: str, packed_as: Callable,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """collate_fn=list (as detection and captioning loaders have): the workers hand its batches over
+    through shared memory (readers.handover.RingPickle), and they come out as it made them: the
+    same samples, in the same order, as the same types, as the default collate's columns, as they
+    did through the pipe."""
+    out, files = packed_as("wds")
+    ds = open_indexed(out)
+    monkeypatch.setattr(readers.handover, "MIN_RING_VALUE", 64)  # the test's small images through the ring
+    assert min(len(data) for data in files.values()) >= readers.handover.MIN_RING_VALUE
+    for workers in (0, 2):
+        default, custom = streaming(ds, num_workers=workers, mode=mode), streaming(
+            ds, num_workers=workers, mode=mode, collate_fn=list)
+        for epoch in (0, 1):
+            default.set_epoch(epoch)
+            custom.set_epoch(epoch)
+            pairs = list(zip(default, custom, strict=True))
+            assert len(pairs) == len(default)
+            for columns, samples in pairs:
+                if mode == "eval":
+                    (columns, mask), (samples, custom_mask) = columns, samples
+                    assert mask.tolist() == custom_mask.tolist()
+                # DataLoader's default_convert makes the samples' tuples lists, with workers or without
+                assert type(samples) is list and {type(sample) for sample in samples} == {list}
+                assert [tuple(map(type, sample)) for sample in samples] == [(int, bytes, int)] * len(samples)
+                assert list(map(tuple, samples)) == list(zip(columns[0].tolist(), columns[1], columns[2].tolist()))
+
 
 
 def test_streaming_ranks_get_equal_batches(packed_as: Callable) -> None:
@@ -330,7 +361,7 @@ def test_workers_whose_shards_fetched_ahead_fill_a_tight_cache_go_on(http_server
     manifest = readers.load_manifest(http_server.directory / "tight")
     limit = 3 * max(shard.bytes + sum(sidecar.bytes for sidecar in shard.sidecars) for shard in manifest.shards)
     ds = open_indexed(url, cache_dir=tmp_path / "cache", cache_limit=limit)
-    loader = streaming(ds, batch_size=4, num_workers=2, prefetch_shards=2, mix_shards=1)  # the least room it takes
+    loader = streaming(ds, batch_size=4, num_workers=2, prefetch_shards=2, interleave=1)  # the least room it takes
     for epoch in range(3):
         loader.set_epoch(epoch)
         assert set(flat(loader)) == set(range(len(ds)))
@@ -350,86 +381,107 @@ def class_sorted(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.filterwarnings("ignore:.*shuffled pack")
-def test_mixing_shards_mixes_the_classes_of_a_class_sorted_pack(class_sorted: Path) -> None:
+def test_interleaving_shards_mixes_the_classes_of_a_class_sorted_pack(class_sorted: Path) -> None:
     """About one class per shard (a sorted pack of class folders): batches read one shard at a time
     hold two or three classes; read from 4 or 8 shards at once, more (a global shuffle: 5.3);
     every sample still once an epoch."""
     ds = open_indexed(class_sorted)
     mixed = {}
-    for mix in (1, 4, 8):
-        loader = streaming(ds, batch_size=8, shuffle_buffer=2, mix_shards=mix)
+    for width in (1, 4, 8):
+        loader = streaming(ds, batch_size=8, shuffle_buffer=2, interleave=width)
         assert sorted(flat(loader)) == list(range(len(ds)))
-        mixed[mix] = classes_per_batch(loader)
+        mixed[width] = classes_per_batch(loader)
     assert mixed[1] < 3 and mixed[1] * 1.3 < mixed[4] < mixed[8], mixed
 
 
-def test_mixed_streaming_resumes_exactly_and_downloads_each_shard_once(http_server: LoopbackHTTP,
+def test_interleaved_streaming_resumes_exactly_and_downloads_each_shard_once(http_server: LoopbackHTTP,
                                                                        tmp_path: Path) -> None:
     make_image_folder(tmp_path / "src", classes=4, per_class=15)
     assert run("wds", tmp_path / "src", http_server.directory / "mixed", "--shard-size", "4", "-q")[0] == 0
     shards = [shard.name for shard in readers.load_manifest(http_server.directory / "mixed").shards]
     url = f"{http_server.url}/mixed"
     ds = open_indexed(url, cache_dir=tmp_path / "cache")
-    whole = streaming(ds, batch_size=4, num_workers=2, mix_shards=3)
+    whole = streaming(ds, batch_size=4, num_workers=2, interleave=3)
     whole.set_epoch(2)
     expected = [batch[0].tolist() for batch in whole]
     assert sorted(i for batch in expected for i in batch) == list(range(len(ds)))
     assert {http_server.gets[f"/mixed/{name}"] for name in shards} == {1}  # bytes fetched = the dataset's
     for consumed in (1, 6):
-        head, state = interrupted(streaming(ds, batch_size=4, num_workers=2, mix_shards=3), 2, consumed)
-        resumed = streaming(ds, batch_size=4, num_workers=2, mix_shards=3)
+        head, state = interrupted(streaming(ds, batch_size=4, num_workers=2, interleave=3), 2, consumed)
+        resumed = streaming(ds, batch_size=4, num_workers=2, interleave=3)
         resumed.load_state_dict(state)
         assert head + [batch[0].tolist() for batch in resumed] == expected
-    with pytest.raises(ValueError, match=r"mix_shards 3 \(now 2\)"):
-        streaming(ds, batch_size=4, num_workers=2, mix_shards=2).load_state_dict(state)
+    with pytest.raises(ValueError, match=r"interleave 3 \(now 2\)"):
+        streaming(ds, batch_size=4, num_workers=2, interleave=2).load_state_dict(state)
 
 
-def test_a_cache_too_small_for_the_shards_mixed_is_refused_in_one_line(serve: Callable[[str], str],
+def test_the_old_name_mix_shards_still_works_with_a_deprecation_warning(packed_as: Callable) -> None:
+    """`interleave` was `mix_shards` ("mix" is readers.mix): the old keyword of make_loader and of
+    ShardStream reads the same batches, with a DeprecationWarning; a state saved under the old key
+    resumes exactly; both names at once are refused."""
+    ds = open_indexed(packed_as("wds")[0])
+    expected = flat(streaming(ds, interleave=3))
+    with pytest.warns(DeprecationWarning, match=r"^mix_shards= is now called interleave=") as said:
+        old = streaming(ds, mix_shards=3)
+    assert said[0].filename == __file__
+    assert old.sampler.interleave == 3 and flat(old) == expected
+    with pytest.warns(DeprecationWarning, match=r"^mix_shards= is now called interleave="):
+        stream = readers.ShardStream(ds, batch_size=3, seed=5, shuffle_buffer=4, mix_shards=2)
+    assert stream.interleave == 2
+    with pytest.raises(TypeError, match=r"make_loader\(\) got mix_shards= and interleave="):
+        streaming(ds, mix_shards=3, interleave=3)
+    head, state = interrupted(streaming(ds, interleave=3), 0, 2)
+    state["mix_shards"] = state.pop("interleave")  # as a state saved before the rename
+    resumed = streaming(ds, interleave=3)
+    resumed.load_state_dict(state)
+    assert [i for batch in head for i in batch] + flat(resumed) == expected
+
+def test_a_cache_too_small_for_the_shards_interleaved_is_refused_in_one_line(serve: Callable[[str], str],
                                                                        packed_as: Callable, tmp_path: Path) -> None:
     manifest = readers.load_manifest(packed_as("wds")[0])
     largest = max(shard.bytes + sum(s.bytes for s in shard.sidecars if s.name.endswith(".packidx"))
                   for shard in manifest.shards)
     ds = open_indexed(serve("wds"), cache_dir=tmp_path, cache_limit=4 * largest)
-    with pytest.raises(ValueError, match=r"^cache_limit .* too small for streaming: 2 workers reading mix_shards=4 "
+    with pytest.raises(ValueError, match=r"^cache_limit .* too small for streaming: 2 workers reading interleave=4 "
                                          r"shards at once need room for 5 of this dataset's largest shard"):
-        streaming(ds, num_workers=2, mix_shards=4)  # 2 x 3 + 1 = 7, but the dataset has 5 shards
-    assert len(streaming(ds, num_workers=2, mix_shards=2)) == 7  # 2 x 1 + 1 = 3 fit
+        streaming(ds, num_workers=2, interleave=4)  # 2 x 3 + 1 = 7, but the dataset has 5 shards
+    assert len(streaming(ds, num_workers=2, interleave=2)) == 7  # 2 x 1 + 1 = 3 fit
     whole = open_indexed(serve("wds"), cache_dir=tmp_path / "whole", cache_limit=5 * largest)
-    assert len(streaming(whole, num_workers=2, mix_shards=4)) == 7  # room for every shard: none waits
+    assert len(streaming(whole, num_workers=2, interleave=4)) == 7  # room for every shard: none waits
 
 
 @pytest.mark.filterwarnings("ignore:.*shuffled pack")
-def test_the_default_mix_is_the_widest_a_capped_cache_holds_and_resumes_exactly(
+def test_the_default_interleave_is_the_widest_a_capped_cache_holds_and_resumes_exactly(
         serve: Callable[[str], str], packed_as: Callable, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """A cache of 4 shards, 2 workers: the default mix of 4 needs room for 5 (2 x 3 + 1, the
+    """A cache of 4 shards, 2 workers: the default interleave of 4 needs room for 5 (2 x 3 + 1, the
     dataset's 5), 3 as many, 2 needs 3: it reads 2 at once, says so in one line, streams every
     sample once an epoch and resumes exactly (the width is part of the state). It was refused
-    ("too small for streaming"), though the same call streamed before the shard mix existed."""
+    ("too small for streaming"), though the same call streamed before the interleave existed."""
     largest = open_indexed(packed_as("wds")[0]).largest_lease()
     url = serve("wds")
     ds = open_indexed(url, cache_dir=tmp_path / "capped", cache_limit=4 * largest)
     with caplog.at_level(logging.INFO, logger="readers"):
         whole = streaming(ds, batch_size=2, num_workers=2)
-    said = [record.getMessage() for record in caplog.records if "mix_shards" in record.getMessage()]
+    said = [record.getMessage() for record in caplog.records if "interleave" in record.getMessage()]
     assert len(said) == 1 and "\n" not in said[0] and said[0].startswith(f"{url}: cache_limit ")
-    assert "reads mix_shards=2 shards at once, not 4" in said[0] and whole.sampler.mix_shards == 2
+    assert "reads interleave=2 shards at once, not 4" in said[0] and whole.sampler.interleave == 2
     whole.set_epoch(1)
     expected = [batch[0].tolist() for batch in whole]
     assert sorted(i for batch in expected for i in batch) == list(range(len(ds)))
     head, state = interrupted(streaming(ds, batch_size=2, num_workers=2), 1, 3)
-    assert state["mix_shards"] == 2
+    assert state["interleave"] == 2
     roomy = open_indexed(url, cache_dir=tmp_path / "roomy")  # no limit: it would read 4 at once
-    assert streaming(roomy, batch_size=2, num_workers=2).sampler.mix_shards == 4
+    assert streaming(roomy, batch_size=2, num_workers=2).sampler.interleave == 4
     for resumed in (streaming(ds, batch_size=2, num_workers=2), streaming(roomy, batch_size=2, num_workers=2)):
         resumed.load_state_dict(state)  # the roomy loader reads the 2 at once that the state says
         assert head + [batch[0].tolist() for batch in resumed] == expected
     wide = streaming(roomy, batch_size=2, num_workers=2)
     _, wide_state = interrupted(wide, 1, 3)
-    with pytest.raises(ValueError, match=r"^loader state was saved reading mix_shards=4 shards at once; cache_limit "
+    with pytest.raises(ValueError, match=r"^loader state was saved reading interleave=4 shards at once; cache_limit "
                                          r".* holds 2 for 2 workers"):
         streaming(ds, batch_size=2, num_workers=2).load_state_dict(wide_state)
-    with pytest.raises(ValueError, match=r"mix_shards 2 \(now 3\)"):  # given explicitly: no other width taken
-        streaming(roomy, batch_size=2, num_workers=2, mix_shards=3).load_state_dict(state)
+    with pytest.raises(ValueError, match=r"interleave 2 \(now 3\)"):  # given explicitly: no other width taken
+        streaming(roomy, batch_size=2, num_workers=2, interleave=3).load_state_dict(state)
 
 
 def test_streaming_a_class_sorted_pack_warns_once_and_pack_info_says_so(class_sorted: Path) -> None:
@@ -448,7 +500,7 @@ def test_streaming_a_class_sorted_pack_warns_once_and_pack_info_says_so(class_so
         warnings.simplefilter("default")  # as Python shows them: once per line that makes such a loader
         for _ in range(2):
             streaming(ds)
-    assert len(caught) == 1
+    assert len(caught) == 1 and caught[0].filename == __file__  # the line that made the loader
     assert str(caught[0].message) == (
         f"{class_sorted}: its shards hold 1 classes each where a shuffled pack's would hold 4, so streamed batches "
         f"hold few classes (a worse model, with no error); pack it again, shuffled: pack lmdb {class_sorted} NEW_OUT")

@@ -15,7 +15,7 @@ from loopback import LoopbackHTTP, PeakSampler
 
 import readers
 from readers.cache import MIN_CACHE_SHARDS, ShardCache
-from readers.order import stream_order
+from readers.read_order import stream_order
 
 
 def test_two_ranks_two_workers_stream_through_one_cache(packed_as: Callable, serve: Callable[[str], str],

@@ -96,9 +96,11 @@ def test_info_text_and_json(packed: tuple[Path, dict[str, bytes]]) -> None:
     assert info["shards"] == 5 and info["bytes"] == sum(s.bytes for s in readers.load_manifest(out).shards)
     assert info["image_sizes"]["width"]["min"] >= 16 and info["image_sizes"]["width"]["max"] <= 64
     assert info["options"]["shard_size"] == 4
+    assert info["read"] == "read in place (storage='local')"  # as open_dataset would read it
     code, text = run("info", out)
     assert code == 0
     assert f"samples      {len(files)} in 3 classes" in text and "class_01" in text
+    assert f"read         {info['read']}\n" in text
 
 
 def test_info_and_verify_on_something_else_are_one_line_errors(tmp_path: Path) -> None:

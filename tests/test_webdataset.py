@@ -17,7 +17,8 @@ import readers
 from packer.errors import PackError
 from packer.run.pipeline import pack
 from packer.plan.options import PackOptions
-from readers.tar import Member, canonical_header, encode_header, encode_member, parse_header
+from readers.tar import (WALK_READ, Member, TarError, canonical_header, encode_header, encode_member, parse_header,
+                         walk_samples)
 
 
 @pytest.fixture
@@ -245,6 +246,35 @@ def test_the_streaming_walk_refuses_what_a_front_to_back_read_refuses(wds_copy: 
         streamed(ds, 1)
     assert str(walked.value) == str(front_to_back.value) and str(shard) in str(walked.value)
 
+
+def test_one_walk_reads_a_shard_whole_or_leaves_its_images_for_later(tmp_path: Path) -> None:
+    """`walk_samples` is the one walk of a shard: eager, every member's bytes; deferred, the same
+    small members and, for the rest, where their bytes are (a member larger than one read of the
+    walk included); the same damage is the same TarError either way."""
+    members = [(b"a/k1.jpg", bytes(range(256)) * 40), (b"a/k1.cls", b"3"), (b"a/k1.json", b"{}"),
+               (b"a/k2.png", b"\x89PNG" * 3), (b"a/k2.cls", b"4"), (b"a/k2.json", b'{"x": 1}')]
+    data = b"".join(encode_member(name, value) for name, value in members) + bytes(1024)
+    assert len(members[0][1]) > WALK_READ
+    tar = tmp_path / "shard.tar"
+    tar.write_bytes(data)
+    small = {"cls", "json"}
+    with open(tar, "rb") as file:
+        eager = list(walk_samples(file.fileno(), small, eager=True))
+        deferred = list(walk_samples(file.fileno(), small, eager=False))
+    assert eager == [("a/k1", {"jpg": members[0][1], "cls": b"3", "json": b"{}"}),
+                     ("a/k2", {"png": members[3][1], "cls": b"4", "json": b'{"x": 1}'})]
+    assert [key for key, _ in deferred] == ["a/k1", "a/k2"]
+    for (_, whole), (_, parts) in zip(eager, deferred):
+        image = next(extension for extension in parts if extension not in small)
+        offset, size = parts[image]
+        assert data[offset:offset + size] == whole[image]
+        assert {extension: value for extension, value in parts.items() if extension in small} == \
+            {extension: value for extension, value in whole.items() if extension in small}
+    tar.write_bytes(data[:1500])  # cut inside the first image
+    for eager_walk in (True, False):
+        with open(tar, "rb") as file, pytest.raises(TarError, match=r"^tar shard is truncated in 'a/k1.jpg' "
+                                                                     r"\(10240 bytes, 988 left\)$"):
+            list(walk_samples(file.fileno(), small, eager=eager_walk))
 
 def test_a_streamed_image_that_does_not_match_its_checksum_is_that_samples_error(
         wds_copy: tuple[Path, dict[str, bytes]]) -> None:

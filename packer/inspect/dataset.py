@@ -1,5 +1,6 @@
-"""A packed dataset as the inspection commands open it: its manifest, a small temporary cache for
-a URL, and the size of a stored image, each in one place for `info`, `show` and `verify`."""
+"""A packed dataset as the inspection commands open it: a small temporary cache for a URL, and the
+size of a stored image, each in one place for `info`, `show` and `verify` (the manifest is
+`readers.stores.read_manifest`'s)."""
 
 from __future__ import annotations
 
@@ -11,15 +12,10 @@ from typing import Any, Iterator
 
 from PIL import Image
 
-from readers.manifest import Manifest, load_manifest
-from readers.remote import RemoteStore, is_url
+from readers.manifest import Manifest
+from readers.remote import is_url
 
 CACHED_SHARDS = 3
-
-
-def read_manifest(out: str | os.PathLike[str]) -> Manifest:
-    """index.json of a dataset folder or URL."""
-    return RemoteStore(str(out)).manifest() if is_url(out) else load_manifest(out)
 
 
 @contextmanager

@@ -9,9 +9,10 @@ from dataclasses import asdict
 from typing import Any
 
 from readers.datasets import open_dataset
+from readers.stores import read_manifest, read_strategy
 
 from ..plan.options import PackOptions
-from .dataset import read_manifest, small_cache, stored_size
+from .dataset import small_cache, stored_size
 
 SIZE_SAMPLE = 1000
 
@@ -43,6 +44,7 @@ def describe(out: str | os.PathLike[str]) -> dict[str, Any]:
         "options": manifest.options,
         "parts": manifest.parts,  # one per pack or append (`pack --append`); [] for a dataset packed once
         "tool_version": manifest.tool_version,
+        "read": read_strategy(out),  # how open_dataset reads it by default, and why
         # classes the median shard holds, and a shuffled pack's would; null where not recorded
         "class_mixing": None if (mixing := manifest.class_mixing()) is None else
         {"shard_classes": mixing[0], "shuffled_classes": round(mixing[1], 1), "class_sorted": manifest.class_sorted()},

@@ -27,8 +27,9 @@ from readers.base import PackedDataset
 from readers.datasets import open_dataset
 from readers.manifest import REJECTS_NAME, DatasetError, Manifest
 from readers.remote import UrlFilesystem, is_url
+from readers.stores import read_manifest
 
-from .dataset import read_manifest, small_cache, stored_size
+from .dataset import small_cache, stored_size
 
 log = logging.getLogger(__name__)
 

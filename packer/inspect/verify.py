@@ -15,10 +15,11 @@ from readers.base import PackedDataset
 from readers.datasets import open_dataset
 from readers.manifest import CARD_NAME, MANIFEST_NAME, TIMM_INFO_NAME, DatasetError, FileInfo, Manifest
 from readers.remote import is_url, listed_files
+from readers.stores import read_manifest
 
 from ..run.descriptors import timm_info, wids_descriptor
 from ..stores.fsutil import sha256_file
-from .dataset import read_manifest, small_cache
+from .dataset import small_cache
 
 
 class LocalFiles:

@@ -22,7 +22,7 @@ from ..write.validate import DEFAULT_MAX_PIXELS, VALIDATE_MODES
 
 DEFAULT_ORDER = "shuffled"
 ORDERS = ("shuffled", "sorted")
-"""`--order`: how `packer.plan.order.arrange` puts the listing in packing order."""
+"""`--order`: how `packer.plan.pack_order.arrange` puts the listing in packing order."""
 MAX_SEED = 2**64 - 1
 
 DEFAULT_SHARD_SIZE = 10_000
@@ -64,7 +64,7 @@ class PackOptions:
     image_key: str = DEFAULT_IMAGE_KEY  # TFRecord features (packer.sources.tfrecord)
     label_key: str = DEFAULT_LABEL_KEY
     label_offset: int = 0
-    # The order samples are packed in (packer.plan.order): a seeded shuffle, or the listing's sorted order.
+    # The order samples are packed in (packer.plan.pack_order): a seeded shuffle, or the listing's sorted order.
     order: str = DEFAULT_ORDER
     seed: int = 0
 

@@ -26,10 +26,9 @@ import glob
 import io
 import os
 import re
-import stat
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator, Literal, Protocol
 
@@ -48,7 +47,7 @@ class InputKind:
     `in_line`: passthrough reads its records in the shard's own thread (byte ranges of a file in
     order, which the kernel reads ahead by itself), not in reader threads that would only pass the
     GIL around; not for code of the user's, which may wait on I/O. `windowed`: a shuffled pack
-    mixes its samples in windows of nearby byte ranges (`packer.plan.order`), so reads stay nearly
+    mixes its samples in windows of nearby byte ranges (`packer.plan.pack_order`), so reads stay nearly
     sequential; not for inputs that are each one call of the user's code, permuted fully."""
 
     suffixes: tuple[str, ...]
@@ -77,16 +76,24 @@ CLI_INPUT_FORMATS = ("folder", *(name for name, kind in INPUT_KINDS.items() if n
 
 @dataclass(frozen=True)
 class Source:
-    """What SRC is, resolved once (`resolve_source`): its kind, the folder sample paths are
-    relative to (as given, or absolute for container inputs), and the container inputs."""
+    """What SRC is, resolved once at the run's entry (`resolve_source`) and then handed down
+    instead of SRC: its kind, the folder sample paths are relative to (as given, or absolute for
+    container inputs), the container inputs, and SRC as the user named it (`given`; empty in a
+    Source rebuilt from a plan, `Plan.planned_source`). Small and picklable."""
 
     kind: str
     root: str
     inputs: tuple[str, ...] = ()
+    given: str = field(default="", compare=False)
 
     @property
     def is_url(self) -> bool:
         return is_url(self.root)
+
+    @property
+    def named(self) -> Path | str:
+        """SRC as messages name it and OUT is checked against it: as given (a URL stays a string)."""
+        return location(self.given or self.root)
 
     @property
     def location(self) -> Path | str:
@@ -115,14 +122,14 @@ class Record:
 ReadMode = Literal["in-line", "files", "fetch", "threads"]
 
 
-def read_mode(kind: str, root: str) -> ReadMode:
+def read_mode(source: Source) -> ReadMode:
     """How a passthrough shard reads this SRC's samples: "in-line", a container kind's records in
     the shard's own thread (`InputKind.in_line`); "files", local files opened ahead by a few
     threads; "fetch", files behind a URL, fetched in concurrent batches; "threads", reader threads
     (pack_samples' calls, which may wait on I/O). Decoding stores always use reader threads."""
-    if kind in INPUT_KINDS:
-        return "in-line" if INPUT_KINDS[kind].in_line else "threads"
-    return "fetch" if is_url(root) else "files"
+    if source.kind in INPUT_KINDS:
+        return "in-line" if INPUT_KINDS[source.kind].in_line else "threads"
+    return "fetch" if source.is_url else "files"
 
 
 class ShardPlan(Protocol):
@@ -166,6 +173,11 @@ def resolve_source(src: str | os.PathLike[str], input_format: str | None = None)
     else is a folder of images, as before.
     """
     text = os.fspath(src)
+    return replace(_resolved(text, input_format), given=text)
+
+
+def _resolved(text: str, input_format: str | None) -> Source:
+    """`resolve_source` of SRC as text, less the name it was given by."""
     if input_format == "folder":
         return Source("folder", text)
     if is_url(text):
@@ -297,8 +309,10 @@ def kind_of(name: str) -> str | None:
 
 
 def _is_file(entry: os.DirEntry[str]) -> bool:
+    """A regular file, or a link to one: from the listing's d_type (a stat only for a link), since
+    on a network mount each stat is a round trip, and SRC's top level may hold 1,000 class folders."""
     try:
-        return stat.S_ISREG(entry.stat().st_mode)
+        return entry.is_file()
     except OSError:
         return False
 
@@ -346,7 +360,7 @@ READ_AHEAD_BYTES = 8 << 20
 URL_BLOCK_BYTES = 2 << 20
 """A URL input is fetched in aligned blocks of this many bytes, each once while cached."""
 URL_BLOCKS = 64
-"""Blocks a URL input keeps (at most 128 MiB): a shuffled pack reads up to `packer.plan.order`'s
+"""Blocks a URL input keeps (at most 128 MiB): a shuffled pack reads up to `packer.plan.pack_order`'s
 WINDOW_RUNS (64) places of a container in turn, each front to back, so each keeps its block."""
 
 
@@ -412,7 +426,7 @@ class InputFiles:
 
     Eight threads reading neighbouring ranges of one file look random to the kernel, which then
     stops reading ahead: each read would wait for the disk; so do a shuffled pack's interleaved
-    runs (`packer.plan.order`), several places of one file read in turn. So a read announces its
+    runs (`packer.plan.pack_order`), several places of one file read in turn. So a read announces its
     READ_AHEAD_BYTES block of the file and the next (posix_fadvise WILLNEED), once each, and the
     kernel fetches them in large requests while the threads work, whatever the order of the runs.
     """

@@ -16,20 +16,14 @@ from array import array
 from typing import Any
 
 from readers.fields import encode_value
-from readers.manifest import DatasetError, Manifest, load_manifest
-from readers.remote import RemoteStore, is_url
+from readers.manifest import DatasetError
+from readers.stores import read_manifest
 
 from ..errors import RejectedFile
 from ..plan.options import PackOptions
 from .classes import ClassMap, read_classes
 from .inputs import Record, ShardPlan, Source
 from .listing import UNLABELLED, Listing, ScanError
-
-
-def read_manifest(root: str) -> Manifest:
-    """The input dataset's manifest: a local index.json, or one in a bucket or behind HTTP (whose
-    shards `readers` then fetches through its cache, $PACK_CACHE_DIR or ~/.cache/pack)."""
-    return RemoteStore(root).manifest() if is_url(root) else load_manifest(root)
 
 
 def scan(source: Source, options: PackOptions) -> Listing:

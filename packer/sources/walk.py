@@ -4,22 +4,29 @@ ImageFolder layout: each top-level directory is a class (sorted names, the same 
 torchvision's ImageFolder) and everything beneath it belongs to that class. A folder with no
 subdirectories is a flat, unlabelled set (label -1). Hidden entries and non-image files are
 skipped and counted. The listing keeps no Python object per file (a PathList and integer arrays),
-and a large SRC's class folders are walked by one process per CPU.
+and a large SRC's class folders are walked by one process per CPU. On a network mount, where each
+stat is a round trip, the calls are measured to wait (`inflight`) and the directories ahead of the
+walk are read, and their files stat'ed, dozens at a time on threads; the walk takes them in order.
 """
 
 from __future__ import annotations
 
+import functools
+import itertools
 import logging
 import multiprocessing
 import os
 import stat
 import time
 from array import array
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from readers.cpus import available_cpus
+from readers.mounts import filesystem_type, is_network_type
 
+from .inflight import InFlight
 from .listing import IGNORED_NAMES_KEPT, IMAGE_EXTENSIONS, UNLABELLED, Listing, ScanError, extended, is_image_name
 
 log = logging.getLogger(__name__)
@@ -46,21 +53,16 @@ def walk(src: str | os.PathLike[str], *, folders_are_classes: bool = True,
     folders = class_folders(root)  # also proves SRC can be listed
     class_dirs = folders if folders_are_classes else []
     listing = walk_listing(os.fspath(root), [e.name for e in class_dirs], times)
-    if class_dirs:
-        # In path order, which puts "a/..." after "a-b/..." ("/" sorts after "-"), unlike the class order.
-        order = sorted(enumerate(class_dirs), key=lambda item: item[1].name + "/")
-        class_ids: ClassIds = {}
-        for entry in class_dirs:
-            class_ids.setdefault(_dir_id(entry.path), entry.name)
-        _walk_classes([(entry.path, entry.name, label) for label, entry in order], listing, {_dir_id(root)},
-                      class_ids, companions)
-        top = sorted(os.scandir(root), key=lambda entry: entry.name)
-        beside = [e.name for e in top if not e.name.startswith(".") and not _is_dir(e)]
-        listing.leave_out_unclassed(name for name in beside if is_image_name(name))
-        listing.ignore((name for name in beside if not is_image_name(name)), hidden=False)
-        listing.ignore((e.name for e in top if e.name.startswith(".")), hidden=True)
-    else:  # a flat folder, or folders that are not classes
-        _walk(os.fspath(root), "", UNLABELLED, listing, set(), {}, companions)
+    with InFlight(what=f"stats under {root}") as calls:
+        reader = _Reader(calls)
+        try:
+            _walk_src(root, class_dirs, listing, companions, reader)
+        finally:
+            reader.close()
+    fstype = filesystem_type(root)
+    if calls.concurrent or is_network_type(fstype):
+        how = f"up to {calls.threads} stats in flight" if calls.concurrent else "one stat at a time (they answered fast)"
+        log.info("listed %s (%s) with %s", root, fstype or "filesystem type unknown", how)
     log.info(
         "scanned %s: %d images in %d classes, %d hidden and %d other entries ignored",
         root, len(listing), len(listing.classes), listing.ignored_hidden, listing.ignored_other,
@@ -74,15 +76,37 @@ def walk_listing(root: str, classes: list[str], times: bool) -> Listing:
     return Listing(root=root, classes=classes, labels=array("b"), sizes=array("b"), mtimes=array("q") if times else None)
 
 
+def _walk_src(root: Path, class_dirs: list[os.DirEntry[str]], listing: Listing, companions: frozenset[str],
+              reader: _Reader) -> None:
+    """Fill `listing` from SRC's class folders, or from SRC as one unlabelled tree."""
+    if class_dirs:
+        # In path order, which puts "a/..." after "a-b/..." ("/" sorts after "-"), unlike the class order.
+        order = sorted(enumerate(class_dirs), key=lambda item: item[1].name + "/")
+        class_ids: ClassIds = {}
+        for entry, dir_id in zip(class_dirs, reader.calls.map(_dir_id, [entry.path for entry in class_dirs])):
+            class_ids.setdefault(dir_id, entry.name)
+        _walk_classes([(entry.path, entry.name, label) for label, entry in order], listing, {_dir_id(root)},
+                      class_ids, companions, reader)
+        top = sorted(os.scandir(root), key=lambda entry: entry.name)
+        beside = [e.name for e in top if not e.name.startswith(".") and not _is_dir(e)]
+        listing.leave_out_unclassed(name for name in beside if is_image_name(name))
+        listing.ignore((name for name in beside if not is_image_name(name)), hidden=False)
+        listing.ignore((e.name for e in top if e.name.startswith(".")), hidden=True)
+    else:  # a flat folder, or folders that are not classes
+        _walk([(os.fspath(root), "", UNLABELLED)], listing, set(), {}, companions, reader)
+
+
 ClassTask = tuple[str, str, int]  # a class folder's path, its name, its label
 ClassIds = dict[tuple[int, int], str]  # each class folder's (device, inode): its name
 
 
 def _walk_classes(classes: list[ClassTask], listing: Listing, seen_dirs: set[tuple[int, int]],
-                  class_ids: ClassIds, companions: frozenset[str]) -> None:
+                  class_ids: ClassIds, companions: frozenset[str], reader: _Reader) -> None:
     """Walk the class folders in order: here, and once the rest look like taking more than
     PARALLEL_ABOVE_SECONDS (a large SRC), those in one process per CPU, since stat costs a system
-    call per file.
+    call per file. Once the calls wait on storage (a network mount: `reader.calls`), the rest are
+    walked here, the directories ahead of the walk read on threads (the next classes' too), which
+    keeps dozens of calls in flight.
 
     A process's class is walked as it would be here, unless it reached a directory that another
     class also reached (an alias): from that class on, the walk continues here, where the first
@@ -92,14 +116,23 @@ def _walk_classes(classes: list[ClassTask], listing: Listing, seen_dirs: set[tup
     position = 0
     parallel = available_cpus() > 1
     while position < len(classes):
+        if reader.calls.concurrent:
+            reader.upcoming = []
+            _walk(classes[position:], listing, seen_dirs, class_ids, companions, reader)
+            return
         elapsed = time.monotonic() - started
         if parallel and position and len(classes) - position > 1 and \
                 elapsed / position * (len(classes) - position) > PARALLEL_ABOVE_SECONDS:
-            break
-        _walk(*classes[position], listing, seen_dirs, class_ids, companions)
+            reader.calls.decide()  # the processes would each measure alone: a slow mount is walked here
+            if not reader.calls.concurrent:
+                break
+            continue
+        reader.upcoming = [path for path, _, _ in classes[position + 1:position + 1 + DIRS_AHEAD]]
+        _walk(classes[position:position + 1], listing, seen_dirs, class_ids, companions, reader)
         position += 1
     if position == len(classes):
         return
+    reader.upcoming = []  # walked by the pool
     tasks = [(task, frozenset(seen_dirs), class_ids, companions) for task in classes[position:]]
     workers = min(available_cpus(), len(tasks))
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -120,8 +153,7 @@ def _walk_classes(classes: list[ClassTask], listing: Listing, seen_dirs: set[tup
             listing.rejects += part.rejects
             listing.aliases += part.aliases
             position += 1
-    for task in classes[position:]:
-        _walk(*task, listing, seen_dirs, class_ids, companions)
+    _walk(classes[position:], listing, seen_dirs, class_ids, companions, reader)
 
 
 def _walk_class(task: tuple[ClassTask, frozenset[tuple[int, int]], ClassIds, frozenset[str]]
@@ -130,7 +162,12 @@ def _walk_class(task: tuple[ClassTask, frozenset[tuple[int, int]], ClassIds, fro
     (path, name, label), seen, class_ids, companions = task
     part = walk_listing(path, [], True)
     seen_dirs = set(seen)
-    _walk(path, name, label, part, seen_dirs, class_ids, companions)
+    with InFlight() as calls:
+        reader = _Reader(calls)
+        try:
+            _walk([(path, name, label)], part, seen_dirs, class_ids, companions, reader)
+        finally:
+            reader.close()
     return part, seen_dirs - seen
 
 
@@ -156,79 +193,161 @@ def _dir_id(path: str | os.PathLike[str]) -> tuple[int, int]:
 
 
 Files = tuple[list[str], list[int], list[int]]  # a run of consecutive listed files: relative paths, sizes, mtimes
-Directory = tuple[str, str]  # a directory still to list: its path, and relative to SRC
+Directory = tuple[str, str, int]  # a directory still to list: its path, relative to SRC, and its label
+Item = Directory | tuple[int, Files]  # what the walk's stack holds: directories, and labelled runs of files
+StatOrReason = os.stat_result | str  # a file's stat, or why it has none
+DIRS_AHEAD = 64
+"""Directories read ahead of the walk (open, list, stat their files) once calls wait on storage:
+each holds a descriptor and its names until the walk reaches it."""
 
 
-def _walk(path: str, rel: str, label: int, listing: Listing, seen_dirs: set[tuple[int, int]],
-          class_ids: ClassIds, companions: frozenset[str]) -> None:
-    """Depth first, each directory's entries sorted by name ("/" after a directory's), which lists
-    the files already in the order of their relative paths: no global sort, and nothing held per
-    file but the listing's compact arrays. A directory reached twice (symlink loop or alias) is
-    visited once; one that is another class's folder (`class_ids`) only as that class, whichever
-    comes first, so an alias never relabels a class."""
-    stack: list[Files | Directory] = [(path, rel)]
+def _walk(roots: list[ClassTask], listing: Listing, seen_dirs: set[tuple[int, int]], class_ids: ClassIds,
+          companions: frozenset[str], reader: _Reader) -> None:
+    """Depth first from each root in turn, each directory's entries sorted by name ("/" after a
+    directory's), which lists the files already in the order of their relative paths: no global
+    sort, and nothing held per file but the listing's compact arrays. A directory reached twice
+    (symlink loop or alias) is visited once; one that is another class's folder (`class_ids`)
+    only as that class, whichever comes first, so an alias never relabels a class.
+
+    Once calls wait on storage, `reader` reads the next directories on the stack ahead on its
+    threads; the walk still takes each one's entries, errors and aliases in this order."""
+    stack: list[Item] = [(path, rel, label) for path, rel, label in reversed(roots)]
     while stack:
+        reader.read_ahead(stack)
         item = stack.pop()
-        if isinstance(item[0], list):
-            rels, sizes, mtimes = item
+        if isinstance(item[0], str):
+            path, rel, label = item  # type: ignore[misc]
+            read = reader.read(path, stack)
+            reader.read_ahead(stack)  # the read may have found that calls wait on storage
+            try:
+                entries = _apply_dir(read, path, rel, listing, seen_dirs, class_ids, companions)
+            finally:
+                read.close()
+            stack += ((label, entry) if isinstance(entry[0], list) else (*entry, label)  # type: ignore[misc]
+                      for entry in reversed(entries))
+        else:
+            label, (rels, sizes, mtimes) = item  # type: ignore[misc]
             listing.paths.extend(rels)
             listing.labels = extended(listing.labels, [label] * len(rels))
             listing.sizes = extended(listing.sizes, sizes)
             if listing.mtimes is not None:
                 listing.mtimes.extend(mtimes)
             listing.newest_mtime = max(listing.newest_mtime, max(mtimes, default=0))
-        else:
-            stack += reversed(_list_dir(*item, listing, seen_dirs, class_ids, companions))  # type: ignore[misc]
 
 
-def _list_dir(dir_path: str, dir_rel: str, listing: Listing, seen_dirs: set[tuple[int, int]],
-              class_ids: ClassIds, companions: frozenset[str]) -> list[Files | Directory]:
-    """One directory's entries in path order: runs of its files (stat'ed, relative to the
-    directory's descriptor, in one pass) between its subdirectories; hidden and other files counted."""
+@dataclass
+class DirRead:
+    """One directory as storage answered (opened, listed, its image files stat'ed), before the
+    walk takes it in order: what is skipped, ignored or rejected is decided there."""
+
+    fd: int = -1
+    open_error: str = ""
+    info: os.stat_result | None = None
+    list_error: str = ""
+    hidden: list[str] = field(default_factory=list)
+    dirs: list[str] = field(default_factory=list)
+    others: list[str] = field(default_factory=list)  # visible entries that are not directories, sorted
+    names: list[str] = field(default_factory=list)  # the image files among them
+    stats: list[StatOrReason] | list[Future[list[StatOrReason]]] = field(default_factory=list)
+
+    def results(self) -> list[StatOrReason]:
+        """The stats of `names`, in order, once every one has answered."""
+        if self.stats and isinstance(self.stats[0], Future):
+            self.stats = [info for chunk in self.stats for info in chunk.result()]  # type: ignore[union-attr]
+        return self.stats  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """Close the directory once no stat relative to it is running."""
+        if self.fd >= 0:
+            for chunk in self.stats:
+                if isinstance(chunk, Future):
+                    chunk.exception()  # waits; a stat never raises (its reason is its result)
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _read_dir(dir_path: str, calls: InFlight, parts: int | None = None) -> DirRead:
+    """Open, list and stat one directory: every call to storage the walk needs from it (the stats
+    in up to `parts` tasks, when on `calls`' threads)."""
     try:
         fd = os.open(dir_path, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as exc:
-        listing.rejects.append((dir_rel, f"cannot list directory: {exc.strerror}"))
-        return []
+        return DirRead(open_error=exc.strerror or str(exc))
+    read = DirRead(fd=fd)
     try:
-        info = os.fstat(fd)
-        aliased = class_ids.get((info.st_dev, info.st_ino), dir_rel)
-        if aliased != dir_rel:
-            listing.note_alias(dir_rel, aliased)
-            log.info("%s", listing.aliases[-1])
-            return []
-        if (info.st_dev, info.st_ino) in seen_dirs:
-            log.warning("%s: directory already visited (symlink loop or alias), skipped", dir_path)
-            return []
-        seen_dirs.add((info.st_dev, info.st_ino))
+        read.info = os.fstat(fd)
         try:
             with os.scandir(fd) as entries:
                 children = [entry for entry in entries]
         except OSError as exc:
-            listing.rejects.append((dir_rel, f"cannot list directory: {exc.strerror}"))
-            return []
+            read.list_error = exc.strerror or str(exc)
+            return read
         visible = [entry for entry in children if not entry.name.startswith(".")]
-        prefix = f"{dir_rel}/" if dir_rel else ""
-        listing.ignore(sorted(prefix + entry.name for entry in children if entry.name.startswith(".")), hidden=True)
+        read.hidden = [entry.name for entry in children if entry.name.startswith(".")]
         try:  # d_type: no system call, except for symlinks
             kinds = [entry.is_dir() for entry in visible]
         except OSError:
             kinds = [_is_dir(entry) for entry in visible]
-        dirs = sorted(entry.name for entry, is_dir in zip(visible, kinds) if is_dir)
-        others = sorted(entry.name for entry, is_dir in zip(visible, kinds) if not is_dir)
-        names = [name for name in others if name[name.rfind("."):].lower() in IMAGE_EXTENSIONS]
-        if len(names) < len(others):
-            listing.ignore((prefix + name for name in others if name[name.rfind("."):].lower() not in IMAGE_EXTENSIONS
-                            and os.path.splitext(name)[1] not in companions), hidden=False)
-        files = _stat_files(fd, names, prefix, listing)
-    finally:
-        os.close(fd)
+        read.dirs = sorted(entry.name for entry, is_dir in zip(visible, kinds) if is_dir)
+        read.others = sorted(entry.name for entry, is_dir in zip(visible, kinds) if not is_dir)
+        read.names = [name for name in read.others if name[name.rfind("."):].lower() in IMAGE_EXTENSIONS]
+        read.stats = _stat_names(fd, read.names, calls, parts)
+    except BaseException:
+        read.close()
+        raise
+    return read
+
+
+def _stat_names(fd: int, names: list[str], calls: InFlight, parts: int | None
+                ) -> list[StatOrReason] | list[Future[list[StatOrReason]]]:
+    """One stat per name, relative to the directory's descriptor (the kernel does not walk the
+    path): here while the calls are fast, on `calls`' threads once they wait on storage."""
+    stat_one = functools.partial(_stat_or_reason, fd=fd)
+    probed = calls.probe(stat_one, names)  # while the walk still measures the calls
+    rest = names[len(probed):]
+    if not calls.concurrent or not rest:
+        try:  # in bulk, the usual case: no call per name but the stat
+            return probed + [os.stat(name, dir_fd=fd) for name in rest]
+        except OSError:
+            return probed + [stat_one(name) for name in rest]
+    done: Future[list[StatOrReason]] = Future()
+    done.set_result(probed)
+    return [done, *calls.submit_chunks(stat_one, rest, parts)]
+
+
+def _apply_dir(read: DirRead, dir_path: str, dir_rel: str, listing: Listing, seen_dirs: set[tuple[int, int]],
+               class_ids: ClassIds, companions: frozenset[str]) -> list[Files | tuple[str, str]]:
+    """One directory's entries in path order: runs of its files between its subdirectories;
+    hidden and other files counted, unreadable ones rejected, an alias or a directory seen before skipped."""
+    if read.open_error:
+        listing.rejects.append((dir_rel, f"cannot list directory: {read.open_error}"))
+        return []
+    assert read.info is not None
+    aliased = class_ids.get((read.info.st_dev, read.info.st_ino), dir_rel)
+    if aliased != dir_rel:
+        listing.note_alias(dir_rel, aliased)
+        log.info("%s", listing.aliases[-1])
+        return []
+    if (read.info.st_dev, read.info.st_ino) in seen_dirs:
+        log.warning("%s: directory already visited (symlink loop or alias), skipped", dir_path)
+        return []
+    seen_dirs.add((read.info.st_dev, read.info.st_ino))
+    if read.list_error:
+        listing.rejects.append((dir_rel, f"cannot list directory: {read.list_error}"))
+        return []
+    prefix = f"{dir_rel}/" if dir_rel else ""
+    listing.ignore(sorted(prefix + name for name in read.hidden), hidden=True)
+    if len(read.names) < len(read.others):
+        listing.ignore((prefix + name for name in read.others if name[name.rfind("."):].lower() not in IMAGE_EXTENSIONS
+                        and os.path.splitext(name)[1] not in companions), hidden=False)
+    files = _regular_files(read.names, read.results(), prefix, listing)
+    dirs = read.dirs
     if not dirs:
         return [files]
     # Merge the files and the subdirectories in path order: a directory's key is its name + "/".
     keyed = sorted([(name, position) for position, name in enumerate(files[0])] +
                    [(prefix + name + "/", -1 - number) for number, name in enumerate(dirs)])
-    items: list[Files | Directory] = []
+    items: list[Files | tuple[str, str]] = []
     for _, position in keyed:
         if position < 0:
             name = dirs[-1 - position]
@@ -241,13 +360,8 @@ def _list_dir(dir_path: str, dir_rel: str, listing: Listing, seen_dirs: set[tupl
     return items
 
 
-def _stat_files(fd: int, names: list[str], prefix: str, listing: Listing) -> Files:
-    """The regular files among `names` (in a directory open as `fd`), with their sizes and
-    modification times; the rest are rejects. One stat each, relative to the descriptor: the kernel does not walk the path."""
-    try:
-        infos: list[os.stat_result | str] = [os.stat(name, dir_fd=fd) for name in names]
-    except OSError:
-        infos = [_stat_or_reason(name, fd) for name in names]
+def _regular_files(names: list[str], infos: list[StatOrReason], prefix: str, listing: Listing) -> Files:
+    """The regular files among `names`, with their sizes and modification times; the rest are rejects."""
     if all(not isinstance(info, str) and stat.S_ISREG(info.st_mode) for info in infos):  # the usual case, in bulk
         return ([prefix + name for name in names], [info.st_size for info in infos],  # type: ignore[union-attr]
                 [info.st_mtime_ns for info in infos])  # type: ignore[union-attr]
@@ -264,8 +378,55 @@ def _stat_files(fd: int, names: list[str], prefix: str, listing: Listing) -> Fil
     return rels, sizes, mtimes
 
 
-def _stat_or_reason(name: str, fd: int) -> os.stat_result | str:
+def _stat_or_reason(name: str, fd: int) -> StatOrReason:
     try:
         return os.stat(name, dir_fd=fd)
     except OSError as exc:
         return f"cannot stat: {exc.strerror}"
+
+
+class _Reader:
+    """Hands the walk each directory read: here, or, once `calls` wait on storage, from the
+    DIRS_AHEAD reads started ahead of the walk (`read_ahead`): the next directories on its stack,
+    then the `upcoming` ones (the next class folders, walked after this one)."""
+
+    def __init__(self, calls: InFlight) -> None:
+        self.calls = calls
+        self.upcoming: list[str] = []
+        self._ahead: dict[str, Future[DirRead]] = {}
+
+    def read(self, path: str, stack: list[Item]) -> DirRead:
+        """The directory at `path`, read ahead or now; `stack`: what the walk has left."""
+        future = self._ahead.pop(path, None)
+        if future is not None:
+            return future.result()
+        if self.calls.concurrent is False:  # measured: the calls answer at local speed
+            return _read_dir(path, self.calls)
+        return _read_dir(path, self.calls, self._share(len(self._ahead) + len(self._next(stack)) + 1))
+
+    def _next(self, stack: list[Item]) -> list[str]:
+        """The next directories to read ahead: the top of the walk's stack, then the upcoming ones."""
+        on_stack = (item[0] for item in reversed(stack[-4 * DIRS_AHEAD:]) if isinstance(item[0], str))
+        return list(itertools.islice((path for path in itertools.chain(on_stack, self.upcoming)
+                                      if path not in self._ahead), DIRS_AHEAD - len(self._ahead)))
+
+    def _share(self, directories: int) -> int:
+        """Tasks per directory when `directories` are read at once: the threads are shared among
+        them, since some filesystems (FUSE here) answer one name lookup at a time per directory."""
+        return max(1, self.calls.threads // max(1, directories))
+
+    def read_ahead(self, stack: list[Item]) -> None:
+        """Start reading the next directories the walk will pop (the top of its stack), then the upcoming ones."""
+        if not self.calls.concurrent:
+            return
+        wanted = self._next(stack)
+        parts = self._share(len(self._ahead) + len(wanted))
+        for path in wanted:
+            self._ahead[path] = self.calls.submit(_read_dir, path, self.calls, parts)
+
+    def close(self) -> None:
+        """Close what was read ahead and not taken (the walk stopped early)."""
+        for future in self._ahead.values():
+            if not future.cancel() and future.exception() is None:
+                future.result().close()
+        self._ahead.clear()

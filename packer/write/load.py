@@ -2,14 +2,18 @@
 
 Passthrough (`--store original`) loads in the calling thread, with the next files opened ahead
 by a few threads and the kernel asked to read them (`ReadAhead`): the kernel supplies the I/O
-depth, and the data never passes through another thread. Stores that decode use reader threads with a bounded read-ahead,
+depth, and the data never passes through another thread. Where opening a file is measured to
+take a round trip (a network mount), files are read whole on threads instead, as many in flight
+as keep the caller from waiting. Stores that decode use reader threads with a bounded read-ahead,
 since Pillow's codecs release the GIL.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import os
+import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -21,7 +25,8 @@ from .encode import Encoded, encode
 from ..errors import RejectedFile
 from ..plan.options import PackOptions
 from ..plan.plan import Entry
-from ..sources.inputs import ReadMode, Record, read_mode
+from ..sources.inflight import MOST_IN_FLIGHT, InFlight
+from ..sources.inputs import ReadMode, Record, Source, read_mode
 from ..sources.remote import fetch_files
 from ..sources.sidecars import read_sidecars
 from .validate import check_image
@@ -37,6 +42,11 @@ OPEN_AHEAD_FILES = 128
 """Files `ReadAhead` keeps open ahead of their turn (within READAHEAD_BYTES): the I/O depth."""
 OPEN_THREADS = 4
 """`ReadAhead`'s opener threads: cold inodes are read while a file is opened, one at a time per thread."""
+NET_RUN_FILES = 2
+"""Files one task reads whole, one after another, once opening them takes a round trip: small
+runs, so that many are in flight."""
+
+log = logging.getLogger(__name__)
 
 
 def read_file(path: str, size: int) -> bytes:
@@ -81,33 +91,91 @@ def open_run(paths: list[tuple[str, int]]) -> list[int | OSError]:
     return opened
 
 
+def read_run(paths: list[tuple[str, int]]) -> list[bytes | OSError]:
+    """Each file's whole content (or its error, raised at that file's turn): on a network mount,
+    where the open, the read and the close each wait a round trip, all of them in this thread.
+
+    The kernel is told not to read ahead (POSIX_FADV_RANDOM): the one read() asks for the whole
+    file, and with many files read at once a FUSE mount otherwise cut each into 3-4 reads, each a
+    round trip (measured through scripts/latencyfs.py: 4.4 reads a file, 1.0 with the hint)."""
+    contents: list[bytes | OSError] = []
+    for path, size in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as exc:
+            contents.append(exc)
+            continue
+        try:
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+            except OSError:  # only a hint
+                pass
+            contents.append(read_fd(fd, size))
+        except OSError as exc:
+            contents.append(exc)
+        finally:
+            os.close(fd)
+    return contents
+
+
+def timed(call: Callable[[list[tuple[str, int]]], list[Opened]], paths: list[tuple[str, int]]
+          ) -> tuple[list[Opened], float]:
+    """`call(paths)` and the seconds it took, measured in the thread that waited."""
+    started = time.perf_counter()
+    result = call(paths)
+    return result, time.perf_counter() - started
+
+
+Opened = int | bytes | OSError  # a file opened ahead, already read (network), or why not
+
+
 class ReadAhead:
     """Hands out `entries` in order (iterate it), each file opened ahead of its turn by `threads`
     opener threads that announce it to the kernel (`open_run`): the kernel reads up to
     OPEN_AHEAD_FILES files (READAHEAD_BYTES) in the background, the openers wait on cold inodes in
     parallel, and the caller's `read` finds the bytes there. The openers do two system calls a
     file and no Python work on the data, so they seldom hold the GIL. Only the entries opened
-    ahead are held, not the shard's. `close` closes what is still open."""
+    ahead are held, not the shard's. `close` closes what is still open.
+
+    The openers are timed (`InFlight`): when opening takes a round trip (a network mount, where
+    the read and the close would each take another, one after another in this thread), files are
+    read whole on many threads instead (`read_run`, NET_RUN_FILES a task), as many runs in flight
+    as it takes for the caller not to wait: each time it would, the depth grows by half, up to
+    `MOST_IN_FLIGHT` runs and still within READAHEAD_BYTES. `close` logs what was chosen."""
 
     def __init__(self, root: str, entries: Iterable[Entry], threads: int) -> None:
         self._root = root
         self._entries = iter(entries)
         self._listed_all = False
         self._pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="pack-open")
-        self._runs: deque[tuple[list[Entry], Future[list[int | OSError]]]] = deque()
-        self._current: deque[tuple[Entry, str, int | OSError]] = deque()  # the run being read: entry, path, fd
+        self._calls = InFlight(what=f"opens under {root}")
+        self._depth = 2 * max(1, threads)  # runs in flight once files are read on `_calls`
+        self._waits = 0
+        self._runs: deque[tuple[list[Entry], Future[tuple[list[Opened], float]]]] = deque()
+        self._current: deque[tuple[Entry, str, Opened]] = deque()  # the run being read: entry, path, fd or bytes
         self._bytes = 0
 
+    def _room(self) -> bool:
+        if not self._runs:
+            return True
+        if self._bytes >= READAHEAD_BYTES:
+            return False
+        if self._calls.concurrent:
+            return len(self._runs) < self._depth
+        return len(self._runs) * READ_RUN_FILES < OPEN_AHEAD_FILES
+
     def _open_ahead(self) -> None:
-        while not self._listed_all and len(self._runs) * READ_RUN_FILES < OPEN_AHEAD_FILES and \
-                (not self._runs or self._bytes < READAHEAD_BYTES):
-            run, run_bytes = take_run(self._entries, READ_RUN_FILES)
+        while not self._listed_all and self._room():
+            run, run_bytes = take_run(self._entries, NET_RUN_FILES if self._calls.concurrent else READ_RUN_FILES)
             if not run:
                 self._listed_all = True
                 break
             self._bytes += run_bytes
             paths = [(os.path.join(self._root, entry.path), entry.size) for entry in run]
-            self._runs.append((run, self._pool.submit(open_run, paths)))
+            if self._calls.concurrent:
+                self._runs.append((run, self._calls.submit(timed, read_run, paths)))
+            else:
+                self._runs.append((run, self._pool.submit(timed, open_run, paths)))
 
     def __iter__(self) -> Iterator[Entry]:
         while True:
@@ -115,9 +183,15 @@ class ReadAhead:
                 self._open_ahead()
                 if not self._runs:
                     return
+                if self._calls.concurrent and not self._runs[0][1].done():  # the caller would wait: more in flight
+                    self._waits += 1
+                    self._depth = min(MOST_IN_FLIGHT, self._depth + max(1, self._depth // 2))
+                    self._open_ahead()
                 run, future = self._runs.popleft()
+                opened, seconds = future.result()
+                self._calls.timed(len(run), seconds)
                 self._current.extend((entry, os.path.join(self._root, entry.path), fd)
-                                     for entry, fd in zip(run, future.result()))
+                                     for entry, fd in zip(run, opened))
             entry = self._current[0][0]
             yield entry
             if self._current and self._current[0][0] is entry:  # its file was not read (rejected before)
@@ -125,7 +199,7 @@ class ReadAhead:
                 if isinstance(fd, int):
                     os.close(fd)
 
-    def _take(self) -> int | OSError:
+    def _take(self) -> Opened:
         entry, _, fd = self._current.popleft()
         self._bytes -= entry.size
         return fd
@@ -137,6 +211,8 @@ class ReadAhead:
         fd = self._take()
         if isinstance(fd, OSError):
             raise fd
+        if isinstance(fd, bytes):
+            return fd
         try:
             return read_fd(fd, size)
         finally:
@@ -146,15 +222,19 @@ class ReadAhead:
         for _, future in self._runs:
             future.cancel()
         self._pool.shutdown(wait=True)
+        self._calls.close()
         opened = [fd for _, _, fd in self._current]
         for _, future in self._runs:
             if not future.cancelled():
-                opened += future.result()
+                opened += future.result()[0]
         for fd in opened:
             if isinstance(fd, int):
                 os.close(fd)
         self._current.clear()
         self._runs.clear()
+        if self._calls.concurrent:
+            log.info("read files under %s whole on threads (opening one took a round trip): %d runs of %d in "
+                     "flight at most, grown %d times", self._root, self._depth, NET_RUN_FILES, self._waits)
 
 
 def take_run(entries: Iterator[Entry], max_files: int, max_bytes: int = 1 << 62) -> tuple[list[Entry], int]:
@@ -247,7 +327,7 @@ def load_samples(root: Path | str, entries: Iterable[Entry], options: PackOption
                              sidecars=options.sidecars, sidecars_optional=options.sidecars_optional,
                              records=records)
 
-    mode = mode or read_mode("folder", str(root))
+    mode = mode or read_mode(Source("folder", str(root)))
     remote = mode == "fetch"  # a folder of images at a URL
     if options.store in INLINE_STORES and mode == "in-line":
         for entry in entries:

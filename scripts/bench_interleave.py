@@ -1,6 +1,6 @@
 """How mixed the batches the loaders feed a model are: mean distinct classes per batch, as a
 fraction of a global shuffle's, for the map-style and the streaming loader, on a dataset packed in
-sorted order (class folders in a row) and on a shuffled pack, with 1, 2, 4 and 8 shards mixed per
+sorted order (class folders in a row) and on a shuffled pack, with 1, 2, 4 and 8 shards interleaved per
 streaming worker.
 
 The loaders' orders are pure functions of (seed, epoch, ranks, workers, options), so this needs no
@@ -9,7 +9,7 @@ down, 100 classes x 1,300 images in shards of 10,000) and asks `make_loader(...)
 order each loader reads in. A sorted pack's sample i has the label of the i-th sorted path; a
 shuffled pack's labels are those in a seeded permutation (what `pack` does to a folder's listing).
 
-    .venv/bin/python scripts/bench_mixing.py [--classes 100 --per-class 1300 --shard-size 10000]
+    .venv/bin/python scripts/bench_interleave.py [--classes 100 --per-class 1300 --shard-size 10000]
 """
 
 from __future__ import annotations
@@ -63,7 +63,8 @@ def main() -> None:
         print(f"{'pack':9s} {'loader':24s} {'classes/batch':>13s} {'fraction':>9s}")
         for pack, labels in packs.items():
             loaders = {"map-style": {}}
-            loaders.update({f"streaming, mix_shards={mix}": {"streaming": True, "mix_shards": mix} for mix in (1, 2, 4, 8)})
+            loaders.update({f"streaming, interleave={width}": {"streaming": True, "interleave": width}
+                            for width in (1, 2, 4, 8)})
             for name, options in loaders.items():
                 loader = readers.make_loader(dataset, args.batch_size, num_workers=args.workers, seed=0, **options)
                 mixes = []
