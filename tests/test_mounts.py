@@ -294,3 +294,22 @@ def test_a_copy_evicted_since_it_landed_is_copied_again(packed_as: Callable, tmp
     assert ds[2] == local[2]  # in place again, copied behind again
     copies_landed()
     assert copy.exists() and ds[3] == local[3] and ds.shard_path(0) == copy
+
+
+def test_a_copy_holds_every_byte_when_writes_come_up_short(packed_as: Callable, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """os.pwrite may write less than it is given (a disk filling while the cache evicts): the sha256
+    is of the bytes read from the mount, so a piece not written on would be published, checked,
+    with zeros in it, and the reader reopened on it."""
+    real_pwrite = readers.mounts.os.pwrite
+    monkeypatch.setattr(readers.mounts.os, "pwrite", lambda fd, data, offset: real_pwrite(fd, data[:7], offset))
+    out = packed_as("lmdb")[0]
+    ds = readers.open_dataset(out, decode="bytes", fields=FIELDS, storage="network", cache_dir=tmp_path / "cache")
+    local = readers.open_dataset(out, decode="bytes", fields=FIELDS)
+    assert ds[0] == local[0]
+    copies_landed()
+    shard = ds.manifest.shards[0]
+    copy = tmp_path / "cache" / "objects" / f"{shard.sha256}.lmdb"
+    assert copy.read_bytes() == (out / shard.name).read_bytes()
+    assert ds[1] == local[1] and ds.shard_path(0) == copy
+    ds.close()
