@@ -313,3 +313,30 @@ def test_a_copy_holds_every_byte_when_writes_come_up_short(packed_as: Callable, 
     assert copy.read_bytes() == (out / shard.name).read_bytes()
     assert ds[1] == local[1] and ds.shard_path(0) == copy
     ds.close()
+
+
+def test_a_read_error_while_streaming_a_wds_shard_in_place_names_the_shard(packed_as: Callable,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shard streamed from a mount is read in place, where a read may fail (EIO, ESTALE on NFS):
+    one DatasetError naming the shard (and the sample), as on_error decides, not an OSError that
+    names no file, out of the walk or of a sample's image read."""
+    out = packed_as("wds")[0]
+    ds = readers.open_dataset(out, decode="bytes", fields=FIELDS)
+    shard = ds.manifest.shards[0]
+    pread = readers.wds.os.pread
+    failing = {"now": False}
+
+    def flaky(fd: int, size: int, offset: int) -> bytes:
+        if failing["now"]:
+            raise OSError(5, "Input/output error")
+        return pread(fd, size, offset)
+
+    monkeypatch.setattr(readers.wds.os, "pread", flaky)
+    records = ds.stream_records(0, 0, shard.num_samples)
+    _, first = next(records)
+    failing["now"] = True
+    with pytest.raises(readers.DatasetError, match=rf"^{out / shard.name}: sample 0: unreadable \(Input/output error\)"):
+        first.load()
+    records.close()
+    with pytest.raises(readers.DatasetError, match=rf"^{out / shard.name}: read failed \(Input/output error\)"):
+        list(ds.stream_records(0, 0, shard.num_samples))
