@@ -262,6 +262,8 @@ class WdsDataset(PackedDataset):
                         yield count, exc
             except TarError as exc:
                 raise DatasetError(f"{path}: {exc}") from None
+            except OSError as exc:  # read in place (a mount: EIO, ESTALE)
+                raise DatasetError(f"{path}: read failed ({exc.strerror or exc})") from None
             finally:
                 os.close(fd)
 

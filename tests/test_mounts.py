@@ -340,3 +340,20 @@ def test_a_read_error_while_streaming_a_wds_shard_in_place_names_the_shard(packe
     records.close()
     with pytest.raises(readers.DatasetError, match=rf"^{out / shard.name}: read failed \(Input/output error\)"):
         list(ds.stream_records(0, 0, shard.num_samples))
+
+
+def test_a_read_error_while_walking_a_wds_shard_whole_names_the_shard(packed_as: Callable,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same for the walk that reads every member (iterating the dataset, `read_records`)."""
+    out = packed_as("wds")[0]
+    ds = readers.open_dataset(out, decode="bytes", fields=FIELDS)
+    shard = ds.manifest.shards[0]
+
+    def failing_reads(fd: int) -> Callable[[int, int], bytes]:
+        def read(offset: int, size: int) -> bytes:
+            raise OSError(5, "Input/output error")
+        return read
+
+    monkeypatch.setattr(readers.tar, "sequential_reads", failing_reads)
+    with pytest.raises(readers.DatasetError, match=rf"^{out / shard.name}: read failed \(Input/output error\)"):
+        list(ds.read_records(0, 0, shard.num_samples))
