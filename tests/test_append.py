@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -18,10 +19,11 @@ from typing import Any
 import pytest
 from clirun import run
 from conftest import S3_BUCKET
-from imagefolders import make_image_folder
+from imagefolders import image_bytes, make_image_folder
 from test_remote_pack import bucket_files, local_files, s3fs_of
 
 import readers
+from packer.api import merge as api_merge
 from packer.api import pack as api_pack
 from packer.api import pack_samples
 from packer.errors import PackError
@@ -215,6 +217,30 @@ def test_tasks_then_merge_equal_one_run(sources: tuple[Path, Path], tmp_path: Pa
     code, output = run("merge", tasks)
     assert code == 0 and output.startswith("merged 11 shards, 33 samples"), output
     assert digests(tasks) == digests(one)
+
+
+def test_an_append_of_classes_out_indexes_otherwise_resumes_and_merges(tmp_path: Path) -> None:
+    """NEW's classes [a, c] index otherwise in OUT ([a, b] + c: c is 1 in NEW, 2 in OUT), so the
+    part's plan holds NEW's labels re-indexed. A resume, and `pack merge` after tasks, compared
+    SRC's listing as scanned, in NEW's own indexes, with the plan's, and stopped: "SRC changed
+    since OUT's plan: its labels or fields differ"."""
+    rng = random.Random(5)
+    for name in ("old/a/1.jpg", "old/b/2.jpg", "new/a/3.jpg", "new/c/4.jpg", "new/c/5.jpg", "new/c/6.jpg"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(image_bytes(rng))
+    old, new = tmp_path / "old", tmp_path / "new"
+    one, resumed, merged = tmp_path / "one", tmp_path / "resumed", tmp_path / "merged"
+    for out in (one, resumed, merged):
+        api_pack(old, out, "wds", shard_size=1)
+    api_pack(new, one, "wds", append=True)
+    api_pack(new, resumed, "wds", append=True, task_index=0, task_count=2)
+    assert api_pack(new, resumed, "wds", append=True).resumed_shards == 2
+    for task in (0, 1):
+        api_pack(new, merged, "wds", append=True, task_index=task, task_count=2)
+    assert api_merge(merged).num_samples == 6
+    assert digests(resumed) == digests(one) == digests(merged)
+    assert sorted((name, path) for _, name, path in samples(one)) == [
+        ("a", "a/1.jpg"), ("a", "a/3.jpg"), ("b", "b/2.jpg"), ("c", "c/4.jpg"), ("c", "c/5.jpg"), ("c", "c/6.jpg")]
 
 
 def test_the_librarys_merge_knows_parts(sources: tuple[Path, Path], tmp_path: Path) -> None:

@@ -26,14 +26,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from readers.remote import location
-
-from .options import PackOptions
+from .options import PackOptions, option_differences
 from ..stores.outdir import listing_path
 from ..stores.output import Output
 from .partition import Partition
 from .plan import Plan, listing_digest, listing_lines, read_shard_entries
 from .scan import scan_source
+from ..sources.classes import reindex
 from ..sources.containers import input_mtimes
 from ..sources.inflight import InFlight
 from ..sources.inputs import Source
@@ -70,6 +69,17 @@ class Changes:
         if published and self.added and not (self.removed or self.changed or self.relabelled):
             return "append them with --append, or pack it again with --overwrite"
         return "pack it again with --overwrite"
+
+
+def plan_differences(plan: Plan, source: Source, options: PackOptions) -> str | None:
+    """What makes `plan` another pack than SRC with `options`: `options --shard-size: 2 before,
+    4 now`, or the other SRC; None when it is the same."""
+    now = (source.name, source.kind, list(source.inputs))
+    if (plan.source, plan.input_kind, plan.inputs) != now:
+        return f"another SRC ({plan.source} before, {now[0]} now)" if plan.source != now[0] else \
+            f"other inputs of {plan.source} ({len(plan.inputs)} {plan.input_kind} before, {len(now[2])} {now[1]} now)"
+    changed = option_differences(plan.options, options)
+    return f"other options ({'; '.join(changed)})" if changed else None
 
 
 def plan_time(listing_file: Path) -> int:
@@ -132,7 +142,7 @@ def compared(listing: Listing, listing_file: Path) -> Changes:
 def input_changes(plan: Plan, listing_file: Path) -> Changes | None:
     """Container inputs modified after the plan was made (their list is `plan_differences`' check)."""
     planned_at = plan_time(listing_file)
-    times = input_mtimes(plan.inputs)
+    times = input_mtimes(plan.planned_source)
     changed = [display_name(plan.source, name) for name, mtime in zip(plan.inputs, times) if mtime > planned_at]
     return Changes(changed=sorted(changed)) if changed else None
 
@@ -143,24 +153,23 @@ def display_name(source: str, name: str) -> str:
     return name[len(prefix):] if name.startswith(prefix) else name
 
 
-def run_changes(src: Path | str, source: Source, out: Output, plan: Plan, options: PackOptions,
-                partition: Partition) -> Changes | None:
+def run_changes(source: Source, out: Output, plan: Plan, options: PackOptions, partition: Partition) -> Changes | None:
     """What changed in SRC since `plan`, as a run of `partition` needs to know it before packing:
     one task of several stats only the files of its own shards (`task_changes`), so N tasks look at
     SRC once between them rather than walk it N times (and files added since are found by `pack
     merge`, which lists SRC once); a whole run, or a SRC in a bucket (listed by the thousand),
     lists SRC again (`source_changes`)."""
     if partition.is_whole or source.kind != "folder" or source.is_url:
-        return source_changes(src, source, out, plan, options)
-    return task_changes(out, plan, partition.shards(plan.num_shards))
+        return source_changes(source, out, plan, options)
+    return task_changes(source, out, plan, partition.shards(plan.num_shards))
 
 
-def task_changes(out: Output, plan: Plan, shards: Sequence[int]) -> Changes | None:
+def task_changes(source: Source, out: Output, plan: Plan, shards: Sequence[int]) -> Changes | None:
     """The files of `shards` that are gone, of another size, or modified after the plan was made:
     a stat each, many in flight where each waits on storage (`InFlight`); no file is read and no folder listed."""
     listing_file = listing_path(out.staging, plan.first_shard)
     planned_at = plan_time(listing_file)
-    root = str(location(plan.source))
+    root = str(source.location)
     rows = [(entry.path, entry.size) for shard in shards for entry in read_shard_entries(out.staging, plan, shard)]
 
     def state(row: tuple[str, int]) -> str | None:
@@ -184,13 +193,24 @@ def task_changes(out: Output, plan: Plan, shards: Sequence[int]) -> Changes | No
     return changes or None
 
 
-def source_changes(src: Path | str, source: Source, out: Output, plan: Plan, options: PackOptions) -> Changes | None:
-    """What changed in SRC (`source`, resolved from `src`) since OUT's `plan` was made from it: SRC
-    listed again, or its container inputs' times; None when nothing did. Samples of
+def source_changes(source: Source, out: Output, plan: Plan, options: PackOptions) -> Changes | None:
+    """What changed in SRC since OUT's `plan` was made from it: SRC listed again, or its container
+    inputs' times; None when nothing did. Samples of
     `packer.pack_samples` come from the caller's code, which has no listing to compare."""
     if source.kind == "samples":
         return None
     listing_file = listing_path(out.staging, plan.first_shard)
     if source.kind != "folder":
         return input_changes(plan, listing_file)
-    return listing_changes(plan, scan_source(src, source, options, times=True), listing_file, options)
+    listing = scan_source(source, options, times=True)
+    labelled_as_planned(listing, plan.classes)
+    return listing_changes(plan, listing, listing_file, options)
+
+
+def labelled_as_planned(listing: Listing, classes: list[str]) -> None:
+    """`listing`'s labels as indexes of the plan's `classes`, by name. An append's plan lists OUT's
+    classes, then SRC's new ones (`packer.run.append.part_listing`), so SRC's own indexes may
+    differ from its plan's though nothing changed; a pack's are the same. A class name the plan
+    lacks is left to the comparison, which tells what changed."""
+    if listing.classes and listing.classes != classes and set(listing.classes) <= set(classes):
+        reindex(listing, classes)

@@ -24,12 +24,12 @@ from typing import Any, Iterable, Iterator, Sequence
 
 from readers.fields import FieldSpec
 from readers.manifest import FORMAT_VERSION
-from readers.remote import is_url
 
 from ..errors import PackError
 from ..stores.fsutil import atomic_write_text, hash_file
 from .options import PackOptions
 from ..stores.outdir import listing_path, part_dir, plan_path, temp_name
+from ..sources.inputs import Source
 from ..sources.listing import Listing
 
 log = logging.getLogger(__name__)
@@ -69,6 +69,11 @@ class Plan:
     @property
     def num_shards(self) -> int:
         return len(self.bounds) - 1
+
+    @property
+    def planned_source(self) -> Source:
+        """SRC as this plan names it, for a shard task or `pack merge`, which get the plan, not SRC."""
+        return Source(self.input_kind, self.source, tuple(self.inputs))
 
     def shard_number(self, shard: int) -> int:
         """The number in the name and sample keys of this plan's shard `shard`."""
@@ -141,10 +146,10 @@ def listing_sha256(listing_file: Path, inputs: list[str]) -> str:
     return hash_file(listing_file, listing_digest(inputs)).hexdigest()
 
 
-def write_plan(out: Path, listing: Listing, options: PackOptions, first_shard: int = 0) -> Plan:
-    """Put the listing in packing order, write it to listing.jsonl, cut shards from it, and write
-    plan.json under OUT/.pack; return the plan. The order comes from the options alone, so every
-    task and rerun that plans the same SRC packs the same shards."""
+def write_plan(out: Path, listing: Listing, options: PackOptions, first_shard: int = 0, *, source: Source) -> Plan:
+    """Put the listing of `source` in packing order, write it to listing.jsonl, cut shards from it,
+    and write plan.json under OUT/.pack; return the plan. The order comes from the options alone,
+    so every task and rerun that plans the same SRC packs the same shards."""
     from .pack_order import arrange  # here: it loads numpy, which shard workers (importing this module) never need
 
     arrange(listing, options.order, options.seed)
@@ -173,7 +178,7 @@ def write_plan(out: Path, listing: Listing, options: PackOptions, first_shard: i
         os.utime(tmp, ns=(planned_at, planned_at))
     os.replace(tmp, listing_file)
     plan = Plan(
-        source=listing.root if is_url(listing.root) else os.path.abspath(listing.root),  # a URL SRC stays one
+        source=source.name,
         options=options,
         classes=listing.classes,
         num_listed=len(listing),

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 
 from ..errors import PackError
 from .options import PackOptions
@@ -71,10 +70,10 @@ def scan_listing(src: str | os.PathLike[str] | Source, options: PackOptions | No
     return listing
 
 
-def scan_source(src: Path | str, source: Source, options: PackOptions, *, times: bool = False) -> Listing:
-    """`scan` of a resolved SRC (`src`: as the user named it), refused when it holds nothing to pack."""
+def scan_source(source: Source, options: PackOptions, *, times: bool = False) -> Listing:
+    """`scan` of a resolved SRC, refused when it holds nothing to pack."""
     listing = scan(source, options, times=times)
     if not len(listing):
         first = f" (rejected: {listing.rejects[0][0]}: {listing.rejects[0][1]})" if listing.rejects else ""
-        raise PackError(f"{src}: no image files found{first}")
+        raise PackError(f"{source.named}: no image files found{first}")
     return listing

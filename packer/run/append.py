@@ -29,61 +29,56 @@ import logging
 import os
 import shutil
 import time
-from array import array
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Callable
 
 from readers.manifest import FORMAT_VERSION, MANIFEST_NAME, REJECTS_NAME, DatasetError, Manifest, parse_manifest
-from readers.remote import location
 
-from ..plan.changes import run_changes
+from ..plan.changes import plan_differences, run_changes
 from ..write.encode import ENCODE_OPTIONS
 from ..errors import PackError
 from ..plan.options import STORE_FILLED, PackOptions, differing_options, option_flag, shown_value
 from ..stores.outdir import listing_path, part_dir
 from ..stores.output import Output, opened_output
 from ..plan.partition import Partition
-from .pipeline import RunOptions, Summary, canonical_options, pack_shards, plan_differences, run_summary
+from .pipeline import RunOptions, Summary, canonical_options, pack_shards, run_summary
 from ..plan.plan import Plan, write_plan
 from .publish import base_plan, next_shard, publish_part, recorded_parts
 from ..plan.scan import scan_source
 from ..write.shard import Progress
+from ..sources.classes import reindex
 from ..sources.inputs import Source, resolve_source
 from ..sources.listing import Listing
 
 log = logging.getLogger(__name__)
 
 
-def append_run(src: str | os.PathLike[str], out: str | os.PathLike[str], options: PackOptions, run: RunOptions, *,
-               progress: Progress | None = None, planned: Callable[[int], None] | None = None) -> Summary:
+def append_run(src: str | os.PathLike[str] | Source, out: str | os.PathLike[str], options: PackOptions,
+               run: RunOptions, *, progress: Progress | None = None,
+               planned: Callable[[int], None] | None = None) -> Summary:
     """Add the samples of `src` to the packed dataset in `out` (a folder or a URL) as new shards;
-    `pipeline.pack_run`'s arguments. With a partition, this task packs its shards of the append
-    and `pack merge OUT` publishes it once every task is done."""
+    `pipeline.pack_run`'s arguments (SRC becomes a Source here, once). With a partition, this task
+    packs its shards of the append and `pack merge OUT` publishes it once every task is done."""
+    source = src if isinstance(src, Source) else resolve_source(src, options.input_format)
     with opened_output(out, staging=run.staging, storage_options=run.storage_options) as target:
-        return append_into(src, target, options, run, run.partition(), progress=progress, planned=planned)
-
-
-def append_into(src: str | os.PathLike[str], out: Output, options: PackOptions, run: RunOptions,
-                partition: Partition, *, progress: Progress | None,
-                planned: Callable[[int], None] | None) -> Summary:
-    started = time.monotonic()
-    options = canonical_options(options)
-    src_path = location(src)
-    run.check(out, partition)
-    manifest = published_manifest(out)
-    options = with_outs_defaults(out, options, manifest, run.given_encoding)
-    check_compatible(out, manifest, options)
-    base = base_plan(out, manifest)
-    parts = recorded_parts(out, manifest, base)
-    plan = ensure_part_plan(src_path, out, options, manifest, parts, next_shard(out, manifest, base),
-                            again=run.append_again, partition=partition)
-    if isinstance(plan, dict):
-        return up_to_date_summary(out, manifest, plan, started)
-    final, resumed = pack_shards(out, plan, run, partition, progress=progress, planned=planned)
-    published = partition.is_whole
-    total = publish_part(out, manifest, parts, plan, final, run.policy, run.split) if published else None
-    return run_summary(out, plan, final, resumed, started, published, total)
+        started = time.monotonic()
+        options = canonical_options(options)
+        partition = run.partition()
+        run.check(target, partition)
+        manifest = published_manifest(target)
+        options = with_outs_defaults(target, options, manifest, run.given_encoding)
+        check_compatible(target, manifest, options)
+        base = base_plan(target, manifest)
+        parts = recorded_parts(target, manifest, base)
+        plan = ensure_part_plan(source, target, options, manifest, parts, next_shard(target, manifest, base),
+                                again=run.append_again, partition=partition)
+        if isinstance(plan, dict):
+            return up_to_date_summary(target, manifest, plan, started)
+        final, resumed = pack_shards(target, plan, run, partition, progress=progress, planned=planned)
+        published = partition.is_whole
+        total = publish_part(target, manifest, parts, plan, final, run.policy, run.split) if published else None
+        return run_summary(target, plan, final, resumed, started, published, total)
 
 
 # --- OUT as it is ----------------------------------------------------------------------------
@@ -159,21 +154,20 @@ def check_compatible(out: Output, manifest: Manifest, options: PackOptions) -> N
 # --- the part's plan ---------------------------------------------------------------------------
 
 
-def ensure_part_plan(src: Path | str, out: Output, options: PackOptions, manifest: Manifest,
+def ensure_part_plan(source: Source, out: Output, options: PackOptions, manifest: Manifest,
                      parts: list[dict[str, Any]], first: int, *, again: bool = False,
                      partition: Partition = Partition()) -> Plan | dict[str, Any]:
     """The plan of this append (its shards numbered from `first`), written once and reused by
     reruns and tasks; or the recorded part that already holds exactly what it would pack. The same
     listing and options from another path (a symlink, a copy) are refused unless `again`."""
-    with out.planning(src, overwrite=False, append=True):
+    with out.planning(source, overwrite=False, append=True):
         plan = out.stored_plan(first)
-        source = resolve_source(src, options.input_format)
         if plan is not None:
-            return unfinished(src, plan, source, out, options, partition)
+            return unfinished(plan, source, out, options, partition)
         folder = part_dir(out.staging, first)
         try:
-            listing = part_listing(src, source, out, options, manifest)
-            plan = write_plan(out.staging, listing, options, first)
+            listing = part_listing(source, out, options, manifest)
+            plan = write_plan(out.staging, listing, options, first, source=source)
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
@@ -182,7 +176,7 @@ def ensure_part_plan(src: Path | str, out: Output, options: PackOptions, manifes
         if earlier is not None and not (elsewhere and again):
             shutil.rmtree(folder)
             if elsewhere:
-                raise PackError(already_held(src, out, earlier))
+                raise PackError(already_held(source, out, earlier))
             return earlier
         warn_repacked(out, parts, plan)
         warn_shared_paths(out, parts, plan, listing.paths)
@@ -245,8 +239,7 @@ def rejected_paths(out: Output) -> set[str]:
     return paths
 
 
-def unfinished(src: Path | str, plan: Plan, source: Source, out: Output, options: PackOptions,
-               partition: Partition) -> Plan:
+def unfinished(plan: Plan, source: Source, out: Output, options: PackOptions, partition: Partition) -> Plan:
     """The plan of an append that was started and not published, when it is this one's and SRC
     has not changed since it was made (its finished shards hold SRC as it was then)."""
     differences = plan_differences(plan, source, options)
@@ -254,10 +247,10 @@ def unfinished(src: Path | str, plan: Plan, source: Source, out: Output, options
     if differences:
         raise PackError(f"{out}: an unfinished append of {differences} is under way; rerun that command (or its "
                         f"tasks and `pack merge`) to finish it first, or remove {folder} to drop it")
-    changes = run_changes(src, source, out, plan, options, partition)
+    changes = run_changes(source, out, plan, options, partition)
     if changes:
-        raise PackError(changes.describe(src, out, f"remove {folder} to drop the unfinished append, then append "
-                                                   "SRC again"))
+        raise PackError(changes.describe(source.named, out, f"remove {folder} to drop the unfinished append, then "
+                                                            "append SRC again"))
     log.info("%s: resuming the append from shard %d", out, plan.first_shard)
     return plan
 
@@ -270,26 +263,36 @@ def same_part(parts: list[dict[str, Any]], plan: Plan) -> dict[str, Any] | None:
     return next((part for part in same if part.get("source") == plan.source), same[0] if same else None)
 
 
-def already_held(src: Path | str, out: Output, part: dict[str, Any]) -> str:
+def already_held(source: Source, out: Output, part: dict[str, Any]) -> str:
     """Why an append of the samples of a part OUT holds, from another path, is refused."""
     first = part.get("first_shard", 0)
     how = "packed" if first == 0 else "appended"
-    return (f"{src}: its samples are in {out} already: the part from shard {first} was {how} from "
+    return (f"{source.named}: its samples are in {out} already: the part from shard {first} was {how} from "
             f"{part.get('source')} with the same listing and options; pass --append-again to add them a second time")
 
 
-def part_listing(src: Path | str, source: Source, out: Output, options: PackOptions, manifest: Manifest) -> Listing:
-    """NEW_SRC's listing with labels indexing OUT's class list extended by its new class names."""
-    listing = scan_source(src, source, options)
+def part_listing(source: Source, out: Output, options: PackOptions, manifest: Manifest) -> Listing:
+    """NEW_SRC's listing with labels indexing OUT's class list extended by its new class names; a
+    PackError naming SRC where its samples cannot join OUT's (other fields; bare integer labels
+    where OUT's classes have names)."""
+    listing = scan_source(source, options)
     if listing.fields != manifest.fields:
         names = ", ".join(spec.name for spec in manifest.fields) or "none"
         now = ", ".join(spec.name for spec in listing.fields) or "none"
         changed = next(f"; {a.name}: {a.to_dict()} in OUT, {b.to_dict()} now"
                        for a, b in zip(manifest.fields, listing.fields) if a != b) \
             if [spec.name for spec in manifest.fields] == [spec.name for spec in listing.fields] else ""
-        raise PackError(f"{src}: its samples' fields ({now}) are not OUT's ({names}){changed}; every sample of "
-                        f"{out} has OUT's fields")
-    listing.classes = extended_classes(src, out, manifest.classes, listing)
+        raise PackError(f"{source.named}: its samples' fields ({now}) are not OUT's ({names}){changed}; every "
+                        f"sample of {out} has OUT's fields")
+    classes = manifest.classes
+    if not listing.classes and classes and not is_implied(classes) and any(label >= 0 for label in listing.labels):
+        raise PackError(f"{source.named}: its labels are bare integers and {out}'s classes have names; pass "
+                        f"--classes with OUT's index.json (a label that is one of its class names is that class, "
+                        f"another integer an index of its list)")
+    listing.classes = extended_classes(classes, listing)
+    added = len(listing.classes) - len(classes)
+    if added > 0:
+        log.info("%s: %d classes new to %s, indexes %d on", source.named, added, out, len(classes))
     return listing
 
 
@@ -298,26 +301,18 @@ def is_implied(classes: list[str]) -> bool:
     return classes == [str(index) for index in range(len(classes))]
 
 
-def extended_classes(src: Path | str, out: Output, classes: list[str], listing: Listing) -> list[str]:
+def extended_classes(classes: list[str], listing: Listing) -> list[str]:
     """OUT's classes, then NEW_SRC's class names OUT lacks (in NEW_SRC's order); `listing`'s labels
     are turned into indexes of that list. Bare integer labels (no names) keep their values, as
-    indexes of OUT's list, when OUT's classes are themselves bare indexes (or none)."""
+    indexes of OUT's list, when OUT's classes are themselves bare indexes (or none): `part_listing`
+    refuses them against named classes."""
     if not listing.classes:
         if not classes or is_implied(classes):
             return []  # publish_part extends OUT's indexes to the largest label
-        if any(label >= 0 for label in listing.labels):
-            raise PackError(f"{src}: its labels are bare integers and {out}'s classes have names; pass --classes "
-                            f"with OUT's index.json (a label that is one of its class names is that class, another "
-                            f"integer an index of its list)")
         return classes  # unlabelled samples (--no-classes, a flat folder)
     known = set(classes)
     merged = classes + [name for name in listing.classes if name not in known]
-    index = {name: position for position, name in enumerate(merged)}
-    remap = [index[name] for name in listing.classes]
-    listing.labels = array("q", (remap[label] if label >= 0 else label for label in listing.labels))
-    added = len(merged) - len(classes)
-    if added:
-        log.info("%s: %d classes new to %s, indexes %d on", src, added, out, len(classes))
+    reindex(listing, merged)
     return merged
 
 

@@ -13,22 +13,20 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any, Callable
 
 from readers.cpus import available_cpus
 from readers.formats import ALIASES, FORMATS
 from readers.manifest import MANIFEST_NAME, REJECTS_NAME, Manifest, parse_manifest
-from readers.remote import location
 
-from ..plan.changes import run_changes, source_changes
+from ..plan.changes import plan_differences, run_changes, source_changes
 from .descriptors import DEFAULT_SPLIT
 from ..engines import get_engine
 from ..errors import FinishedOutput, PackError
 from ..stores.fsutil import release_freed_memory
 from ..stores.output import Output, opened_output
 from ..plan.partition import Partition, resolve_partition
-from ..plan.options import PackOptions, option_differences
+from ..plan.options import PackOptions
 from ..plan.plan import Plan, write_plan
 from ..plan.scan import scan_source
 from .publish import merge, publish
@@ -132,9 +130,11 @@ def pack(
     return pack_run(src, out, options, run, progress=progress, planned=planned)
 
 
-def pack_run(src: str | os.PathLike[str], out: str | os.PathLike[str], options: PackOptions, run: RunOptions, *,
-             progress: Progress | None = None, planned: Callable[[int], None] | None = None) -> Summary:
-    """Pack the images under `src` into shards in `out`.
+def pack_run(src: str | os.PathLike[str] | Source, out: str | os.PathLike[str], options: PackOptions,
+             run: RunOptions, *, progress: Progress | None = None,
+             planned: Callable[[int], None] | None = None) -> Summary:
+    """Pack the images under `src` into shards in `out`. SRC becomes a Source here, once
+    (`packer.sources.inputs.resolve_source`), and that value is what the run hands down.
 
     With a partition of several tasks, only this task's shards are packed and nothing is
     published: `merge` does that once all tasks are done. An interrupted run of the same
@@ -151,27 +151,23 @@ def pack_run(src: str | os.PathLike[str], out: str | os.PathLike[str], options: 
     `run.staging` (default: a temporary folder) and uploaded one by one, `index.json` last;
     `run.storage_options` go to fsspec (endpoint, credentials).
     """
+    source = src if isinstance(src, Source) else resolve_source(src, options.input_format)
     with opened_output(out, staging=run.staging, storage_options=run.storage_options) as target:
-        return pack_into(src, target, options, run, run.partition(), progress=progress, planned=planned)
-
-
-def pack_into(src: str | os.PathLike[str], out_path: Output, options: PackOptions, run: RunOptions,
-              partition: Partition, *, progress: Progress | None, planned: Callable[[int], None] | None) -> Summary:
-    started = time.monotonic()
-    src_path = location(src)
-    run.check(out_path, partition)
-    if run.append:
-        raise PackError(f"{out_path}: pack_run packs; an append goes through packer.run.append.append_run (or api.run)")
-    policy = run.policy
-    try:
-        plan = ensure_plan(src_path, out_path, options, overwrite=run.overwrite, partition=partition)
-    except FinishedOutput as finished:
-        return up_to_date_summary(src_path, out_path, options, finished, started)
-    final, resumed = pack_shards(out_path, plan, run, partition, progress=progress, planned=planned)
-    published = partition.is_whole
-    if published:
-        publish(out_path, policy, run.split, plan, final)
-    return run_summary(out_path, plan, final, resumed, started, published)
+        started = time.monotonic()
+        partition = run.partition()
+        run.check(target, partition)
+        if run.append:
+            raise PackError(f"{target}: pack_run packs; an append goes through packer.run.append.append_run "
+                            "(or api.run)")
+        try:
+            plan = ensure_plan(source, target, options, overwrite=run.overwrite, partition=partition)
+        except FinishedOutput as finished:
+            return up_to_date_summary(source, target, options, finished, started)
+        final, resumed = pack_shards(target, plan, run, partition, progress=progress, planned=planned)
+        published = partition.is_whole
+        if published:
+            publish(target, run.policy, run.split, plan, final)
+        return run_summary(target, plan, final, resumed, started, published)
 
 
 def pack_shards(out: Output, plan: Plan, run: RunOptions, partition: Partition, *, progress: Progress | None,
@@ -220,7 +216,7 @@ def run_summary(out: Output, plan: Plan, final: dict[int, ShardResult | None], r
     )
 
 
-def up_to_date_summary(src: Path | str, out: Output, options: PackOptions, finished: FinishedOutput,
+def up_to_date_summary(source: Source, out: Output, options: PackOptions, finished: FinishedOutput,
                        started: float) -> Summary:
     """The Summary of a dataset OUT already holds, when its plan has this SRC and these options;
     otherwise `finished` (no plan: who knows what made it), or an error naming what differs."""
@@ -228,13 +224,12 @@ def up_to_date_summary(src: Path | str, out: Output, options: PackOptions, finis
     if plan is None:
         raise finished
     options = canonical_options(options)
-    source = resolve_source(src, options.input_format)
     differences = plan_differences(plan, source, options)
     if differences:
         raise PackError(f"{out}: already holds a packed dataset of {differences}; pass --overwrite to replace it")
-    changes = source_changes(src, source, out, plan, options)
+    changes = source_changes(source, out, plan, options)
     if changes:
-        raise PackError(changes.describe(src, out, changes.pack_way_on(published=True)))
+        raise PackError(changes.describe(source.named, out, changes.pack_way_on(published=True)))
     manifest = parse_manifest((out.read_text(MANIFEST_NAME) or "").encode(), out / MANIFEST_NAME)
     rejects = out.read_text(REJECTS_NAME) or ""
     log.info("%s: up to date (packed from %s with the same options)", out, plan.source)
@@ -256,33 +251,22 @@ def canonical_options(options: PackOptions) -> PackOptions:
     return replace(options, format=name)
 
 
-def ensure_plan(src: str | os.PathLike[str], out: str | os.PathLike[str] | Output, options: PackOptions, *,
+def ensure_plan(src: str | os.PathLike[str] | Source, out: str | os.PathLike[str] | Output, options: PackOptions, *,
                 overwrite: bool = False, partition: Partition = Partition()) -> Plan:
     """The plan in OUT, written once: the first process scans SRC, the others (and reruns) reuse it.
+    `src` is `pack_run`'s Source, or for `pack plan` (the entry then) SRC as given.
 
     The output serialises concurrent tasks where it can (a local folder's file lock), so N tasks
     do not all walk millions of files, and a bucket's tasks agree by writing the same plan
     (`RemoteOut.publish_plan`); a plan made with other options is an error, never silently replaced.
     """
     options = canonical_options(options)
-    src = location(src)
-    with opened_output(out) as target, target.planning(src, overwrite=overwrite):
+    source = src if isinstance(src, Source) else resolve_source(src, options.input_format)
+    with opened_output(out) as target, target.planning(source, overwrite=overwrite):
         plan = target.stored_plan()
-        source = resolve_source(src, options.input_format)  # once: the scan and the plan's check take it
         if plan is not None:
             return reuse_plan(plan, source, target, options, partition)
-        return target.publish_plan(write_plan(target.staging, scan_source(src, source, options), options))
-
-
-def plan_differences(plan: Plan, source: Source, options: PackOptions) -> str | None:
-    """What makes `plan` another pack than SRC with `options`: `options --shard-size: 2 before,
-    4 now`, or the other SRC; None when it is the same."""
-    now = (source.name, source.kind, list(source.inputs))
-    if (plan.source, plan.input_kind, plan.inputs) != now:
-        return f"another SRC ({plan.source} before, {now[0]} now)" if plan.source != now[0] else \
-            f"other inputs of {plan.source} ({len(plan.inputs)} {plan.input_kind} before, {len(now[2])} {now[1]} now)"
-    changed = option_differences(plan.options, options)
-    return f"other options ({'; '.join(changed)})" if changed else None
+        return target.publish_plan(write_plan(target.staging, scan_source(source, options), options, source=source))
 
 
 def reuse_plan(plan: Plan, source: Source, out: Output, options: PackOptions, partition: Partition) -> Plan:
@@ -292,7 +276,7 @@ def reuse_plan(plan: Plan, source: Source, out: Output, options: PackOptions, pa
     if differences:
         raise PackError(f"{out}: holds an unfinished run of {differences}; rerun with those, or pass --overwrite "
                         "to start over")
-    changes = run_changes(source.location, source, out, plan, options, partition)
+    changes = run_changes(source, out, plan, options, partition)
     if changes:
         raise PackError(changes.describe(source.location, out, changes.pack_way_on(published=False)))
     log.info("%s: reusing the plan (%d shards)", out, plan.num_shards)

@@ -34,7 +34,6 @@ from ..stores.outdir import PARTS_DIR, PLAN_NAME, WORK_DIR, part_dir, tmp_dir
 from ..stores.output import Output, opened_output
 from ..plan.plan import Plan, parse_plan
 from ..write.shard import ShardResult, check_rejects, finished_shards, parse_marker, shard_file_name
-from ..sources.inputs import Source
 from ..sources.listing import ScanError
 from ..write.validate import ErrorPolicy
 from ..version import __version__
@@ -78,9 +77,8 @@ def check_source(out: Output, plan: Plan, way_on: str) -> None:
     that tasks packed at different times hold one state of it; a task checks SRC when it starts,
     this sees what changed while they ran. Where SRC cannot be listed from here (a merge on
     another machine), that is said and the check left out."""
-    source = Source(plan.input_kind, plan.source, tuple(plan.inputs))  # SRC as the plan names it
     try:
-        changes = source_changes(plan.source, source, out, plan, plan.options)
+        changes = source_changes(plan.planned_source, out, plan, plan.options)
     except ScanError as exc:
         log.warning("%s: not checked against %s's plan (%s)", plan.source, out, exc)
         return

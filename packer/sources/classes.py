@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from array import array
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,3 +88,12 @@ def relabel_folders(listing: Listing, classes: ClassMap) -> None:
             keep.append(position)
     listing.keep(keep)
     listing.classes = classes.classes
+
+
+def reindex(listing: Listing, classes: list[str]) -> None:
+    """The listing's labels as indexes of `classes`, which names every class of it: the same
+    classes, numbered as another list numbers them (an append's: OUT's list, then SRC's new names)."""
+    index = {name: position for position, name in enumerate(classes)}
+    remap = [index[name] for name in listing.classes]
+    listing.labels = array("q", (remap[label] if label >= 0 else label for label in listing.labels))
+    listing.classes = list(classes)

@@ -11,7 +11,6 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
 
 from readers.manifest import MANIFEST_NAME
-from readers.remote import is_url
 
 from ..errors import RejectedFile
 from ..plan.options import PackOptions
@@ -33,15 +32,16 @@ def scan_container(source: Source, options: PackOptions) -> Listing:
         listing = module.scan(source, options)
     listing.kind, listing.inputs = source.kind, list(source.inputs)
     if source.kind != "samples":  # those inputs are the caller's values, not files
-        listing.newest_mtime = max(input_mtimes(listing.inputs), default=0)
+        listing.newest_mtime = max(input_mtimes(source), default=0)
     return listing
 
 
-def input_mtimes(names: Sequence[str]) -> list[int]:
+def input_mtimes(source: Source) -> list[int]:
     """Each container input's modification time (ns; a packed dataset's is its index.json's):
     a stat each, or one listing per folder of a store's inputs. A rerun compares them with the
     plan's time (`packer.plan.changes`)."""
-    if not names or not is_url(names[0]):
+    names = source.inputs
+    if not names or not source.is_url:
         try:
             return [os.stat(os.path.join(name, MANIFEST_NAME) if os.path.isdir(name) else name).st_mtime_ns
                     for name in names]

@@ -28,7 +28,7 @@ import os
 import re
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator, Literal, Protocol
 
@@ -76,16 +76,24 @@ CLI_INPUT_FORMATS = ("folder", *(name for name, kind in INPUT_KINDS.items() if n
 
 @dataclass(frozen=True)
 class Source:
-    """What SRC is, resolved once (`resolve_source`): its kind, the folder sample paths are
-    relative to (as given, or absolute for container inputs), and the container inputs."""
+    """What SRC is, resolved once at the run's entry (`resolve_source`) and then handed down
+    instead of SRC: its kind, the folder sample paths are relative to (as given, or absolute for
+    container inputs), the container inputs, and SRC as the user named it (`given`; empty in a
+    Source rebuilt from a plan, `Plan.planned_source`). Small and picklable."""
 
     kind: str
     root: str
     inputs: tuple[str, ...] = ()
+    given: str = field(default="", compare=False)
 
     @property
     def is_url(self) -> bool:
         return is_url(self.root)
+
+    @property
+    def named(self) -> Path | str:
+        """SRC as messages name it and OUT is checked against it: as given (a URL stays a string)."""
+        return location(self.given or self.root)
 
     @property
     def location(self) -> Path | str:
@@ -114,14 +122,14 @@ class Record:
 ReadMode = Literal["in-line", "files", "fetch", "threads"]
 
 
-def read_mode(kind: str, root: str) -> ReadMode:
+def read_mode(source: Source) -> ReadMode:
     """How a passthrough shard reads this SRC's samples: "in-line", a container kind's records in
     the shard's own thread (`InputKind.in_line`); "files", local files opened ahead by a few
     threads; "fetch", files behind a URL, fetched in concurrent batches; "threads", reader threads
     (pack_samples' calls, which may wait on I/O). Decoding stores always use reader threads."""
-    if kind in INPUT_KINDS:
-        return "in-line" if INPUT_KINDS[kind].in_line else "threads"
-    return "fetch" if is_url(root) else "files"
+    if source.kind in INPUT_KINDS:
+        return "in-line" if INPUT_KINDS[source.kind].in_line else "threads"
+    return "fetch" if source.is_url else "files"
 
 
 class ShardPlan(Protocol):
@@ -165,6 +173,11 @@ def resolve_source(src: str | os.PathLike[str], input_format: str | None = None)
     else is a folder of images, as before.
     """
     text = os.fspath(src)
+    return replace(_resolved(text, input_format), given=text)
+
+
+def _resolved(text: str, input_format: str | None) -> Source:
+    """`resolve_source` of SRC as text, less the name it was given by."""
     if input_format == "folder":
         return Source("folder", text)
     if is_url(text):

@@ -26,6 +26,7 @@ from readers.remote import local_root
 from .fsutil import atomic_write_text, publish, sha256_file
 from .outdir import PARTS_DIR, check_paths, lock_path, marker_path, plan_path, prepare_output, wait_for_lock, work_dir
 from ..plan.plan import Plan, load_plan
+from ..sources.inputs import Source
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ class Output(ABC):
     # --- the plan -----------------------------------------------------------------------------
 
     @abstractmethod
-    def planning(self, src: Path | str, *, overwrite: bool,
+    def planning(self, source: Source, *, overwrite: bool,
                  append: bool = False) -> contextlib.AbstractContextManager[None]:
         """Around making or reusing the plan: refuse a finished dataset or foreign files (with
         overwrite, remove ours), and serialise concurrent tasks where the store can. `append`: the
@@ -182,11 +183,11 @@ class LocalOut(Output):
         return str(self.staging / name)
 
     @contextmanager
-    def planning(self, src: Path | str, *, overwrite: bool, append: bool = False) -> Iterator[None]:
+    def planning(self, source: Source, *, overwrite: bool, append: bool = False) -> Iterator[None]:
         """A file lock serialises concurrent tasks on a shared filesystem, so N tasks do not all
         walk millions of files; a failed first plan leaves nothing behind."""
         out = self.staging
-        check_paths(Path(src), out)
+        check_paths(Path(source.named), out)
         made_out = not out.exists()
         if not append:
             prepare_output(out, overwrite=overwrite)

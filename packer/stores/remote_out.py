@@ -38,6 +38,7 @@ from .outdir import DONE_DIR, LISTING_NAME, PARTS_DIR, PLAN_NAME, TMP_DIR, WORK_
 from .output import FileCheck, Output
 from ..plan.plan import Plan, listing_sha256, load_plan
 from ..write.shard import BackgroundUploads, ShardResult
+from ..sources.inputs import Source
 from ..sources.remote import modified_ns
 
 log = logging.getLogger(__name__)
@@ -372,9 +373,9 @@ class RemoteOut(UrlFilesystem, Output):
     # --- Output ------------------------------------------------------------------------------------
 
     @contextmanager
-    def planning(self, src: Path | str, *, overwrite: bool, append: bool = False) -> Iterator[None]:
+    def planning(self, source: Source, *, overwrite: bool, append: bool = False) -> Iterator[None]:
         """No lock: tasks agree by writing the same plan (`publish_plan`)."""
-        del src
+        del source
         if not append:
             self.prepare(overwrite=overwrite)
         yield

@@ -26,7 +26,7 @@ from ..errors import RejectedFile
 from ..plan.options import PackOptions
 from ..plan.plan import Entry
 from ..sources.inflight import MOST_IN_FLIGHT, InFlight
-from ..sources.inputs import ReadMode, Record, read_mode
+from ..sources.inputs import ReadMode, Record, Source, read_mode
 from ..sources.remote import fetch_files
 from ..sources.sidecars import read_sidecars
 from .validate import check_image
@@ -327,7 +327,7 @@ def load_samples(root: Path | str, entries: Iterable[Entry], options: PackOption
                              sidecars=options.sidecars, sidecars_optional=options.sidecars_optional,
                              records=records)
 
-    mode = mode or read_mode("folder", str(root))
+    mode = mode or read_mode(Source("folder", str(root)))
     remote = mode == "fetch"  # a folder of images at a URL
     if options.store in INLINE_STORES and mode == "in-line":
         for entry in entries:

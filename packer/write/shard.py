@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 from readers.manifest import FileInfo, ShardInfo, sample_key, shard_name
-from readers.remote import location
 
 from ..errors import PackError, RejectedFile
 from ..stores.fsutil import free_bytes, sha256_file, sync_and_hash
@@ -155,13 +154,13 @@ def run_shard(out: Output, plan: Plan, shard: int, *, threads: int = READ_THREAD
     extensions: set[str] = set()
     count = source_bytes = 0
     final = local / name
-    source = location(plan.source)
+    source = plan.planned_source  # the task's SRC: the plan's, made once per shard
     try:
         with writer_cls(tmp, expected_bytes=entries.total_size, classes=plan.classes,
                         sample_shape=plan.options.sample_shape, fields=plan.fields) as writer, \
                 open_records(plan) as records:
-            for entry, loaded in load_samples(source, entries, plan.options, threads, plan.fields, records,
-                                              mode=read_mode(plan.input_kind, plan.source)):
+            for entry, loaded in load_samples(source.location, entries, plan.options, threads, plan.fields, records,
+                                              mode=read_mode(source)):
                 if isinstance(loaded, RejectedFile):
                     rejects.append({"path": entry.path, "reason": str(loaded)})
                     check_rejects(out, plan, rejects, policy)
