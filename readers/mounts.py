@@ -161,7 +161,9 @@ def copy_ranges(source: int, dest: int, size: int, name: str) -> str:
             data = os.pread(source, want - done, offset + done)
             if not data:
                 raise DatasetChanged(f"{name}: ends at {offset + done} bytes, index.json says {size}")
-            os.pwrite(dest, data, offset + done)
+            written = 0
+            while written < len(data):  # a write may come up short: the digest is of the bytes read
+                written += os.pwrite(dest, data[written:], offset + done + written)
             parts.append(data)
             done += len(data)
         return b"".join(parts)

@@ -262,6 +262,8 @@ class WdsDataset(PackedDataset):
                         yield count, exc
             except TarError as exc:
                 raise DatasetError(f"{path}: {exc}") from None
+            except OSError as exc:  # read in place (a mount: EIO, ESTALE)
+                raise DatasetError(f"{path}: read failed ({exc.strerror or exc})") from None
             finally:
                 os.close(fd)
 
@@ -278,6 +280,8 @@ class WdsDataset(PackedDataset):
                     yield count, StreamedSample(self, tar, shard, count, meta, (extension, *image), stored)
             except TarError as exc:
                 raise DatasetError(f"{path}: {exc}") from None
+            except OSError as exc:  # read in place (a mount: EIO, ESTALE)
+                raise DatasetError(f"{path}: read failed ({exc.strerror or exc})") from None
             finally:
                 tar.close()
 
@@ -398,6 +402,8 @@ class StreamedSample(DeferredRecord):
             return DatasetError(f"{tar.path}: sample {local}: {exc}")
         except DatasetError as exc:
             return exc
+        except OSError as exc:  # read in place (a mount: EIO, ESTALE): the file named, as on_error decides
+            return DatasetError(f"{tar.path}: sample {local}: unreadable ({exc.strerror or exc})")
 
 
 def tar_samples(fd: int, meta_extension: str, fields: Sequence[FieldSpec], wanted: Sequence[FieldSpec], *,
