@@ -250,7 +250,7 @@ class WdsDataset(PackedDataset):
         """The tar front to back (no `.idx`), records whole, those before `start` parsed and skipped
         (`iter_shard`); read to its end, the sample count is checked against index.json."""
         info = self.manifest.shards[shard]
-        with self.files.lease(info) as path:
+        with self.files.lease(info, sequential=True) as path:
             fd = open_tar(path)
             try:
                 walk = tar_samples(fd, self._meta_extension, self.manifest.fields, self.wanted, eager=True)
@@ -296,7 +296,7 @@ class WdsDataset(PackedDataset):
     def stored_samples(self, shard: int) -> int:
         """Counted by walking the tar's headers: also proves the tar itself is well formed. Needs
         the tar alone (leased: for a URL, downloaded into the cache), not its index."""
-        with self.files.lease(self.manifest.shards[shard]) as path:
+        with self.files.lease(self.manifest.shards[shard], sequential=True) as path:
             fd = open_tar(path)
             try:
                 return sum(1 for _ in tar_samples(fd, self._meta_extension, self.manifest.fields, (), eager=True))

@@ -357,3 +357,43 @@ def test_a_read_error_while_walking_a_wds_shard_whole_names_the_shard(packed_as:
     monkeypatch.setattr(readers.tar, "sequential_reads", failing_reads)
     with pytest.raises(readers.DatasetError, match=rf"^{out / shard.name}: read failed \(Input/output error\)"):
         list(ds.read_records(0, 0, shard.num_samples))
+
+
+def test_one_thread_copies_every_shard_a_first_epoch_opens(packed_as: Callable, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A first epoch over many shards queued a thread per shard (a pid limit in a container): one
+    thread copies them in turn, and ends when none is left; every copy still lands."""
+    out = packed_as("lmdb")[0]
+    local = readers.open_dataset(out, decode="bytes", fields=FIELDS)
+    release = threading.Event()
+    copy = readers.mounts.copy_ranges
+
+    def held_copy(*args: Any) -> str:
+        release.wait(30)
+        return copy(*args)
+
+    monkeypatch.setattr(readers.mounts, "copy_ranges", held_copy)
+    ds = readers.open_dataset(out, decode="bytes", fields=FIELDS, storage="network", cache_dir=tmp_path / "cache")
+    firsts = [sum(shard.num_samples for shard in ds.manifest.shards[:k]) for k in range(len(ds.manifest.shards))]
+    assert [ds[i] for i in firsts] == [local[i] for i in firsts]  # in place, every copy queued
+    copiers = [thread for thread in threading.enumerate() if thread.name == "pack-mount-copy"]
+    assert len(copiers) == 1 and len(firsts) == 5
+    release.set()
+    copies_landed()
+    assert {path.name for path in (tmp_path / "cache" / "objects").iterdir()} == copy_names(ds)
+    assert not [thread for thread in threading.enumerate() if thread.name == "pack-mount-copy"]
+    assert read_all(ds) == read_all(local)
+    ds.close()
+
+
+def test_a_wds_dataset_read_front_to_back_on_a_mount_is_not_copied(packed_as: Callable, tmp_path: Path) -> None:
+    """Iterating a wds dataset (and counting its samples) reads each tar front to back, in large
+    reads: in place, as streaming does, with no copy behind it."""
+    out = packed_as("wds")[0]
+    local = readers.open_dataset(out, decode="bytes", fields=FIELDS)
+    ds = readers.open_dataset(out, decode="bytes", fields=FIELDS, storage="network", cache_dir=tmp_path / "cache")
+    assert list(ds) == list(local)
+    assert ds.stored_samples(0) == ds.manifest.shards[0].num_samples
+    copies_landed()
+    assert not (tmp_path / "cache" / "objects").exists() or not list((tmp_path / "cache" / "objects").iterdir())
+    ds.close()
