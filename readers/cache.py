@@ -204,8 +204,8 @@ class Lease:
                  landed: threading.Event | None = None) -> None:
         self.path = path
         self._fd = fd
-        self._room = room
-        self._landed = landed  # (cache folder, bytes) counted in `leased_here` while held
+        self._room = room  # (cache folder, bytes) counted in `leased_here` while held
+        self._landed = landed
         if fd is not None and room is not None:
             with _HELD_GUARD:
                 _LEASED_BYTES[room[0]] = _LEASED_BYTES.get(room[0], 0) + room[1]

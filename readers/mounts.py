@@ -47,8 +47,6 @@ COPY_THREADS = 4
 """Reads of one shard in flight at once while it is copied behind the in-place reads: at 1 ms per
 round trip, 4 x 1 MiB bring ~100-300 MB/s without taking the link (or the server) from the reads
 a batch waits for."""
-COPIES_BEHIND = 1
-"""Shards a process copies at once, for the same reason."""
 
 _OCTAL = re.compile(r"\\([0-7]{3})")
 
@@ -161,7 +159,9 @@ def copy_ranges(source: int, dest: int, size: int, name: str) -> str:
             data = os.pread(source, want - done, offset + done)
             if not data:
                 raise DatasetChanged(f"{name}: ends at {offset + done} bytes, index.json says {size}")
-            os.pwrite(dest, data, offset + done)
+            written = 0
+            while written < len(data):  # a write may come up short: the digest is of the bytes read
+                written += os.pwrite(dest, data[written:], offset + done + written)
             parts.append(data)
             done += len(data)
         return b"".join(parts)
@@ -202,13 +202,14 @@ class MountFiles:
         """Copies are this process's: a forked or unpickled reader starts its own."""
         self._pid = os.getpid()
         self._guard = threading.Lock()
-        self._turns = threading.Semaphore(COPIES_BEHIND)
         self._copies: dict[str, threading.Event] = {}  # file name -> set when its copy has landed
+        self._queue: deque[tuple[CachedFile, threading.Event]] = deque()  # copies not yet started
+        self._copier: threading.Thread | None = None  # copies them one at a time; ends when none is left
         self._where: dict[str, Path] = {}  # file name -> where its latest lease here reads it
 
     def __getstate__(self) -> dict[str, object]:
         return {key: value for key, value in self.__dict__.items()
-                if key not in ("_pid", "_guard", "_turns", "_copies", "_where")}
+                if key not in ("_pid", "_guard", "_copies", "_queue", "_copier", "_where")}
 
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
@@ -237,27 +238,42 @@ class MountFiles:
         return lease
 
     def _copy_behind(self, file: CachedFile) -> threading.Event:
-        """The event set when `file`'s copy lands; its copy is started here unless one is under way
-        (one that landed before and is not in the cache now was evicted since: copied again)."""
+        """The event set when `file`'s copy lands; its copy is queued here unless one is under way
+        (one that landed before and is not in the cache now was evicted since: copied again). One
+        thread copies for the process, a shard at a time, so that the copies never take the link (or
+        the server) from the reads a batch waits for, and a first epoch over many shards does not
+        start a thread per shard."""
         with self._guard:
             landed = self._copies.get(file.name)
             if landed is None or landed.is_set():
                 landed = self._copies[file.name] = threading.Event()
-                threading.Thread(target=self._copy, args=(file, landed), name="pack-mount-copy", daemon=True).start()
+                self._queue.append((file, landed))
+                if self._copier is None:
+                    self._copier = threading.Thread(target=self._copy_queued, name="pack-mount-copy", daemon=True)
+                    self._copier.start()
         return landed
+
+    def _copy_queued(self) -> None:
+        while True:
+            with self._guard:
+                if not self._queue or not threading.main_thread().is_alive():  # none left, or exiting
+                    self._copier = None
+                    return
+                file, landed = self._queue.popleft()
+            self._copy(file, landed)
 
     def _copy(self, file: CachedFile, landed: threading.Event) -> None:
         """Copied as a file fetched ahead is: never taking room a reader waits for. Where it cannot
         be (no room now, or the copy failed), the file is read in place meanwhile: a copy without
         room is tried again at its next lease; a failed one, named in the log, is not."""
         try:
-            with self._turns:
-                self.cache.lease(file, self.store, ahead=Ahead(headroom=file.bytes, since=self._since)).release()
+            self.cache.lease(file, self.store, ahead=Ahead(headroom=file.bytes, since=self._since)).release()
         except NoRoom:
             with self._guard:
                 self._copies.pop(file.name, None)
             return
         except Exception as exc:  # noqa: BLE001 - in a thread of its own: the in-place reads go on and say what is wrong
-            log.warning("%s: not copied into the cache, read in place (%s)", self.local.path(file), exc)
+            if threading.main_thread().is_alive():  # else the process is exiting, and the copy with it
+                log.warning("%s: not copied into the cache, read in place (%s)", self.local.path(file), exc)
             return
         landed.set()

@@ -250,7 +250,7 @@ class WdsDataset(PackedDataset):
         """The tar front to back (no `.idx`), records whole, those before `start` parsed and skipped
         (`iter_shard`); read to its end, the sample count is checked against index.json."""
         info = self.manifest.shards[shard]
-        with self.files.lease(info) as path:
+        with self.files.lease(info, sequential=True) as path:
             fd = open_tar(path)
             try:
                 walk = tar_samples(fd, self._meta_extension, self.manifest.fields, self.wanted, eager=True)
@@ -262,6 +262,8 @@ class WdsDataset(PackedDataset):
                         yield count, exc
             except TarError as exc:
                 raise DatasetError(f"{path}: {exc}") from None
+            except OSError as exc:  # read in place (a mount: EIO, ESTALE)
+                raise DatasetError(f"{path}: read failed ({exc.strerror or exc})") from None
             finally:
                 os.close(fd)
 
@@ -278,6 +280,8 @@ class WdsDataset(PackedDataset):
                     yield count, StreamedSample(self, tar, shard, count, meta, (extension, *image), stored)
             except TarError as exc:
                 raise DatasetError(f"{path}: {exc}") from None
+            except OSError as exc:  # read in place (a mount: EIO, ESTALE)
+                raise DatasetError(f"{path}: read failed ({exc.strerror or exc})") from None
             finally:
                 tar.close()
 
@@ -292,7 +296,7 @@ class WdsDataset(PackedDataset):
     def stored_samples(self, shard: int) -> int:
         """Counted by walking the tar's headers: also proves the tar itself is well formed. Needs
         the tar alone (leased: for a URL, downloaded into the cache), not its index."""
-        with self.files.lease(self.manifest.shards[shard]) as path:
+        with self.files.lease(self.manifest.shards[shard], sequential=True) as path:
             fd = open_tar(path)
             try:
                 return sum(1 for _ in tar_samples(fd, self._meta_extension, self.manifest.fields, (), eager=True))
@@ -398,6 +402,8 @@ class StreamedSample(DeferredRecord):
             return DatasetError(f"{tar.path}: sample {local}: {exc}")
         except DatasetError as exc:
             return exc
+        except OSError as exc:  # read in place (a mount: EIO, ESTALE): the file named, as on_error decides
+            return DatasetError(f"{tar.path}: sample {local}: unreadable ({exc.strerror or exc})")
 
 
 def tar_samples(fd: int, meta_extension: str, fields: Sequence[FieldSpec], wanted: Sequence[FieldSpec], *,

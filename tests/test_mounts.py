@@ -294,3 +294,106 @@ def test_a_copy_evicted_since_it_landed_is_copied_again(packed_as: Callable, tmp
     assert ds[2] == local[2]  # in place again, copied behind again
     copies_landed()
     assert copy.exists() and ds[3] == local[3] and ds.shard_path(0) == copy
+
+
+def test_a_copy_holds_every_byte_when_writes_come_up_short(packed_as: Callable, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """os.pwrite may write less than it is given (a disk filling while the cache evicts): the sha256
+    is of the bytes read from the mount, so a piece not written on would be published, checked,
+    with zeros in it, and the reader reopened on it."""
+    real_pwrite = readers.mounts.os.pwrite
+    monkeypatch.setattr(readers.mounts.os, "pwrite", lambda fd, data, offset: real_pwrite(fd, data[:7], offset))
+    out = packed_as("lmdb")[0]
+    ds = readers.open_dataset(out, decode="bytes", fields=FIELDS, storage="network", cache_dir=tmp_path / "cache")
+    local = readers.open_dataset(out, decode="bytes", fields=FIELDS)
+    assert ds[0] == local[0]
+    copies_landed()
+    shard = ds.manifest.shards[0]
+    copy = tmp_path / "cache" / "objects" / f"{shard.sha256}.lmdb"
+    assert copy.read_bytes() == (out / shard.name).read_bytes()
+    assert ds[1] == local[1] and ds.shard_path(0) == copy
+    ds.close()
+
+
+def test_a_read_error_while_streaming_a_wds_shard_in_place_names_the_shard(packed_as: Callable,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shard streamed from a mount is read in place, where a read may fail (EIO, ESTALE on NFS):
+    one DatasetError naming the shard (and the sample), as on_error decides, not an OSError that
+    names no file, out of the walk or of a sample's image read."""
+    out = packed_as("wds")[0]
+    ds = readers.open_dataset(out, decode="bytes", fields=FIELDS)
+    shard = ds.manifest.shards[0]
+    pread = readers.wds.os.pread
+    failing = {"now": False}
+
+    def flaky(fd: int, size: int, offset: int) -> bytes:
+        if failing["now"]:
+            raise OSError(5, "Input/output error")
+        return pread(fd, size, offset)
+
+    monkeypatch.setattr(readers.wds.os, "pread", flaky)
+    records = ds.stream_records(0, 0, shard.num_samples)
+    _, first = next(records)
+    failing["now"] = True
+    with pytest.raises(readers.DatasetError, match=rf"^{out / shard.name}: sample 0: unreadable \(Input/output error\)"):
+        first.load()
+    records.close()
+    with pytest.raises(readers.DatasetError, match=rf"^{out / shard.name}: read failed \(Input/output error\)"):
+        list(ds.stream_records(0, 0, shard.num_samples))
+
+
+def test_a_read_error_while_walking_a_wds_shard_whole_names_the_shard(packed_as: Callable,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same for the walk that reads every member (iterating the dataset, `read_records`)."""
+    out = packed_as("wds")[0]
+    ds = readers.open_dataset(out, decode="bytes", fields=FIELDS)
+    shard = ds.manifest.shards[0]
+
+    def failing_reads(fd: int) -> Callable[[int, int], bytes]:
+        def read(offset: int, size: int) -> bytes:
+            raise OSError(5, "Input/output error")
+        return read
+
+    monkeypatch.setattr(readers.tar, "sequential_reads", failing_reads)
+    with pytest.raises(readers.DatasetError, match=rf"^{out / shard.name}: read failed \(Input/output error\)"):
+        list(ds.read_records(0, 0, shard.num_samples))
+
+
+def test_one_thread_copies_every_shard_a_first_epoch_opens(packed_as: Callable, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A first epoch over many shards queued a thread per shard (a pid limit in a container): one
+    thread copies them in turn, and ends when none is left; every copy still lands."""
+    out = packed_as("lmdb")[0]
+    local = readers.open_dataset(out, decode="bytes", fields=FIELDS)
+    release = threading.Event()
+    copy = readers.mounts.copy_ranges
+
+    def held_copy(*args: Any) -> str:
+        release.wait(30)
+        return copy(*args)
+
+    monkeypatch.setattr(readers.mounts, "copy_ranges", held_copy)
+    ds = readers.open_dataset(out, decode="bytes", fields=FIELDS, storage="network", cache_dir=tmp_path / "cache")
+    firsts = [sum(shard.num_samples for shard in ds.manifest.shards[:k]) for k in range(len(ds.manifest.shards))]
+    assert [ds[i] for i in firsts] == [local[i] for i in firsts]  # in place, every copy queued
+    copiers = [thread for thread in threading.enumerate() if thread.name == "pack-mount-copy"]
+    assert len(copiers) == 1 and len(firsts) == 5
+    release.set()
+    copies_landed()
+    assert {path.name for path in (tmp_path / "cache" / "objects").iterdir()} == copy_names(ds)
+    assert not [thread for thread in threading.enumerate() if thread.name == "pack-mount-copy"]
+    assert read_all(ds) == read_all(local)
+    ds.close()
+
+
+def test_a_wds_dataset_read_front_to_back_on_a_mount_is_not_copied(packed_as: Callable, tmp_path: Path) -> None:
+    """Iterating a wds dataset (and counting its samples) reads each tar front to back, in large
+    reads: in place, as streaming does, with no copy behind it."""
+    out = packed_as("wds")[0]
+    local = readers.open_dataset(out, decode="bytes", fields=FIELDS)
+    ds = readers.open_dataset(out, decode="bytes", fields=FIELDS, storage="network", cache_dir=tmp_path / "cache")
+    assert list(ds) == list(local)
+    assert ds.stored_samples(0) == ds.manifest.shards[0].num_samples
+    copies_landed()
+    assert not (tmp_path / "cache" / "objects").exists() or not list((tmp_path / "cache" / "objects").iterdir())
+    ds.close()

@@ -35,11 +35,57 @@ MIX_2 = np.uint64(0x94D049BB133111EB)
 def splitmix64(seed: int, start: int, count: int) -> np.ndarray:
     """Outputs start+1 .. start+count of SplitMix64 seeded with `seed` (uint64; distinct, since
     the step is odd and the mix a bijection): state_k = seed + k * GAMMA mod 2**64, mixed."""
-    steps = np.arange(start + 1, start + count + 1, dtype=np.uint64)
+    return splitmix64_at(seed, np.arange(start + 1, start + count + 1, dtype=np.uint64))
+
+
+def splitmix64_at(seed: int, steps: np.ndarray) -> np.ndarray:
+    """Outputs number `steps` (uint64) of SplitMix64 seeded with `seed`."""
     z = np.uint64(seed) + steps * GAMMA  # arrays wrap mod 2**64, as the algorithm wants
     z = (z ^ (z >> np.uint64(30))) * MIX_1
     z = (z ^ (z >> np.uint64(27))) * MIX_2
     return z ^ (z >> np.uint64(31))
+
+
+KEY_CHUNK = 1 << 16
+"""Keys made (and positions copied out) this many at a time: a few hundred KB of temporaries."""
+
+
+def full_permutation(seed: int, count: int) -> np.ndarray:
+    """`argsort(splitmix64(seed, 0, count))`, the positions int32 where they fit, holding 8 bytes
+    a file at the peak instead of ~32 (keys, argsort's int64 result, the mix's temporaries): each
+    key's top bits and its position share one uint64, sorted in place; positions whose top bits
+    tie (about count**2 / 2**(65 - position bits): a few dozen at ten million) are then put in
+    their full keys' order, which is the order argsort gives (the keys are distinct)."""
+    bits = max(1, (count - 1).bit_length())
+    mask = np.uint64((1 << bits) - 1)
+    packed = np.empty(count, dtype=np.uint64)
+    for first in range(0, count, KEY_CHUNK):
+        chunk = packed[first:first + KEY_CHUNK]
+        chunk[:] = splitmix64(seed, first, len(chunk))
+        chunk &= ~mask
+        chunk |= np.arange(first, first + len(chunk), dtype=np.uint64)
+    packed.sort()
+    tied = []
+    for first in range(0, count - 1, KEY_CHUNK):  # slots whose top bits equal the next slot's
+        here = packed[first:first + KEY_CHUNK + 1]
+        same = np.flatnonzero((here[:-1] ^ here[1:]) <= mask) + first
+        tied.append(np.union1d(same, same + 1))
+    slots = np.unique(np.concatenate(tied)) if tied else np.zeros(0, dtype=np.int64)
+    if len(slots):
+        positions = packed[slots] & mask
+        packed[slots] = positions[np.argsort(splitmix64_at(seed, positions + np.uint64(1)))]
+    if count >= 2**31:
+        packed &= mask
+        return packed.view(np.int64)
+    # The positions as int32 into the buffer's first half, a chunk at a time (a chunk's bytes are
+    # computed before they land, on slots already read), then the buffer shrunk in place.
+    positions = packed.view(np.int32)
+    for first in range(0, count, KEY_CHUNK):
+        end = min(first + KEY_CHUNK, count)
+        positions[first:end] = packed[first:end] & mask
+    del positions
+    packed.resize((count + 1) // 2, refcheck=False)  # realloc: the second half goes back to the OS
+    return packed.view(np.int32)[:count]
 
 
 def permutation(listing: Listing, seed: int) -> np.ndarray:
@@ -49,7 +95,7 @@ def permutation(listing: Listing, seed: int) -> np.ndarray:
     if listing.locations is not None and kind is not None and kind.windowed:
         locations = np.frombuffer(listing.locations, dtype=np.int64).reshape(-1, 3)
         return windowed_permutation(locations[:, 0], locations[:, 2], seed)
-    return np.argsort(splitmix64(seed, 0, len(listing)))
+    return full_permutation(seed, len(listing))
 
 
 def run_bytes(lengths: np.ndarray) -> int:

@@ -79,12 +79,13 @@ def relabel_folders(listing: Listing, classes: ClassMap) -> None:
     """Folder labels through a fixed class list; an image in a folder the list lacks is a reject."""
     folders = listing.classes
     keep = []
-    for position, (path, label) in enumerate(zip(listing.paths, listing.labels)):
+    labels = listing.labels_to_set()
+    for position, (path, label) in enumerate(zip(listing.paths, labels)):
         index = classes.index(folders[label]) if label != UNLABELLED else UNLABELLED
         if isinstance(index, str):
             listing.rejects.append((path, f"class folder {folders[label]!r} is not in {classes.source}"))
         else:
-            listing.labels[position] = index
+            labels[position] = index
             keep.append(position)
     listing.keep(keep)
     listing.classes = classes.classes

@@ -24,67 +24,139 @@ class ScanError(Exception):
 
 
 class PathList(Sequence[str]):
-    """Relative paths packed into one buffer of their `os.fsencode` bytes, each ended by a NUL.
+    """Relative paths packed into one buffer of their `os.fsencode` bytes, front-coded by block.
 
-    A list of str costs ~85 bytes a path (object header, hash, pointer); here it is the path's
-    length plus one, which at ten million files is the difference between gigabytes and hundreds of
-    megabytes. Paths are decoded a block of BLOCK at a time, the last block kept, so reading in
-    order (iteration, slices, ascending indexes) costs one decode per path.
+    A list of str costs ~85 bytes a path (object header, hash, pointer); a buffer of the paths'
+    bytes costs their length plus one, which at ten million files is still ~300 MB of mostly
+    repeated folder names. Here the paths are cut into blocks of BLOCK; each path keeps only what
+    follows the bytes it shares with its block's first path (at most 255, one byte in `_shared`),
+    ended by a NUL. In sorted order a block's paths share their folder and most of their name:
+    "n00000001/img_00001234.JPEG" stores "234.JPEG" and two bytes. Any path is its block's first
+    path's prefix plus its own bytes, so random access decodes one path, not its block's chain.
+
+    `take` returns a view: the positions it picked, over the same buffer (a permutation of ten
+    million paths is 4 bytes each, not a second buffer). Paths are decoded a block of BLOCK at a
+    time, the last block kept, so reading in order (iteration, slices, ascending indexes) costs
+    one decode per path.
     """
 
     BLOCK = 256
+    MAX_SHARED = 255
 
     def __init__(self, paths: Iterable[str] = ()) -> None:
         self._data = bytearray()
+        self._shared = bytearray()  # bytes path k shares with its block's first path
         self._starts = array("q")  # where path k * BLOCK starts in _data
         self._len = 0
+        self._base = b""  # the last block's first path
         self._cached: tuple[int, list[str]] = (-1, [])
+        self._ends: Any = None  # numpy: one past each path's NUL in _data, made when paths are picked
+        self._source: PathList | None = None  # a view's: the PathList whose paths it picks
+        self._positions: Any = None  # a view's numpy positions in `_source`
         self.extend(paths)
 
     def append(self, path: str) -> None:
         self.extend([path])
 
     def extend(self, paths: Iterable[str]) -> None:
+        if self._source is not None:  # a view that grows holds its own paths from then on
+            picked = list(self)
+            self._source = self._positions = None
+            self._len = 0
+            self.extend(picked)
         items = iter(paths)
         while piece := list(itertools.islice(items, self.BLOCK - self._len % self.BLOCK)):
-            if self._len % self.BLOCK == 0:
+            encoded = os.fsencode("\0".join(piece)).split(b"\0")
+            whole = self._len % self.BLOCK == 0  # a block's first path is stored whole
+            if whole:
                 self._starts.append(len(self._data))
-            self._data += os.fsencode("\0".join(piece) + "\0")
+                self._base = encoded[0]
+            shared = [0] * whole + shared_counts(self._base, encoded[whole:], self.MAX_SHARED)
+            self._shared += bytes(shared)
+            self._data += b"\0".join([path[count:] for path, count in zip(encoded, shared)]) + b"\0"
             self._len += len(piece)
         self._cached = (-1, [])
+        self._ends = None
 
     def __len__(self) -> int:
         return self._len
 
-    TAKE_CHUNK = 64 * BLOCK
-
     def take(self, positions: Sequence[int]) -> PathList:
-        """The paths at `positions`, in that order, copied as bytes and never decoded, so a
-        permutation costs what a slice does (indexing out of order decodes a block per path)."""
+        """A view of the paths at `positions`, in that order: no path is copied or decoded.
+        Positions are kept as int32 where they fit (a shuffled order's are already)."""
         import numpy as np  # here: shard workers, which only read paths, never load numpy
 
-        data = np.frombuffer(self._data, dtype=np.uint8)  # a view: self._data is not resized meanwhile
-        ends = np.flatnonzero(data == 0) + 1  # one past each path's NUL
+        picked = np.asarray(positions)
+        if picked.dtype.kind not in "iu":
+            picked = picked.astype(np.int64)
+        source = self if self._source is None else self._source
+        if self._source is not None:
+            picked = self._positions[picked]
+        view = PathList()
+        view._source = source
+        view._positions = picked.astype(np.int32, copy=False) if len(source) < 2**31 else picked
+        view._len = len(picked)
+        return view
+
+    def _path_ends(self) -> Any:
+        """One past each path's NUL in `_data` (uint32 while the buffer is under 4 GiB), found a
+        chunk at a time: a comparison of the whole buffer would cost a byte per byte of paths."""
+        import numpy as np
+
+        if self._ends is None:
+            data = np.frombuffer(self._data, dtype=np.uint8)  # a view: _data is not resized meanwhile
+            ends = np.empty(self._len, dtype=np.uint32 if len(data) < 2**32 else np.int64)
+            found = 0
+            for first in range(0, len(data), 1 << 20):
+                chunk = np.flatnonzero(data[first:first + (1 << 20)] == 0) + (first + 1)
+                ends[found:found + len(chunk)] = chunk
+                found += len(chunk)
+            self._ends = ends
+        return self._ends
+
+    def _picked_bytes(self, positions: Any) -> bytes:
+        """The NUL-ended bytes of the paths at numpy `positions`, in that order: each path is its
+        block's first path's shared prefix, then its own bytes."""
+        import numpy as np
+
+        data = np.frombuffer(self._data, dtype=np.uint8)
+        ends = self._path_ends()
         picked = np.asarray(positions, dtype=np.int64)
-        taken = PathList()
-        for first in range(0, len(picked), self.TAKE_CHUNK):  # a multiple of BLOCK: block starts line up
-            chosen = picked[first:first + self.TAKE_CHUNK]
-            starts = np.where(chosen > 0, ends[chosen - 1], 0)
-            lengths = ends[chosen] - starts
-            offsets = np.cumsum(lengths) - lengths
-            gather = np.repeat(starts - offsets, lengths) + np.arange(int(lengths.sum()))
-            taken._starts.extend((len(taken._data) + offsets[::self.BLOCK]).tolist())
-            taken._data += data[gather].tobytes()
-        taken._len = len(picked)
-        return taken
+        own_starts = np.where(picked > 0, ends[picked - 1], 0).astype(np.int64)
+        first = picked - picked % self.BLOCK
+        base_starts = np.where(first > 0, ends[first - 1], 0).astype(np.int64)
+        shared = np.frombuffer(self._shared, dtype=np.uint8)[picked].astype(np.int64)
+        starts = np.stack([base_starts, own_starts], axis=1).ravel()
+        lengths = np.stack([shared, ends[picked].astype(np.int64) - own_starts], axis=1).ravel()
+        offsets = np.cumsum(lengths) - lengths
+        gather = np.repeat(starts - offsets, lengths) + np.arange(int(lengths.sum()))
+        return data[gather].tobytes()
+
+    VIEW_BLOCKS = 16
+    """A view decodes this many blocks at once: one gather of ~4,000 paths, not 16 of 256."""
 
     def _block(self, number: int) -> list[str]:
-        if self._cached[0] != number:
-            end = self._starts[number + 1] if number + 1 < len(self._starts) else len(self._data)
-            text = self._data[self._starts[number]:end - 1].decode(sys.getfilesystemencoding(),
-                                                                   sys.getfilesystemencodeerrors())
-            self._cached = (number, text.split("\0"))
-        return self._cached[1]
+        first = number * self.BLOCK
+        cached_first, cached = self._cached
+        if not cached_first <= first < cached_first + len(cached):
+            if self._source is not None:
+                positions = self._positions[first:first + self.VIEW_BLOCKS * self.BLOCK]
+                joined = self._source._picked_bytes(positions)[:-1]
+            else:
+                end = self._starts[number + 1] if number + 1 < len(self._starts) else len(self._data)
+                pieces = bytes(self._data[self._starts[number]:end - 1]).split(b"\0")
+                base = pieces[0]
+                shared = self._shared[first + 1:first + len(pieces)]
+                if shared and shared.count(shared[0]) == len(shared):  # the usual block: one join
+                    prefix = base[:shared[0]]
+                    joined = base + b"\0" + prefix + (b"\0" + prefix).join(pieces[1:])
+                else:
+                    joined = b"\0".join([base, *(base[:count] + piece for count, piece in zip(shared, pieces[1:]))])
+            text = joined.decode(sys.getfilesystemencoding(), sys.getfilesystemencodeerrors())
+            cached_first, cached = self._cached = (first, text.split("\0"))
+        if len(cached) <= self.BLOCK:
+            return cached
+        return cached[first - cached_first:first - cached_first + self.BLOCK]
 
     @overload
     def __getitem__(self, index: int) -> str: ...
@@ -109,7 +181,7 @@ class PathList(Sequence[str]):
         return self._block(index // self.BLOCK)[index % self.BLOCK]
 
     def __iter__(self) -> Iterator[str]:
-        for number in range(len(self._starts)):
+        for number in range(-(-self._len // self.BLOCK)):
             yield from self._block(number)
 
     def __eq__(self, other: object) -> bool:
@@ -119,6 +191,20 @@ class PathList(Sequence[str]):
 
     def __repr__(self) -> str:
         return f"PathList({list(self)!r})"
+
+
+def shared_counts(base: bytes, paths: list[bytes], most: int) -> list[int]:
+    """Leading bytes (up to `most`) each of `paths` may leave to `base`: at most what it shares
+    with it. What the base shares with all of them is one C pass (`commonprefix`: min and max);
+    in sorted order, where all are in the base's folder, each then stores the last few characters
+    of its name. Where a new folder begins among them (they share less than the first's folder),
+    the run is halved until each half's paths are in one folder or share as much as the first."""
+    count = min(len(os.path.commonprefix([base, *paths])), most) if paths else 0
+    if len(paths) <= 8 or count >= paths[0].rfind(b"/") + 1 or \
+            count == min(len(os.path.commonprefix([base, paths[0]])), most):
+        return [count] * len(paths)
+    half = len(paths) // 2
+    return shared_counts(base, paths[:half], most) + shared_counts(base, paths[half:], most)
 
 
 IGNORED_NAMES_KEPT = 1000
@@ -190,7 +276,9 @@ class Listing:
         their labels, sizes, values and locations."""
         import numpy as np  # here: shard workers, which only read listings, never load numpy
 
-        picked = np.asarray(positions, dtype=np.int64)
+        picked = np.asarray(positions)
+        if picked.dtype.kind not in "iu":  # an empty list
+            picked = picked.astype(np.int64)
         paths = self.paths
         self.paths = paths.take(picked) if isinstance(paths, PathList) else [paths[i] for i in picked]
         self.labels = taken_rows(self.labels, picked, 1)
@@ -203,19 +291,60 @@ class Listing:
         if self.mtimes is not None:
             self.mtimes = taken_rows(self.mtimes, picked, 1)
 
+    def labels_to_set(self) -> array:
+        """`labels` as int64, for code that sets them one by one (any label fits): the walk keeps
+        them in the narrowest type that holds its class indexes."""
+        if self.labels.typecode != "q":
+            self.labels = array("q", self.labels)
+        return self.labels
+
     def location(self, position: int) -> list[int] | None:
         """(input number, offset, length) of a container sample; None for a file under `root`."""
         return None if self.locations is None else list(self.locations[3 * position:3 * position + 3])
 
 
 def taken_rows(table: array, positions: Any, width: int) -> array:
-    """The rows (of `width` int64s) of a flat array('q') at numpy `positions`, in that order."""
+    """The rows (of `width` integers) of a flat array at numpy `positions`, in that order, in its type."""
     import numpy as np
 
-    rows = np.frombuffer(table, dtype=np.int64).reshape(-1, width) if len(table) else np.zeros((0, width), np.int64)
-    taken = array("q")
-    taken.frombytes(rows[positions].tobytes())
+    dtype = np.dtype(table.typecode)
+    rows = np.frombuffer(table, dtype=dtype).reshape(-1, width) if len(table) else np.zeros((0, width), dtype)
+    taken = array(table.typecode)
+    taken.frombytes(memoryview(np.ascontiguousarray(rows[positions])).cast("B"))  # no bytes copy between
     return taken
+
+
+INT_TYPES = "bhiq"
+"""array typecodes of signed integers, narrowest first."""
+
+
+def int_type(low: int, high: int) -> str:
+    """The narrowest typecode of INT_TYPES that holds every integer from `low` to `high`."""
+    for code in INT_TYPES:
+        bits = array(code).itemsize * 8 - 1
+        if -(1 << bits) <= low and high < 1 << bits:
+            return code
+    raise OverflowError(f"{low}..{high} do not fit in 64 bits")
+
+
+def extended(table: array, values: Sequence[int]) -> array:
+    """`table` with `values` appended: `table` itself, or a copy in a wider type when a value does
+    not fit its own. The walk keeps labels and sizes so: at ten million files, 8 bytes a file each
+    is 160 MB, where class indexes take 2 bytes and the sizes of images 4."""
+    length = len(table)
+    try:
+        table.extend(values)  # an array of another type: TypeError, nothing appended
+        return table
+    except (OverflowError, TypeError):
+        del table[length:]  # a list appends up to the value that overflowed
+    items = list(values)
+    code = max(table.typecode, int_type(min(items), max(items)), key=lambda code: array(code).itemsize)
+    if code == table.typecode:  # an array of another type whose values fit this one
+        table.extend(items)
+        return table
+    wide = array(code, table)
+    wide.extend(items)
+    return wide
 
 
 def is_image_name(name: str) -> bool:

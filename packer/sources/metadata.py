@@ -332,12 +332,13 @@ def apply_metadata(listing: Listing, metadata: Metadata, label_column: str, clas
     if metadata.has_labels:
         labels, classes = label_values(metadata, rows, classes)
         keep = []
+        indexes = listing.labels_to_set()
         for position, (path, row, label) in enumerate(zip(listing.paths, rows, labels)):
             index = f"no {label_column}" if label is None else classes.index(label)
             if isinstance(index, str):
                 listing.rejects.append((path, f"{metadata.path} line {row.line}: {index}"))
             else:
-                listing.labels[position] = index
+                indexes[position] = index
                 keep.append(position)
         rows = [rows[position] for position in keep]
         listing.keep(keep)

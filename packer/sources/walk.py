@@ -27,7 +27,7 @@ from readers.cpus import available_cpus
 from readers.mounts import filesystem_type, is_network_type
 
 from .inflight import InFlight
-from .listing import IGNORED_NAMES_KEPT, IMAGE_EXTENSIONS, UNLABELLED, Listing, ScanError, is_image_name
+from .listing import IGNORED_NAMES_KEPT, IMAGE_EXTENSIONS, UNLABELLED, Listing, ScanError, extended, is_image_name
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +52,7 @@ def walk(src: str | os.PathLike[str], *, folders_are_classes: bool = True,
         raise ScanError(f"{root}: is not a directory")
     folders = class_folders(root)  # also proves SRC can be listed
     class_dirs = folders if folders_are_classes else []
-    listing = Listing(root=os.fspath(root), classes=[e.name for e in class_dirs],
-                      mtimes=array("q") if times else None)
+    listing = walk_listing(os.fspath(root), [e.name for e in class_dirs], times)
     with InFlight(what=f"stats under {root}") as calls:
         reader = _Reader(calls)
         try:
@@ -69,6 +68,12 @@ def walk(src: str | os.PathLike[str], *, folders_are_classes: bool = True,
         root, len(listing), len(listing.classes), listing.ignored_hidden, listing.ignored_other,
     )
     return listing
+
+
+def walk_listing(root: str, classes: list[str], times: bool) -> Listing:
+    """An empty listing for the walk to fill: labels and sizes start as bytes and widen as values
+    need (`extended`), so ten million class indexes and image sizes take 2 + 4 bytes each, not 16."""
+    return Listing(root=root, classes=classes, labels=array("b"), sizes=array("b"), mtimes=array("q") if times else None)
 
 
 def _walk_src(root: Path, class_dirs: list[os.DirEntry[str]], listing: Listing, companions: frozenset[str],
@@ -137,8 +142,8 @@ def _walk_classes(classes: list[ClassTask], listing: Listing, seen_dirs: set[tup
                 break
             seen_dirs |= visited
             listing.paths.extend(part.paths)
-            listing.labels.extend(part.labels)
-            listing.sizes.extend(part.sizes)
+            listing.labels = extended(listing.labels, part.labels)
+            listing.sizes = extended(listing.sizes, part.sizes)
             if listing.mtimes is not None:
                 listing.mtimes.extend(part.mtimes)  # type: ignore[arg-type]
             listing.newest_mtime = max(listing.newest_mtime, part.newest_mtime)
@@ -155,7 +160,7 @@ def _walk_class(task: tuple[ClassTask, frozenset[tuple[int, int]], ClassIds, fro
                 ) -> tuple[Listing, set[tuple[int, int]]]:
     """One class folder, walked in a pool process: its listing, and the directories it visited."""
     (path, name, label), seen, class_ids, companions = task
-    part = Listing(root=path, classes=[], mtimes=array("q"))
+    part = walk_listing(path, [], True)
     seen_dirs = set(seen)
     with InFlight() as calls:
         reader = _Reader(calls)
@@ -223,8 +228,8 @@ def _walk(roots: list[ClassTask], listing: Listing, seen_dirs: set[tuple[int, in
         else:
             label, (rels, sizes, mtimes) = item  # type: ignore[misc]
             listing.paths.extend(rels)
-            listing.labels.extend(array("q", [label]) * len(rels))
-            listing.sizes.extend(sizes)
+            listing.labels = extended(listing.labels, [label] * len(rels))
+            listing.sizes = extended(listing.sizes, sizes)
             if listing.mtimes is not None:
                 listing.mtimes.extend(mtimes)
             listing.newest_mtime = max(listing.newest_mtime, max(mtimes, default=0))
