@@ -219,12 +219,8 @@ def test_is_networked_names_the_filesystem_for_the_packer(tmp_path: Path, monkey
     assert readers.mounts.is_networked(tmp_path / "photos") == (False, "filesystem ext4")
 
 
-def test_streaming_a_wds_shard_reads_it_in_large_reads(packed_as: Callable, monkeypatch: pytest.MonkeyPatch) -> None:
-    """In place on a mount, every pread is a round trip: once a read has waited, the walk reads
-    headers and images together, one pread per MiB, not one per header and one per image."""
-    monkeypatch.setattr(readers.tar, "WALK_WAITED_S", 0.0)  # every read waits, as on a mount
-    out = packed_as("wds")[0]
-    ds = readers.open_dataset(out, decode="bytes", fields=FIELDS)
+def counted_preads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The sizes of the preads the readers make from now on (each a round trip on a mount)."""
     reads: list[int] = []
     pread = readers.wds.os.pread
 
@@ -233,6 +229,16 @@ def test_streaming_a_wds_shard_reads_it_in_large_reads(packed_as: Callable, monk
         return pread(fd, size, offset)
 
     monkeypatch.setattr(readers.wds.os, "pread", counted)
+    return reads
+
+
+def test_streaming_a_wds_shard_reads_it_in_large_reads(packed_as: Callable, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In place on a mount, every pread is a round trip: once a read has waited, the walk reads
+    headers and images together, one pread per MiB, not one per header and one per image."""
+    monkeypatch.setattr(readers.tar, "WALK_WAITED_S", 0.0)  # every read waits, as on a mount
+    out = packed_as("wds")[0]
+    ds = readers.open_dataset(out, decode="bytes", fields=FIELDS)
+    reads = counted_preads(monkeypatch)
     shard = ds.manifest.shards[0]
     samples = [record.load() for _, record in ds.stream_records(0, 0, shard.num_samples)]
     streamed = list(reads)
@@ -250,14 +256,7 @@ def test_a_wds_sample_is_read_in_one_pread(packed_as: Callable, monkeypatch: pyt
     expected = [local[i] for i in range(len(local))]
     ds = readers.open_dataset(out, decode="bytes", fields=FIELDS)
     ds.handle(0)  # its index read
-    reads: list[int] = []
-    pread = readers.wds.os.pread
-
-    def counted(fd: int, size: int, offset: int) -> bytes:
-        reads.append(size)
-        return pread(fd, size, offset)
-
-    monkeypatch.setattr(readers.wds.os, "pread", counted)
+    reads = counted_preads(monkeypatch)
     shard = ds.manifest.shards[0].num_samples
     assert [ds[i] for i in range(shard)] == expected[:shard]
     assert len(reads) == 2 * shard and len([size for size in reads if size > 512]) == shard

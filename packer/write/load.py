@@ -73,22 +73,23 @@ def read_fd(fd: int, size: int) -> bytes:
     return data
 
 
+def open_advised(path: str, advice: int, length: int) -> int | OSError:
+    """Open a file and tell the kernel how it will be read (`posix_fadvise`: only a hint), or
+    the error, to be raised at that file's turn."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        return exc
+    try:
+        os.posix_fadvise(fd, 0, length, advice)
+    except OSError:  # only a hint
+        pass
+    return fd
+
+
 def open_run(paths: list[tuple[str, int]]) -> list[int | OSError]:
-    """Open each file and ask the kernel to start reading it (posix_fadvise WILLNEED); an error
-    is returned in its place, to be raised at that file's turn."""
-    opened: list[int | OSError] = []
-    for path, size in paths:
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError as exc:
-            opened.append(exc)
-            continue
-        try:
-            os.posix_fadvise(fd, 0, size, os.POSIX_FADV_WILLNEED)
-        except OSError:  # only a hint
-            pass
-        opened.append(fd)
-    return opened
+    """Open each file and ask the kernel to start reading it (POSIX_FADV_WILLNEED)."""
+    return [open_advised(path, os.POSIX_FADV_WILLNEED, size) for path, size in paths]
 
 
 def read_run(paths: list[tuple[str, int]]) -> list[bytes | OSError]:
@@ -100,16 +101,11 @@ def read_run(paths: list[tuple[str, int]]) -> list[bytes | OSError]:
     round trip (measured through scripts/latencyfs.py: 4.4 reads a file, 1.0 with the hint)."""
     contents: list[bytes | OSError] = []
     for path, size in paths:
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError as exc:
-            contents.append(exc)
+        fd = open_advised(path, os.POSIX_FADV_RANDOM, 0)
+        if isinstance(fd, OSError):
+            contents.append(fd)
             continue
         try:
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-            except OSError:  # only a hint
-                pass
             contents.append(read_fd(fd, size))
         except OSError as exc:
             contents.append(exc)
