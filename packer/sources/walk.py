@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from readers.cpus import available_cpus
-from readers.mounts import filesystem_type, is_network_type
+from readers.mounts import is_networked
 
 from .inflight import InFlight
 from .listing import IGNORED_NAMES_KEPT, IMAGE_EXTENSIONS, UNLABELLED, Listing, ScanError, extended, is_image_name
@@ -59,10 +59,10 @@ def walk(src: str | os.PathLike[str], *, folders_are_classes: bool = True,
             _walk_src(root, class_dirs, listing, companions, reader)
         finally:
             reader.close()
-    fstype = filesystem_type(root)
-    if calls.concurrent or is_network_type(fstype):
+    networked, filesystem = is_networked(root)
+    if calls.concurrent or networked:
         how = f"up to {calls.threads} stats in flight" if calls.concurrent else "one stat at a time (they answered fast)"
-        log.info("listed %s (%s) with %s", root, fstype or "filesystem type unknown", how)
+        log.info("listed %s (%s) with %s", root, filesystem, how)
     log.info(
         "scanned %s: %d images in %d classes, %d hidden and %d other entries ignored",
         root, len(listing), len(listing.classes), listing.ignored_hidden, listing.ignored_other,
