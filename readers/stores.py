@@ -65,10 +65,15 @@ def open_folder(path: str | os.PathLike[str], options: ReadOptions, strategy: st
 def open_mount(path: str | os.PathLike[str], options: ReadOptions, strategy: str) -> tuple[ShardFiles, Manifest]:
     """As a folder, then each shard copied into the node cache while it is read in place."""
     local, manifest = open_folder(path, options, strategy)
-    root = local.root.resolve()
-    cache = ShardCache(Path(default_cache_dir(str(root)) if options.cache_dir is None else options.cache_dir),
-                       options.cache_limit)
-    return MountFiles(local, cache, strategy), manifest
+    return MountFiles(local, ShardCache(mount_cache(path, options), options.cache_limit), strategy), manifest
+
+
+def mount_cache(path: str | os.PathLike[str], options: ReadOptions) -> Path:
+    """The node cache a dataset folder on networked storage is copied into: `cache_dir`, else
+    `default_cache_dir`'s folder for the folder's real path."""
+    if options.cache_dir is not None:
+        return Path(options.cache_dir).expanduser()
+    return default_cache_dir(str(local_root(path).resolve()))
 
 
 def takes_url(path: str | os.PathLike[str], options: ReadOptions) -> str | None:
@@ -80,8 +85,8 @@ def networked_cache(path: str | os.PathLike[str], options: ReadOptions) -> Path 
     networked storage too (a home directory on NFS): a copy there would gain nothing."""
     if options.storage != "auto":
         return None
-    cache = Path(options.cache_dir if options.cache_dir is not None else default_cache_dir(str(Path(path).resolve())))
-    return cache.expanduser() if reads_as_network(cache.expanduser(), "auto")[0] else None
+    cache = mount_cache(path, options)
+    return cache if reads_as_network(cache, "auto")[0] else None
 
 
 def takes_mount(path: str | os.PathLike[str], options: ReadOptions) -> str | None:
