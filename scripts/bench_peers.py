@@ -1,7 +1,8 @@
 """Streaming from a slow S3 store, side by side with the peers: our `make_loader(streaming=True)`
 against LitData's StreamingDataset/StreamingDataLoader and MosaicML Streaming's StreamingDataset.
 
-    bash scripts/bench_peers.sh [--images 10000] [--delay-ms 20] [--rounds 5] [--mix 4,1] [--peers litdata,mds]
+    bash scripts/bench_peers.sh [--images 10000] [--delay-ms 20] [--rounds 5] [--cold-rounds 1] [--mix 4,1]
+        [--peers litdata,mds]
 
 Run by scripts/bench_peers.sh in a venv of its own (.venv-peers), which holds the peers beside our
 tree. Every loader writes its own format from the same folder of `--images` generated ~33 KB JPEGs
@@ -9,8 +10,9 @@ tree. Every loader writes its own format from the same folder of `--images` gene
 MDS `MDSWriter(size_limit=)`, each as image bytes and an int label), uploads it to one loopback S3
 (moto, in a process of its own, `--delay-ms` before each request), and reads it back with 2
 DataLoader workers, batches of 64, bytes only (no decode), shuffled. Each loader's cache starts
-empty: its first epoch is the cold one; then `--rounds` rounds of one warm epoch per loader,
-interleaved (load from other jobs falls on all alike), reported as medians. Per epoch: samples/s
+empty: its first epoch is the cold one (`--cold-rounds` rounds of them, interleaved, each loader made
+anew with an empty cache, medians); then `--rounds` rounds of one warm epoch per loader of the last
+cold round, interleaved (load from other jobs falls on all alike), reported as medians. Per epoch: samples/s
 over the whole epoch, seconds to the first batch, and samples per CPU-second of this process and
 its children (the store excluded), which other load on the machine moves less.
 """
@@ -253,6 +255,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=5, help="warm epochs of each loader, interleaved")
+    parser.add_argument("--cold-rounds", type=int, default=1,
+                        help="cold epochs of each loader, interleaved, each of a new loader with an empty cache")
     parser.add_argument("--mix", default="4,1", help="our loader once per interleave value")
     parser.add_argument("--peers", default="litdata,mds", help="which peers to run (none: '')")
     parser.add_argument("--collate", default="default,list",
@@ -291,53 +295,73 @@ def main() -> None:
             fs.put(str(folder) + "/", f"{BUCKET}/{name}/", recursive=True)
         caches = work / "caches"
         shutil.rmtree(caches, ignore_errors=True)
-        loaders: list[Loader] = []
+        makers: list[Callable[[Path], Loader]] = []
         for collate in args.collate.split(","):
             for mix in (int(value) for value in args.mix.split(",")):
-                loaders.append(Ours(f"s3://{BUCKET}/ours", caches / f"ours-{mix}-{collate}", storage, args, mix,
-                                    collate))
+                makers.append(lambda cache, mix=mix, collate=collate: Ours(
+                    f"s3://{BUCKET}/ours", cache / f"ours-{mix}-{collate}", storage, args, mix, collate))
             if "litdata" in peers:
-                loaders.append(LitData(f"s3://{BUCKET}/litdata", caches / f"litdata-{collate}", storage, args,
-                                       collate))
+                makers.append(lambda cache, collate=collate: LitData(
+                    f"s3://{BUCKET}/litdata", cache / f"litdata-{collate}", storage, args, collate))
         if "mds" in peers:
-            loaders.append(Mds(f"s3://{BUCKET}/mds", caches / "mds", storage, args))
+            makers.append(lambda cache: Mds(f"s3://{BUCKET}/mds", cache / "mds", storage, args))
         print(f"{args.images} JPEGs; formats: " + ", ".join(f"{name} {format_size(size)}" for name, size in sizes.items()))
         print(f"store: loopback S3, {args.delay_ms:g} ms per request; {args.workers} workers, batches of "
-              f"{args.batch_size}, bytes only; {args.rounds} warm rounds, interleaved; load average "
-              + " ".join(f"{load:.2f}" for load in os.getloadavg()))
+              f"{args.batch_size}, bytes only; {args.cold_rounds} cold and {args.rounds} warm rounds, interleaved; "
+              "load average " + " ".join(f"{load:.2f}" for load in os.getloadavg()))
+        cold: dict[str, list[Epoch]] = {}
+        for round_ in range(args.cold_rounds):  # each a new loader with an empty cache; the last ones stay
+            loaders = [make(caches / f"cold-{round_}") for make in makers]
+            for loader in loaders[round_ % len(loaders):] + loaders[:round_ % len(loaders)]:
+                epoch = Epoch(loader.epoch(0), batch_len, store.pid)
+                assert epoch.samples >= args.images, (loader.name, epoch.samples)
+                cold.setdefault(loader.name, []).append(epoch)
+                print(f"  cold {round_ + 1}: {loader.name:<22} {epoch.rate:8.0f}/s first batch {epoch.first:6.3f} s "
+                      f"{epoch.per_cpu:8.0f}/CPU-s", flush=True)
+            if round_ + 1 < args.cold_rounds:
+                del loaders, loader  # their workers end with them
+                shutil.rmtree(caches / f"cold-{round_}", ignore_errors=True)
         figures: dict[str, list[Epoch]] = {loader.name: [] for loader in loaders}
-        for round_ in range(args.rounds + 1):  # round 0: cold
+        for round_ in range(1, args.rounds + 1):
             turn = loaders[round_ % len(loaders):] + loaders[:round_ % len(loaders)]
             for loader in turn:
                 epoch = Epoch(loader.epoch(round_), batch_len, store.pid)
                 assert epoch.samples >= args.images, (loader.name, epoch.samples)
                 figures[loader.name].append(epoch)
-                print(f"  {'cold' if round_ == 0 else f'warm {round_}'}: {loader.name:<22} {epoch.rate:8.0f}/s "
+                print(f"  warm {round_}: {loader.name:<22} {epoch.rate:8.0f}/s "
                       f"first batch {epoch.first:6.3f} s  {epoch.per_cpu:8.0f}/CPU-s", flush=True)
     finally:
         stop.set()
         store.join()
     print("load average at the end: " + " ".join(f"{load:.2f}" for load in os.getloadavg()))
-    report(figures, {loader.name: loader.collate for loader in loaders})
+    report(cold, figures, {loader.name: loader.collate for loader in loaders})
 
 
-def report(figures: dict[str, list[Epoch]], collates: dict[str, str]) -> None:
-    def median(name: str, key: Callable[[Epoch], float]) -> float:
-        return statistics.median(key(epoch) for epoch in figures[name][1:])
+def report(cold: dict[str, list[Epoch]], figures: dict[str, list[Epoch]], collates: dict[str, str]) -> None:
+    """Medians: cold over the cold rounds, warm over the warm ones; ours against each peer of the
+    same collate, paired per round (cold round k of each against the other's)."""
+    def median(epochs: list[Epoch], key: Callable[[Epoch], float]) -> float:
+        return statistics.median(key(epoch) for epoch in epochs) if epochs else float("nan")
 
-    print(f"\n{'loader':<38}{'cold /s':>9}{'cold 1st s':>11}{'warm /s':>9}{'warm 1st s':>11}{'warm /CPU-s':>12}")
-    for name, epochs in figures.items():
-        print(f"{name:<38}{epochs[0].rate:>9.0f}{epochs[0].first:>11.3f}{median(name, lambda epoch: epoch.rate):>9.0f}"
-              f"{median(name, lambda epoch: epoch.first):>11.3f}{median(name, lambda epoch: epoch.per_cpu):>12.0f}")
-    for mine in (name for name in figures if name.startswith("ours")):  # against each peer, same collate
-        for peer in (name for name in figures if not name.startswith("ours") and collates[name] == collates[mine]):
-            paired = [a.rate / b.rate for a, b in zip(figures[mine][1:], figures[peer][1:])]
-            print(f"{mine} / {peer}: warm, paired per round, median {statistics.median(paired):.2f} "
-                  f"(rounds {', '.join(f'{ratio:.2f}' for ratio in paired)}); first warm epoch "
-                  f"{paired[0]:.2f}; cold {figures[mine][0].rate / figures[peer][0].rate:.2f}")
-    print("warm: medians over the warm rounds; per round, samples/s: " + json.dumps(
-        {name: [round(epoch.rate) for epoch in epochs[1:]] for name, epochs in figures.items()}))
+    def paired(mine: list[Epoch], peer: list[Epoch]) -> str:
+        ratios = [a.rate / b.rate for a, b in zip(mine, peer)]
+        return f"median {statistics.median(ratios):.2f} (rounds {', '.join(f'{ratio:.2f}' for ratio in ratios)})"
 
+    print(f"\n{'loader':<38}{'cold /s':>9}{'cold 1st s':>11}{'cold /CPU-s':>12}{'warm /s':>9}{'warm 1st s':>11}"
+          f"{'warm /CPU-s':>12}")
+    for name in cold:
+        warm = figures[name]
+        print(f"{name:<38}{median(cold[name], lambda epoch: epoch.rate):>9.0f}"
+              f"{median(cold[name], lambda epoch: epoch.first):>11.3f}{median(cold[name], lambda epoch: epoch.per_cpu):>12.0f}"
+              f"{median(warm, lambda epoch: epoch.rate):>9.0f}{median(warm, lambda epoch: epoch.first):>11.3f}"
+              f"{median(warm, lambda epoch: epoch.per_cpu):>12.0f}")
+    for mine in (name for name in cold if name.startswith("ours")):  # against each peer, same collate
+        for peer in (name for name in cold if not name.startswith("ours") and collates[name] == collates[mine]):
+            warm = f"warm, paired per round, {paired(figures[mine], figures[peer])}; " if figures[mine] else ""
+            print(f"{mine} / {peer}: {warm}cold, paired per round, {paired(cold[mine], cold[peer])}")
+    print("per round, samples/s: cold " + json.dumps({name: [round(epoch.rate) for epoch in epochs]
+                                                      for name, epochs in cold.items()})
+          + "; warm " + json.dumps({name: [round(epoch.rate) for epoch in epochs] for name, epochs in figures.items()}))
 
 if __name__ == "__main__":
     main()
