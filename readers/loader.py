@@ -599,7 +599,7 @@ def make_loader(
       fields of one shape, lists for paths, text, JSON values and optional fields (`SampleCollate`).
     - `streaming=True`: each worker reads whole shards front to back (shards shuffled per epoch,
       samples mixed in a buffer of `shuffle_buffer`), downloading the next `prefetch_shards`
-      shards in the background; the same batch counts, padding, eval masks and resume, with an
+      shards (plus `interleave - 1`) in the background; the same batch counts, padding, eval masks and resume, with an
       order that also depends on `num_workers`. `shuffle_window` does not apply. Each worker
       reads `interleave` shards at once, interleaved, so batches mix shards; a `cache_limit`
       must hold `interleave` of the largest shards per worker (of every rank on the node sharing

@@ -145,6 +145,15 @@ class OpenRun:
     waiting: int = 0
 
 
+def shards_ahead(prefetch_shards: int, interleave: int) -> int:
+    """Shards a worker fetches past the one it opened last. Reading `interleave` shards at once, it
+    opens the next each time one of its lanes ends a run, and its lanes end theirs within about one
+    shard's reading of each other: the next `interleave - 1` are wanted about as soon as the next
+    one, and `prefetch_shards` counts past those (0: none). Counted from the last one opened alone, a cold
+    epoch's worker had 2 of the 4 it would open next on the way, and waited on the others."""
+    return prefetch_shards + interleave - 1 if prefetch_shards else 0
+
+
 class ShardPrefetcher:
     """Downloads a worker's shards into the cache in reading order, up to `ahead` shards past the
     one being read, each in a thread of its own, so downloads overlap reading and each other: an
@@ -399,7 +408,7 @@ class ShardStream(IterableDataset, RankSplit):
         sequence = opened[np.argsort(first_read)].tolist()  # runs in the order they are opened
         shards = self.dataset.shards
         prefetcher = ShardPrefetcher(self.dataset.files, [shards[runs[run].shard] for run in sequence],
-                                     self.prefetch_shards)
+                                     shards_ahead(self.prefetch_shards, self.interleave))
         open_runs: dict[int, OpenRun] = {}
         linger = self._may_linger()
         records = self._records(runs, run_of, reads, first, prefetcher, done, open_runs, linger)

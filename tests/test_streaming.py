@@ -349,6 +349,28 @@ def test_next_shards_download_while_the_first_is_read(serve: Callable[[str], str
         del batches
 
 
+@pytest.mark.parametrize("interleave", [2, 3])
+def test_a_worker_reading_shards_interleaved_fetches_ahead_past_each_of_them(
+        interleave: int, serve: Callable[[str], str], http_server: LoopbackHTTP, tmp_path: Path) -> None:
+    """Reading `interleave` shards at once, a worker wants the next `interleave` shards about as
+    soon as the next one: at its first sample it has asked for its shard, the `interleave - 1`
+    it opens next, and `prefetch_shards` past those (it asked for its shard and 1 past it)."""
+    url = serve("wds")
+    path = urllib.parse.urlsplit(url).path
+    ds = open_indexed(url, cache_dir=tmp_path / "cache")
+    names = [f"{path}/{shard.name}" for shard in ds.manifest.shards]
+    before = sum(http_server.gets[name] for name in names)
+    batches = iter(streaming(ds, batch_size=1, shuffle_buffer=1, interleave=interleave, prefetch_shards=1))
+    next(batches)  # the first sample read; nothing more is asked for
+    wanted = 1 + (interleave - 1) + 1
+    deadline = time.monotonic() + 60
+    while sum(http_server.gets[name] for name in names) - before < wanted and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)
+    assert sum(http_server.gets[name] for name in names) - before == wanted
+    del batches
+
+
 def test_workers_whose_shards_fetched_ahead_fill_a_tight_cache_go_on(http_server: LoopbackHTTP, tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """The smallest cache_limit open_dataset accepts (3 shards), 2 workers fetching 2 shards ahead
