@@ -119,7 +119,7 @@ class UrlFilesystem:
             try:
                 from fsspec.core import url_to_fs
 
-                self._fs, base = url_to_fs(self.url, **self.storage_options)
+                self._fs, base = url_to_fs(self.url, **self.filesystem_options())
             except ImportError as exc:
                 extra = EXTRAS.get(scheme)
                 hint = f"pip install 'pack[{extra}]'" if extra else "install the fsspec back end for it"
@@ -128,6 +128,24 @@ class UrlFilesystem:
             self._base = base.rstrip("/")
             self._pid = os.getpid()
         return self._fs, self._base
+
+    def filesystem_options(self) -> dict[str, Any]:
+        """The storage options the filesystem is made with."""
+        return self.storage_options
+
+
+def without_crc32_pass(storage_options: dict[str, Any]) -> dict[str, Any]:
+    """s3 storage options that turn off botocore's CRC32 of each response (a second pass over every
+    byte, 12% of a download's CPU on loopback: the cache hashes each file with index.json's
+    sha256), merged with fsspec's config for s3; a checksum setting of the caller's or that config's
+    is kept, as is a botocore too old to have the setting."""
+    from botocore.config import Config
+    from fsspec.config import conf
+
+    configured = {**conf.get("s3", {}).get("config_kwargs", {}), **storage_options.get("config_kwargs", {})}
+    if "response_checksum_validation" in configured or "response_checksum_validation" not in Config.OPTION_DEFAULTS:
+        return storage_options
+    return {**storage_options, "config_kwargs": {**configured, "response_checksum_validation": "when_required"}}
 
 
 def listed_files(listed: list[dict[str, Any]]) -> dict[str, Any]:
@@ -145,6 +163,11 @@ class RemoteStore(UrlFilesystem):
 
     def __repr__(self) -> str:
         return f"RemoteStore({self.url!r})"
+
+    def filesystem_options(self) -> dict[str, Any]:
+        if self.url.split("://", 1)[0] in ("s3", "s3a"):
+            return without_crc32_pass(self.storage_options)
+        return self.storage_options
 
     def url_of(self, name: str) -> str:
         return f"{self.url}/{plain_name(name)}"

@@ -352,7 +352,8 @@ def report(cold: dict[str, list[Epoch]], figures: dict[str, list[Epoch]], collat
     for name in cold:
         warm = figures[name]
         print(f"{name:<38}{median(cold[name], lambda epoch: epoch.rate):>9.0f}"
-              f"{median(cold[name], lambda epoch: epoch.first):>11.3f}{median(cold[name], lambda epoch: epoch.per_cpu):>12.0f}"
+              f"{median(cold[name], lambda epoch: epoch.first):>11.3f}"
+              f"{median(cold[name], lambda epoch: epoch.per_cpu):>12.0f}"
               f"{median(warm, lambda epoch: epoch.rate):>9.0f}{median(warm, lambda epoch: epoch.first):>11.3f}"
               f"{median(warm, lambda epoch: epoch.per_cpu):>12.0f}")
     for mine in (name for name in cold if name.startswith("ours")):  # against each peer, same collate

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import fsspec.config
 import pytest
 from imagefolders import make_image_folder
 from workers import children
@@ -90,6 +91,33 @@ def test_missing_back_end_names_the_extra(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True)
     assert result.stdout.startswith("s3://bucket/data: reading s3:// needs pip install 'pack[s3]'")
 
+
+def test_s3_downloads_make_no_crc32_pass_of_their_own(s3_packed: Callable[[str], str], s3_options: dict,
+                                                      tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cache hashes every file it downloads (sha256, index.json's): botocore's CRC32 of each
+    response was a second pass over every byte (12% of a download's CPU on loopback). A checksum
+    setting of the caller's own, or of fsspec's config, is kept."""
+    from botocore.httpchecksum import Crc32Checksum
+
+    url = s3_packed("wds")  # uploaded first: an upload's checksum is not the download's
+    crc_bytes: list[int] = []
+    update = Crc32Checksum.update
+
+    def counted(self: Crc32Checksum, chunk: bytes) -> None:
+        crc_bytes.append(len(chunk))
+        update(self, chunk)
+
+    monkeypatch.setattr(Crc32Checksum, "update", counted)
+    store = RemoteStore(url, s3_options)
+    shard = store.manifest().shards[0]
+    store.fetch(shard.name, tmp_path / "shard", shard.bytes)
+    assert crc_bytes == [] and (tmp_path / "shard").stat().st_size == shard.bytes
+    assert store.filesystem()[0].config_kwargs == {"response_checksum_validation": "when_required"}
+    mine = {**s3_options, "config_kwargs": {"response_checksum_validation": "when_supported", "connect_timeout": 7}}
+    assert RemoteStore(url, mine).filesystem()[0].config_kwargs == mine["config_kwargs"]
+    monkeypatch.setitem(fsspec.config.conf, "s3", {"config_kwargs": {"connect_timeout": 9}})
+    assert RemoteStore(url, s3_options).filesystem()[0].config_kwargs == {
+        "connect_timeout": 9, "response_checksum_validation": "when_required"}
 
 
 def test_a_forked_child_leaves_the_parents_pooled_connections_working(serve: Callable[[str], str]) -> None:
