@@ -134,6 +134,9 @@ class PackedDataset(TorchDataset):
     """
 
     format: ClassVar[str] = ""
+    maps_shards: ClassVar[bool] = False
+    """Whether a handle maps its shard file into memory: then never in place from a network mount,
+    even streamed (`ShardFiles.lease`), where a server that stops answering is a SIGBUS."""
 
     def __init__(
         self,
@@ -220,11 +223,8 @@ class PackedDataset(TorchDataset):
             self._leases = {}
             self._pid = os.getpid()
         handle = self._handles.get(shard)
-        if handle is not None and any(lease.superseded() for lease in self._leases[shard]):
-            self.close_shard(shard)  # read in place while it was copied: the copy has landed
-            handle = None
         if handle is None:
-            self._leases[shard] = self._lease(shard, sequential)
+            self._leases[shard] = self._lease(shard, sequential and not self.maps_shards)
             try:
                 handle = self._handles[shard] = self._open(shard)
             except BaseException:

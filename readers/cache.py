@@ -197,15 +197,12 @@ def _remove_lock(path: Path, fd: int) -> None:
 
 class Lease:
     """A reference to one cached file: while it is held, no process on the node evicts the file.
-    A file read in place while it is copied into the cache holds nothing, and is `superseded` once
-    its copy has landed (`landed` is set): its reader may then reopen it from the copy."""
+    A file read in place (on a mount) holds nothing."""
 
-    def __init__(self, path: Path, fd: int | None = None, room: tuple[Path, int] | None = None,
-                 landed: threading.Event | None = None) -> None:
+    def __init__(self, path: Path, fd: int | None = None, room: tuple[Path, int] | None = None) -> None:
         self.path = path
         self._fd = fd
         self._room = room  # (cache folder, bytes) counted in `leased_here` while held
-        self._landed = landed
         if fd is not None and room is not None:
             with _HELD_GUARD:
                 _LEASED_BYTES[room[0]] = _LEASED_BYTES.get(room[0], 0) + room[1]
@@ -216,9 +213,6 @@ class Lease:
                 with _HELD_GUARD:
                     _LEASED_BYTES[self._room[0]] -= self._room[1]
             self._fd = None
-
-    def superseded(self) -> bool:
-        return self._landed is not None and self._landed.is_set()
 
     def __enter__(self) -> Path:
         return self.path
@@ -302,6 +296,10 @@ class ShardCache:
     def has(self, file: CachedFile) -> bool:
         """Whether `file` is in the cache now (another reader may evict it unless a lease holds it)."""
         return self._present(self.object_path(file), file)
+
+    def downloading(self, file: CachedFile) -> bool:
+        """Whether a process of the node downloads `file` into the cache now."""
+        return bool(self._part_sizes(file))
 
     @staticmethod
     def _present(path: Path, file: CachedFile) -> bool:
