@@ -134,9 +134,6 @@ class PackedDataset(TorchDataset):
     """
 
     format: ClassVar[str] = ""
-    maps_shards: ClassVar[bool] = False
-    """Whether a handle maps its shard file into memory: then never in place from a network mount,
-    even streamed (`ShardFiles.lease`), where a server that stops answering is a SIGBUS."""
 
     def __init__(
         self,
@@ -224,7 +221,7 @@ class PackedDataset(TorchDataset):
             self._pid = os.getpid()
         handle = self._handles.get(shard)
         if handle is None:
-            self._leases[shard] = self._lease(shard, sequential and not self.maps_shards)
+            self._leases[shard] = self._lease(shard, sequential)
             try:
                 handle = self._handles[shard] = self._open(shard)
             except BaseException:

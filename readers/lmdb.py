@@ -63,7 +63,6 @@ class LMDBDataset(PackedDataset):
     """Map-style dataset over LMDB shards (`readonly`, `lock=False`, readahead for large records)."""
 
     format = "lmdb"
-    maps_shards = True  # py-lmdb reads through mmap only
 
     def _open(self, shard: int) -> lmdb.Environment:
         info = self.manifest.shards[shard]

@@ -191,15 +191,19 @@ class MountFiles:
     and waits for the copy; a thread per process then copies the dataset's other shards ahead, one
     at a time, so that the next ones are there when a reader wants them (a shuffled epoch soon
     wants them all). A file read front to back (`sequential`: streaming, iterating) is read in
-    place, in large reads, and not copied: in place is as fast as a copy there."""
+    place, in large reads, and not copied: in place is as fast as a copy there; except where the
+    format maps its files (`copy_streamed`: LMDB), whose shards streaming fetches ahead (`ahead`)
+    are copied, and read from the copy."""
 
-    def __init__(self, local: LocalFiles, cache: ShardCache, strategy: str, shards: Sequence[CachedFile]) -> None:
+    def __init__(self, local: LocalFiles, cache: ShardCache, strategy: str, shards: Sequence[CachedFile],
+                 *, copy_streamed: bool = False) -> None:
         self.local = local
         self.root = local.root
         self.cache = cache
         self.store = MountedStore(local.root.resolve())
         self.strategy = strategy
         self.shards = list(shards)
+        self.copy_streamed = copy_streamed
         self._since = time.time()
         self._reset()
 
@@ -223,13 +227,13 @@ class MountFiles:
         return self._where.get(file.name) or self.local.path(file)
 
     def present(self, file: CachedFile) -> bool:
-        return True  # streaming reads in place: its leases never wait for a copy
+        return not self.copy_streamed or self.cache.has(file)  # streaming reads in place, or copies
 
     def lease(self, file: CachedFile, *, make_room: Callable[[], bool] | None = None,
               ahead: Ahead | None = None, sequential: bool = False) -> Lease:
         if os.getpid() != self._pid:
             self._reset()
-        if (ahead is not None or sequential) and not self.cache.has(file):
+        if (ahead is not None or sequential) and not self.copy_streamed and not self.cache.has(file):
             lease = Lease(self.local.path(file))  # front to back in large reads: as fast as a copy
         else:
             if ahead is None and not sequential:

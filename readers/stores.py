@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .cache import ShardCache
+from .formats import FORMATS
 from .manifest import MANIFEST_NAME, DatasetChanged, Manifest, check_shard_sizes, load_manifest
 from .mounts import DEFAULT_STORAGE, MountFiles, check_storage, reads_as_network
 from .remote import CachedFiles, LocalFiles, RemoteStore, ShardFiles, default_cache_dir, identity_or_none, is_url, \
@@ -66,7 +67,7 @@ def open_mount(path: str | os.PathLike[str], options: ReadOptions, strategy: str
     """As a folder, then each shard copied into the node cache, and read there map-style."""
     local, manifest = open_folder(path, options, strategy)
     cache = ShardCache(mount_cache(path, options), options.cache_limit)
-    return MountFiles(local, cache, strategy, manifest.shards), manifest
+    return MountFiles(local, cache, strategy, manifest.shards, copy_streamed=FORMATS[manifest.format].mapped), manifest
 
 
 def mount_cache(path: str | os.PathLike[str], options: ReadOptions) -> Path:
