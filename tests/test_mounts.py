@@ -15,6 +15,7 @@ import pytest
 from latencyfs import missing_requirements, mounted
 
 import readers
+import readers.cache
 import readers.mounts
 import readers.tar
 import readers.wds
@@ -394,6 +395,49 @@ def test_a_read_error_while_walking_a_wds_shard_whole_names_the_shard(packed_as:
         list(ds.read_records(0, 0, shard.num_samples))
 
 
+def hold_copies_ahead(monkeypatch: pytest.MonkeyPatch, release: threading.Event, but: str = "") -> list[str]:
+    """Copies ahead (`MountFiles`'s thread) wait for `release`, but that of the file named `but`;
+    the names of those held, in order."""
+    copy = readers.mounts.copy_ranges
+    held: list[str] = []
+
+    def held_copy(source: int, dest: int, size: int, name: str) -> str:
+        if threading.current_thread().name == "pack-mount-copy" and Path(name).name != but:
+            held.append(Path(name).name)
+            release.wait(30)
+        return copy(source, dest, size, name)
+
+    monkeypatch.setattr(readers.mounts, "copy_ranges", held_copy)
+    return held
+
+
+def test_a_reader_takes_a_copy_another_thread_makes_once_it_lands(packed_as: Callable, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shard the thread ahead (or another worker) is copying is waited for, not copied twice, and
+    taken as soon as it lands: the cache's own wait looks every ROOM_POLL_S, here a minute."""
+    monkeypatch.setattr(readers.cache, "ROOM_POLL_S", 60.0)
+    out = packed_as("lmdb")[0]
+    local = readers.open_dataset(out, decode="bytes", fields=FIELDS)
+    release = threading.Event()
+    held = hold_copies_ahead(monkeypatch, release, but=local.manifest.shards[0].name)
+    ds = readers.open_dataset(out, decode="bytes", fields=FIELDS, storage="network", cache_dir=tmp_path / "cache")
+    assert ds[0] == local[0]
+    while not held:  # the thread ahead is copying another shard, held
+        threading.Event().wait(0.01)
+    shard = next(number for number, info in enumerate(ds.manifest.shards) if info.name == held[0])
+    first = sum(info.num_samples for info in ds.manifest.shards[:shard])
+    read: list[Any] = []
+    reader = threading.Thread(target=lambda: read.append(ds[first]))
+    reader.start()
+    reader.join(0.3)  # waiting for the copy under way
+    assert read == []
+    release.set()
+    reader.join(10)
+    assert read == [local[first]]
+    copies_landed()
+    ds.close()
+
+
 def test_one_thread_copies_every_other_shard_ahead(packed_as: Callable, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """A shuffled epoch soon wants every shard: the first map-style read copies its own shard and
@@ -402,14 +446,7 @@ def test_one_thread_copies_every_other_shard_ahead(packed_as: Callable, tmp_path
     out = packed_as("lmdb")[0]
     local = readers.open_dataset(out, decode="bytes", fields=FIELDS)
     release = threading.Event()
-    copy = readers.mounts.copy_ranges
-
-    def held_copy(*args: Any) -> str:
-        if threading.current_thread().name == "pack-mount-copy":
-            release.wait(30)
-        return copy(*args)
-
-    monkeypatch.setattr(readers.mounts, "copy_ranges", held_copy)
+    hold_copies_ahead(monkeypatch, release, but=local.manifest.shards[0].name)
     ds = readers.open_dataset(out, decode="bytes", fields=FIELDS, storage="network", cache_dir=tmp_path / "cache")
     assert [ds[0], ds[1]] == [local[0], local[1]]  # shard 0, copied by the reader
     assert ds.files.cache.has(ds.manifest.shards[0])  # type: ignore[attr-defined]
