@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from .cache import Ahead, CachedFile, Lease, NoRoom, ShardCache
-from .manifest import DatasetChanged, DatasetError, plain_name
+from .manifest import DatasetChanged, DatasetError, ShardInfo, plain_name
 from .remote import LocalFiles
 
 log = logging.getLogger(__name__)
@@ -198,7 +198,7 @@ class MountFiles:
     format maps its files (`copy_streamed`: LMDB), whose shards streaming fetches ahead (`ahead`)
     are copied, and read from the copy."""
 
-    def __init__(self, local: LocalFiles, cache: ShardCache, strategy: str, shards: Sequence[CachedFile],
+    def __init__(self, local: LocalFiles, cache: ShardCache, strategy: str, shards: Sequence[ShardInfo],
                  *, copy_streamed: bool = False) -> None:
         self.local = local
         self.root = local.root
@@ -206,6 +206,7 @@ class MountFiles:
         self.store = MountedStore(local.root.resolve())
         self.strategy = strategy
         self.shards = list(shards)
+        self._shard_names = {shard.name for shard in shards}
         self.copy_streamed = copy_streamed
         self._since = time.time()
         self._reset()
@@ -216,10 +217,11 @@ class MountFiles:
         self._guard = threading.Lock()
         self._copier: threading.Thread | None = None
         self._where: dict[str, Path] = {}  # file name -> where its latest lease here reads it
+        self._sidecars: set[str] = set()  # the suffixes of the sidecars read map-style here: copied ahead too
 
     def __getstate__(self) -> dict[str, object]:
         return {key: value for key, value in self.__dict__.items()
-                if key not in ("_pid", "_guard", "_copier", "_where")}
+                if key not in ("_pid", "_guard", "_copier", "_where", "_sidecars")}
 
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
@@ -240,6 +242,8 @@ class MountFiles:
             lease = Lease(self.local.path(file))  # front to back in large reads: as fast as a copy
         else:
             if ahead is None and not sequential:
+                if file.name not in self._shard_names:  # its reader reads the sidecars of this kind
+                    self._sidecars.add(Path(file.name).suffix)
                 self._copy_ahead()  # beside this copy, not after it
             if not self.cache.has(file):
                 self.local.check_unchanged(file.name, self.local.path(file))
@@ -264,20 +268,31 @@ class MountFiles:
                 self._copier.start()
 
     def _copy_shards(self) -> None:
-        """Each shard not in the cache, in turn from the process's pid (two workers start apart),
-        copied as a file fetched ahead is: never taking room a reader waits for, and skipped while
-        another process copies it. Stops at the first without room; a failed copy is named in the
-        log, and its reader copies it again when it needs it."""
+        """Each shard not in the cache, and the sidecars of the kinds its reader reads, in turn from
+        the process's pid (two workers start apart), copied as a file fetched ahead is: never taking
+        room a reader waits for, and skipped while another process copies it. Stops at the first
+        without room; a failed copy is named in the log, and its reader copies it again when it
+        needs it."""
         first = self._pid % max(1, len(self.shards))
-        for file in self.shards[first:] + self.shards[:first]:
-            if not threading.main_thread().is_alive():  # the process is exiting, and the copies with it
+        for shard in self.shards[first:] + self.shards[:first]:
+            if not self._copy_one(shard):
                 return
-            if self.cache.has(file) or self.cache.downloading(file):
-                continue
-            try:
-                self.cache.lease(file, self.store, ahead=Ahead(headroom=file.bytes, since=self._since)).release()
-            except NoRoom:
-                return
-            except Exception as exc:  # noqa: BLE001 - in a thread of its own: the reader that needs it says why
-                if threading.main_thread().is_alive():
-                    log.warning("%s: not copied ahead into the cache (%s)", self.local.path(file), exc)
+            for sidecar in shard.sidecars:  # asked after the shard's copy: by then its reader has read one
+                if Path(sidecar.name).suffix in self._sidecars and not self._copy_one(sidecar):
+                    return
+
+    def _copy_one(self, file: CachedFile) -> bool:
+        """Copy `file` ahead unless it is there or under way; False where the cache has no room, or
+        the process is exiting (and the copies with it)."""
+        if not threading.main_thread().is_alive():
+            return False
+        if self.cache.has(file) or self.cache.downloading(file):
+            return True
+        try:
+            self.cache.lease(file, self.store, ahead=Ahead(headroom=file.bytes, since=self._since)).release()
+        except NoRoom:
+            return False
+        except Exception as exc:  # noqa: BLE001 - in a thread of its own: the reader that needs it says why
+            if threading.main_thread().is_alive():
+                log.warning("%s: not copied ahead into the cache (%s)", self.local.path(file), exc)
+        return True

@@ -396,13 +396,13 @@ def test_a_read_error_while_walking_a_wds_shard_whole_names_the_shard(packed_as:
 
 
 def hold_copies_ahead(monkeypatch: pytest.MonkeyPatch, release: threading.Event, but: str = "") -> list[str]:
-    """Copies ahead (`MountFiles`'s thread) wait for `release`, but that of the file named `but`;
-    the names of those held, in order."""
+    """Copies ahead (`MountFiles`'s thread) wait for `release`, but those of the shard named `but`
+    and its sidecars; the names of those held, in order."""
     copy = readers.mounts.copy_ranges
     held: list[str] = []
 
     def held_copy(source: int, dest: int, size: int, name: str) -> str:
-        if threading.current_thread().name == "pack-mount-copy" and Path(name).name != but:
+        if threading.current_thread().name == "pack-mount-copy" and Path(name).stem != Path(but).stem:
             held.append(Path(name).name)
             release.wait(30)
         return copy(source, dest, size, name)
@@ -438,12 +438,14 @@ def test_a_reader_takes_a_copy_another_thread_makes_once_it_lands(packed_as: Cal
     ds.close()
 
 
-def test_one_thread_copies_every_other_shard_ahead(packed_as: Callable, tmp_path: Path,
+@pytest.mark.parametrize("fmt", ["lmdb", "wds"])
+def test_one_thread_copies_every_other_shard_ahead(fmt: str, packed_as: Callable, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """A shuffled epoch soon wants every shard: the first map-style read copies its own shard and
     starts one thread (not one per shard: a pid limit in a container) that copies the others in
-    turn, and ends when none is left."""
-    out = packed_as("lmdb")[0]
+    turn, with the sidecars of the kinds the reader read (a wds shard's .packidx, not its DALI
+    .idx), and ends when none is left."""
+    out = packed_as(fmt)[0]
     local = readers.open_dataset(out, decode="bytes", fields=FIELDS)
     release = threading.Event()
     hold_copies_ahead(monkeypatch, release, but=local.manifest.shards[0].name)
