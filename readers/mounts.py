@@ -52,6 +52,7 @@ one at a time (the server's CPU is the limit), so more in flight would only take
 COPY_POLL_S = 0.002
 """How often a reader looks whether the copy it waits for (another's) has landed."""
 COPY_WAIT_S = 2.0
+"""How long a reader looks that often; a longer copy is waited for as the cache waits for one."""
 
 _OCTAL = re.compile(r"\\([0-7]{3})")
 
