@@ -34,8 +34,8 @@ def open_dataset(
     A URL (`s3://`, `gs://`, `https://`, ...; `file://` and plain paths are read in place) is
     read through a local cache: `index.json` first, then each shard downloaded whole when first
     needed and checked against the manifest's sha256. `cache_dir` defaults to $PACK_CACHE_DIR,
-    else a folder per dataset under ~/.cache/pack; `cache_limit` (bytes or "200GB"; None: no
-    limit) caps it, evicting the least recently used shards no reader holds. `storage_options`
+    else a folder per dataset under ~/.cache/pack; `cache_limit` (bytes or "200GB"; None: what
+    leaves 5% of its disk free) caps it, evicting the least recently used shards no reader holds. `storage_options`
     go to fsspec (endpoint, credentials, anon=True), as do fsspec's config and the environment.
 
     `storage` says where a directory is: "auto" (the default) asks the mount table: NFS, Lustre,
