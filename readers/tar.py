@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Container, Iterator
 
@@ -166,6 +167,10 @@ headers, small members and images in one pread. On a network mount (read in plac
 reads ahead little or not at all, and a pread per header and another per image cost two round
 trips a sample; read here, the images are in the page cache when the samples are handed out.
 Where reads do not wait (the page cache), copying the images twice would only cost CPU."""
+WINDOWS_AHEAD = 4
+"""How many of those reads are in flight at once, each on a thread of its own (`WindowsAhead`): a
+1 MiB pread on a mount is ~8 requests of 128 KB, answered nearly one after another, and one such
+read at a time was most of a streamed epoch at 1 ms (docs/benchmarks.md, "Network storage")."""
 WALK_WAITED_S = 100e-6
 EAGER_READ = 1 << 20
 """The buffer of a walk that reads every member: many samples per system call."""
@@ -185,7 +190,17 @@ def walk_samples(fd: int, small: Container[str], *, eager: bool
     Every header is checked in full (`strict_member`) and every size against what the file holds
     from there; anything pack would not write is a TarError. Holds one sample at a time."""
     end = os.fstat(fd).st_size
-    read = sequential_reads(fd) if eager else skipping_reads(fd, end)
+    reads = None if eager else SkippingReads(fd, end)
+    try:
+        yield from _walk(sequential_reads(fd) if reads is None else reads.read, end, small, eager=eager)
+    finally:
+        if reads is not None:
+            reads.close()
+
+
+def _walk(read: Callable[[int, int], bytes], end: int, small: Container[str], *, eager: bool
+          ) -> Iterator[tuple[str, dict[str, bytes | tuple[int, int]]]]:
+    """`walk_samples` through `read(offset, size)`."""
     key: str | None = None
     parts: dict[str, bytes | tuple[int, int]] = {}
     offset = 0
@@ -229,29 +244,81 @@ def sequential_reads(fd: int) -> Callable[[int, int], bytes]:
     return read
 
 
-def skipping_reads(fd: int, end: int) -> Callable[[int, int], bytes]:
+class SkippingReads:
     """`read(offset, size)` for a walk that skips the images: one pread of WALK_READ bytes serves a
-    sample's small members and the next header (WALK_READ_WAITED once a read waits), and the kernel
-    is asked to read ahead of it."""
-    window, window_start = b"", 0
-    advised = 0  # the kernel was asked to read the tar up to here
-    read_size = WALK_READ
+    sample's small members and the next header, and the kernel is asked to read ahead of it. Once
+    a read waits WALK_WAITED_S (a mount, a cold disk), the rest of the tar is read in consecutive
+    windows, several in flight at once (`WindowsAhead`)."""
 
-    def read(offset: int, size: int) -> bytes:
-        nonlocal window, window_start, advised, read_size
-        at = offset - window_start
-        if at < 0 or at + size > len(window):
-            if offset + size > advised - WALK_AHEAD // 2 and advised < end and hasattr(os, "posix_fadvise"):
-                start = max(advised, offset)
-                advised = offset + size + WALK_AHEAD
-                os.posix_fadvise(fd, start, advised - start, os.POSIX_FADV_WILLNEED)
-            started = time.perf_counter()
-            window, window_start, at = os.pread(fd, max(size, read_size), offset), offset, 0
-            if time.perf_counter() - started >= WALK_WAITED_S:
-                read_size = WALK_READ_WAITED  # a round trip per read (a mount, a cold disk): fewer, larger
-        return window[at:at + size]
+    def __init__(self, fd: int, end: int) -> None:
+        self._fd, self._end = fd, end
+        self._window, self._window_start = b"", 0
+        self._advised = 0  # the kernel was asked to read the tar up to here
+        self._ahead: WindowsAhead | None = None
 
-    return read
+    def read(self, offset: int, size: int) -> bytes:
+        if self._ahead is not None:
+            return self._ahead.read(offset, size)
+        at = offset - self._window_start
+        if 0 <= at and at + size <= len(self._window):
+            return self._window[at:at + size]
+        if offset + size > self._advised - WALK_AHEAD // 2 and self._advised < self._end \
+                and hasattr(os, "posix_fadvise"):
+            start = max(self._advised, offset)
+            self._advised = offset + size + WALK_AHEAD
+            os.posix_fadvise(self._fd, start, self._advised - start, os.POSIX_FADV_WILLNEED)
+        started = time.perf_counter()
+        self._window, self._window_start = os.pread(self._fd, max(size, WALK_READ), offset), offset
+        if time.perf_counter() - started >= WALK_WAITED_S:  # a round trip per read: many, large, at once
+            self._ahead = WindowsAhead(self._fd, offset + size, self._end)
+        return self._window[:size]
+
+    def close(self) -> None:
+        if self._ahead is not None:
+            self._ahead.close()
+
+
+class WindowsAhead:
+    """The tar from `start` to `end` in consecutive windows of WALK_READ_WAITED bytes, read on
+    WINDOWS_AHEAD threads, as many windows ahead of the one the walk is in; read from a duplicate
+    of the descriptor, so one still in flight when the walk ends never reads a file that took the
+    walk's number. Reads must come in file order (a walk's do)."""
+
+    def __init__(self, fd: int, start: int, end: int) -> None:
+        self._fd = os.dup(fd)
+        self._start, self._end = start, end
+        self._windows: dict[int, Future[bytes]] = {}  # window number -> its bytes
+        self._next = 0  # the first window not yet asked for
+        self._pool = ThreadPoolExecutor(WINDOWS_AHEAD, thread_name_prefix="pack-tar-ahead")
+
+    def read(self, offset: int, size: int) -> bytes:
+        """Bytes `offset`..`offset + size` (fewer at the end of the tar), from one window or more."""
+        pieces = []
+        while size > 0 and offset < self._end:
+            number, at = divmod(offset - self._start, WALK_READ_WAITED)
+            piece = self._take(number)[at:at + size]
+            if not piece:  # the file shrank while read
+                break
+            pieces.append(piece)
+            offset, size = offset + len(piece), size - len(piece)
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    def _take(self, number: int) -> bytes:
+        """Window `number`, waited for; those before it dropped, those after asked for."""
+        for old in [window for window in self._windows if window < number]:
+            del self._windows[old]
+        self._next = max(self._next, number)
+        while self._next <= number + WINDOWS_AHEAD and self._start + self._next * WALK_READ_WAITED < self._end:
+            self._windows[self._next] = self._pool.submit(
+                os.pread, self._fd, WALK_READ_WAITED, self._start + self._next * WALK_READ_WAITED)
+            self._next += 1
+        return self._windows[number].result()
+
+    def close(self) -> None:
+        """Drop the windows not yet read, wait for those in flight, close the duplicate."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._windows.clear()
+        os.close(self._fd)
 
 
 def read_members(read: Callable[[int, int], bytes | memoryview], start: int, end: int, *,

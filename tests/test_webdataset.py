@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import shutil
 import tarfile
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable
@@ -275,6 +277,47 @@ def test_one_walk_reads_a_shard_whole_or_leaves_its_images_for_later(tmp_path: P
         with open(tar, "rb") as file, pytest.raises(TarError, match=r"^tar shard is truncated in 'a/k1.jpg' "
                                                                      r"\(10240 bytes, 988 left\)$"):
             list(walk_samples(file.fileno(), small, eager=eager_walk))
+
+def test_a_walk_whose_reads_wait_keeps_several_in_flight(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a mount a large pread is answered in 128 KB requests one after another: once a read of
+    the walk has waited, its large reads go out several at once (two here must meet, which one
+    read at a time never did), and the walk finds the same samples."""
+    members = [(f"a/k{n:03d}.{extension}".encode(), data) for n in range(40)
+               for extension, data in (("jpg", bytes([n]) * 3000), ("cls", str(n).encode()), ("json", b"{}"))]
+    tar = tmp_path / "shard.tar"
+    tar.write_bytes(b"".join(encode_member(name, value) for name, value in members) + bytes(1024))
+    small = {"cls", "json"}
+    with open(tar, "rb") as file:
+        eager = list(walk_samples(file.fileno(), small, eager=True))
+    monkeypatch.setattr(readers.tar, "WALK_WAITED_S", 0.0)  # every read waits, as on a mount
+    monkeypatch.setattr(readers.tar, "WALK_READ_WAITED", 8192)
+    meeting = threading.Barrier(2, timeout=10)
+    large_reads: list[int] = []
+    pread = os.pread
+
+    def meeting_pread(fd: int, size: int, offset: int) -> bytes:
+        if size == 8192:
+            large_reads.append(offset)
+            if len(large_reads) <= 2:
+                meeting.wait()  # the first two large reads return only once both are in flight
+        return pread(fd, size, offset)
+
+    monkeypatch.setattr(readers.tar.os, "pread", meeting_pread)
+    with open(tar, "rb") as file:
+        deferred = list(walk_samples(file.fileno(), small, eager=False))
+    assert [key for key, _ in deferred] == [key for key, _ in eager] == [f"a/k{n:03d}" for n in range(40)]
+    for (_, whole), (_, parts) in zip(eager, deferred):
+        assert parts["cls"] == whole["cls"] and parts["json"] == b"{}"
+        offset, size = parts["jpg"]
+        assert tar.read_bytes()[offset:offset + size] == whole["jpg"]
+    assert sorted(large_reads) == list(range(large_reads[0], tar.stat().st_size, 8192))  # each window read once
+    descriptors = len(os.listdir("/proc/self/fd"))
+    with open(tar, "rb") as file:
+        walk = walk_samples(file.fileno(), small, eager=False)
+        assert [key for _, (key, _) in zip(range(3), walk)] == ["a/k000", "a/k001", "a/k002"]
+        walk.close()  # ended early: its reads ahead waited for, their descriptor closed
+    assert len(os.listdir("/proc/self/fd")) == descriptors
+
 
 def test_a_streamed_image_that_does_not_match_its_checksum_is_that_samples_error(
         wds_copy: tuple[Path, dict[str, bytes]]) -> None:
