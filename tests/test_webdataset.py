@@ -319,6 +319,34 @@ def test_a_walk_whose_reads_wait_keeps_several_in_flight(tmp_path: Path, monkeyp
     assert len(os.listdir("/proc/self/fd")) == descriptors
 
 
+def test_a_batchs_samples_whose_reads_wait_are_read_several_at_once(
+        packed_as: Callable[[str], tuple[Path, dict[str, bytes]]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Map-style on a mount each sample's pread is a round trip: once one has waited, the rest of
+    the batch's samples of that shard are read on threads (two must meet, which one read at a time
+    never did); the same samples come out."""
+    out, _ = packed_as("wds")
+    local = readers.open_dataset(out, decode="bytes")
+    expected = [local[i] for i in range(4)]
+    monkeypatch.setattr(readers.tar, "WALK_WAITED_S", 0.0)  # every read waits, as on a mount
+    ds = readers.open_dataset(out, decode="bytes")
+    ds.handle(0)  # its index read
+    meeting = threading.Barrier(2, timeout=10)
+    sample_reads: list[int] = []
+    pread = os.pread
+
+    def meeting_pread(fd: int, size: int, offset: int) -> bytes:
+        if size > 512:  # a sample's (an index row is 32 bytes)
+            sample_reads.append(offset)
+            if len(sample_reads) in (2, 3):
+                meeting.wait()
+        return pread(fd, size, offset)
+
+    monkeypatch.setattr(readers.wds.os, "pread", meeting_pread)
+    assert ds.__getitems__([0, 1, 2, 3]) == expected
+    assert len(sample_reads) == 4  # one each
+    ds.close()
+
+
 def test_a_streamed_image_that_does_not_match_its_checksum_is_that_samples_error(
         wds_copy: tuple[Path, dict[str, bytes]]) -> None:
     out, _ = wds_copy
