@@ -8,6 +8,7 @@ sizes; damage says where). Also WebDataset's member name rule.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -60,6 +61,7 @@ _MTIME = _octal(0, 12)
 # and padding to 512 bytes.
 _TAIL = b"0" + bytes(100) + b"ustar\x0000" + bytes(32 + 32 + 8 + 8 + 155 + 12)
 _FIXED_SUM = sum(_MODE_UID_GID) + sum(_MTIME) + 8 * ord(" ") + sum(_TAIL)
+_FS_ENCODING, _FS_ERRORS = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()  # os.fsdecode's
 
 
 def encode_header(name: bytes, size: int) -> bytes:
@@ -85,17 +87,19 @@ def canonical_header(block: bytes) -> tuple[bytes, int] | None:
     (then `parse_header` says what it is). The fixed fields are compared whole and the checksum
     summed over the name and size alone: a fifth of `parse_header`'s time, which a streaming read
     pays three times per sample."""
-    if block[100:124] != _MODE_UID_GID or block[136:148] != _MTIME or block[156:] != _TAIL:
+    if not (block.endswith(_TAIL) and block.startswith(_MODE_UID_GID, 100) and block.startswith(_MTIME, 136)):
         return None
     name = block[:100].rstrip(b"\0")
     size_field = block[124:136]
-    if b"\0" in name or block[148:156] != b"%06o\0 " % (_FIXED_SUM + sum(name) + sum(size_field)):
+    if b"\0" in name or not block.startswith(b"%06o\0 " % (_FIXED_SUM + sum(name) + sum(size_field)), 148):
+        return None
+    digits = size_field[:11]
+    if size_field[11] != 0 or not digits.isdigit():  # exactly 11 digits, as `_octal` writes them (int() also takes " +_")
         return None
     try:
-        size = int(size_field[:11], 8)
-    except ValueError:
+        return name, int(digits, 8)
+    except ValueError:  # an 8 or a 9
         return None
-    return (name, size) if size_field == _octal(size, 12) else None  # int() also takes " +_"
 
 
 def parse_header(block: bytes | memoryview, *, checksum: bool = True) -> Member | None:
@@ -128,14 +132,14 @@ def strict_member(block: bytes) -> tuple[str, int] | None:
     `canonical_header`, any other by `parse_header`), or None at the end-of-archive block."""
     canonical = canonical_header(block)
     if canonical is not None:
-        return check_member_name(os.fsdecode(canonical[0])), canonical[1]
+        return check_member_name(canonical[0].decode(_FS_ENCODING, _FS_ERRORS)), canonical[1]
     member = parse_header(block)
     return None if member is None else (member.name, member.size)
 
 
 def check_member_name(name: str) -> str:
     """Refuse member names that could escape an extraction directory."""
-    if not name or name.startswith("/") or ".." in name.split("/"):
+    if not name or name.startswith("/") or (".." in name and ".." in name.split("/")):
         raise TarError(f"unsafe tar member name {name!r}")
     return name
 
@@ -191,45 +195,40 @@ def walk_samples(fd: int, small: Container[str], *, eager: bool
     from there; anything pack would not write is a TarError. Holds one sample at a time."""
     end = os.fstat(fd).st_size
     reads = None if eager else SkippingReads(fd, end)
-    try:
-        yield from _walk(sequential_reads(fd) if reads is None else reads.read, end, small, eager=eager)
-    finally:
-        if reads is not None:
-            reads.close()
-
-
-def _walk(read: Callable[[int, int], bytes], end: int, small: Container[str], *, eager: bool
-          ) -> Iterator[tuple[str, dict[str, bytes | tuple[int, int]]]]:
-    """`walk_samples` through `read(offset, size)`."""
+    read = sequential_reads(fd) if reads is None else reads.read
     key: str | None = None
     parts: dict[str, bytes | tuple[int, int]] = {}
     offset = 0
-    while True:
-        block = read(offset, BLOCK)
-        if len(block) < BLOCK:
-            raise TarError("tar shard is truncated (no end-of-archive block)")
-        member = strict_member(block)
-        if member is None:
-            if key is not None:
+    try:
+        while True:
+            block = read(offset, BLOCK)
+            if len(block) < BLOCK:
+                raise TarError("tar shard is truncated (no end-of-archive block)")
+            member = strict_member(block)
+            if member is None:
+                if key is not None:
+                    yield key, parts
+                return
+            name, size = member
+            member_key, extension = split_name(name)
+            if key is not None and member_key != key:
                 yield key, parts
-            return
-        name, size = member
-        member_key, extension = split_name(name)
-        if key is not None and member_key != key:
-            yield key, parts
-            parts = {}
-        key = member_key
-        start = offset + BLOCK
-        if size > end - start:
-            raise TarError(f"tar shard is truncated in {name!r} ({size} bytes, {max(end - start, 0)} left)")
-        if eager or extension in small:
-            data = read(start, size)
-            if len(data) < size:  # the file shrank while read
-                raise TarError(f"tar shard is truncated in {name!r}")
-            parts[extension] = data
-        else:
-            parts[extension] = (start, size)
-        offset = start + size + padding(size)
+                parts = {}
+            key = member_key
+            start = offset + BLOCK
+            if size > end - start:
+                raise TarError(f"tar shard is truncated in {name!r} ({size} bytes, {max(end - start, 0)} left)")
+            if eager or extension in small:
+                data = read(start, size)
+                if len(data) < size:  # the file shrank while read
+                    raise TarError(f"tar shard is truncated in {name!r}")
+                parts[extension] = data
+            else:
+                parts[extension] = (start, size)
+            offset = start + size + (-size % BLOCK)
+    finally:
+        if reads is not None:
+            reads.close()
 
 
 def sequential_reads(fd: int) -> Callable[[int, int], bytes]:
@@ -242,6 +241,22 @@ def sequential_reads(fd: int) -> Callable[[int, int], bytes]:
         return file.read(size)
 
     return read
+
+
+def read_waited(started: float, fd: int, after: int) -> bool:
+    """Whether a read begun at `started` (time.perf_counter) waited on storage: it took WALK_WAITED_S
+    or more, and the bytes at `after` are not in the page cache, or the filesystem cannot say (FUSE,
+    NFS: no RWF_NOWAIT). Timed alone, a read of cached bytes in a busy DataLoader worker often
+    waited that long for the GIL, and a warm epoch's walks went to large reads for nothing."""
+    if time.perf_counter() - started < WALK_WAITED_S:
+        return False
+    if not hasattr(os, "RWF_NOWAIT"):
+        return True
+    try:
+        os.preadv(fd, [bytearray(1)], after, os.RWF_NOWAIT)
+    except OSError:  # EAGAIN: not in the page cache; EOPNOTSUPP: a filesystem that cannot say
+        return True
+    return False
 
 
 class SkippingReads:
@@ -269,7 +284,7 @@ class SkippingReads:
             os.posix_fadvise(self._fd, start, self._advised - start, os.POSIX_FADV_WILLNEED)
         started = time.perf_counter()
         self._window, self._window_start = os.pread(self._fd, max(size, WALK_READ), offset), offset
-        if time.perf_counter() - started >= WALK_WAITED_S:  # a round trip per read: many, large, at once
+        if read_waited(started, self._fd, offset + len(self._window)):  # a round trip per read: many, large, at once
             self._ahead = WindowsAhead(self._fd, offset + size, self._end)
         return self._window[:size]
 

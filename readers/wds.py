@@ -46,7 +46,7 @@ T = TypeVar("T")
 
 SAMPLE_READS_IN_FLIGHT = 8
 """A batch's sample reads a worker keeps in flight on threads once one of a shard's reads waited
-(`readers.tar.WALK_WAITED_S`: a mount, a cold disk), rather than one after another (on a mount,
+(`readers.tar.read_waited`: a mount, a cold disk), rather than one after another (on a mount,
 posix_fadvise does not read ahead: each sample was a round trip in turn)."""
 
 
@@ -138,7 +138,7 @@ class TarShard:
             return pending.result()
         started = time.perf_counter()
         data = os.pread(self.fd, length, offset)
-        if not self.reads_wait and time.perf_counter() - started >= tar_format.WALK_WAITED_S:
+        if not self.reads_wait and tar_format.read_waited(started, self.fd, offset + length):
             self.reads_wait = True
             self.read_ahead()
         return data
