@@ -220,9 +220,6 @@ class PackedDataset(TorchDataset):
             self._leases = {}
             self._pid = os.getpid()
         handle = self._handles.get(shard)
-        if handle is not None and any(lease.superseded() for lease in self._leases[shard]):
-            self.close_shard(shard)  # read in place while it was copied: the copy has landed
-            handle = None
         if handle is None:
             self._leases[shard] = self._lease(shard, sequential)
             try:

@@ -36,6 +36,11 @@ log = logging.getLogger(__name__)
 MIN_CACHE_SHARDS = 3
 """A cache limit must hold this many of a dataset's largest shards: one being read, the next ones
 downloading, on a node shared by several readers."""
+FREE_SHARE_KEPT = 0.05
+FREE_BYTES_KEPT = 1 << 30
+"""With no `cache_limit`, the cache still leaves the larger of these free on its disk (a share of
+the disk, bytes): it evicts for room as under a limit, rather than fill the disk a job writes its
+checkpoints and logs to (a dataset on a mount is copied there by default)."""
 ROOM_POLL_S = 0.05
 ROOM_TIMEOUT_S = 600.0
 """How long a download waits for other readers to release enough of a full cache, or for another
@@ -94,6 +99,12 @@ def parse_size(value: int | str | None) -> int | None:
     if match is None or match.group(2).lower() not in _UNITS:
         raise ValueError(f"{value!r} is not a size (examples: 200GB, 512MiB, 1000000)")
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def disk_space(path: Path) -> tuple[int, int]:
+    """The size of the filesystem holding `path`, and the bytes free there for this user."""
+    disk = os.statvfs(path)
+    return disk.f_blocks * disk.f_frsize, disk.f_bavail * disk.f_frsize
 
 
 def format_size(size: int) -> str:
@@ -197,15 +208,12 @@ def _remove_lock(path: Path, fd: int) -> None:
 
 class Lease:
     """A reference to one cached file: while it is held, no process on the node evicts the file.
-    A file read in place while it is copied into the cache holds nothing, and is `superseded` once
-    its copy has landed (`landed` is set): its reader may then reopen it from the copy."""
+    A file read in place (on a mount) holds nothing."""
 
-    def __init__(self, path: Path, fd: int | None = None, room: tuple[Path, int] | None = None,
-                 landed: threading.Event | None = None) -> None:
+    def __init__(self, path: Path, fd: int | None = None, room: tuple[Path, int] | None = None) -> None:
         self.path = path
         self._fd = fd
         self._room = room  # (cache folder, bytes) counted in `leased_here` while held
-        self._landed = landed
         if fd is not None and room is not None:
             with _HELD_GUARD:
                 _LEASED_BYTES[room[0]] = _LEASED_BYTES.get(room[0], 0) + room[1]
@@ -216,9 +224,6 @@ class Lease:
                 with _HELD_GUARD:
                     _LEASED_BYTES[self._room[0]] -= self._room[1]
             self._fd = None
-
-    def superseded(self) -> bool:
-        return self._landed is not None and self._landed.is_set()
 
     def __enter__(self) -> Path:
         return self.path
@@ -237,7 +242,8 @@ def file_sha256(path: Path) -> str:
 
 
 class ShardCache:
-    """Whole files in `root`, at most `limit` bytes (None: no limit), least recently used evicted first."""
+    """Whole files in `root`, at most `limit` bytes (None: as much as leaves FREE_SHARE_KEPT of its
+    disk free), least recently used evicted first."""
 
     def __init__(self, root: str | os.PathLike[str], limit: int | str | None = None) -> None:
         self.root = Path(root).expanduser()
@@ -302,6 +308,10 @@ class ShardCache:
     def has(self, file: CachedFile) -> bool:
         """Whether `file` is in the cache now (another reader may evict it unless a lease holds it)."""
         return self._present(self.object_path(file), file)
+
+    def downloading(self, file: CachedFile) -> bool:
+        """Whether a process of the node downloads `file` into the cache now."""
+        return bool(self._part_sizes(file))
 
     @staticmethod
     def _present(path: Path, file: CachedFile) -> bool:
@@ -376,8 +386,13 @@ class ShardCache:
         if _END_WITH_PARENT and os.getppid() != parent:
             raise DatasetError(f"{self.root}: stopped waiting for {waiting_for}: the main process has ended")
         if time.monotonic() > deadline:
-            raise DatasetError(f"{self.root}: waited {self.room_timeout:.0f} s for {waiting_for}; cache_limit "
-                               f"{'none' if self.limit is None else format_size(self.limit)}, {self.held()}")
+            raise DatasetError(f"{self.root}: waited {self.room_timeout:.0f} s for {waiting_for}; "
+                               f"{self._limit_words()}, {self.held()}")
+
+    def _limit_words(self) -> str:
+        if self.limit is not None:
+            return f"cache_limit {format_size(self.limit)}"
+        return f"no cache_limit: the disk kept {FREE_SHARE_KEPT:.0%} free (at least {format_size(FREE_BYTES_KEPT)})"
 
     def held(self) -> str:
         """What the cache holds now, in words: files leased by readers (any process), unleased
@@ -392,6 +407,15 @@ class ShardCache:
         return (f"files held by readers: {leased} ({format_size(leased_bytes)}), not held: {idle} "
                 f"({format_size(idle_bytes)}), downloads under way: {downloads}")
 
+    def room(self) -> int:
+        """Bytes the cache may hold or promise (downloads under way count at their full size):
+        `limit`, or with none, what leaves FREE_SHARE_KEPT (at least FREE_BYTES_KEPT) of its disk
+        free once they are all written."""
+        if self.limit is not None:
+            return self.limit
+        total, free = disk_space(self.root)
+        return self.disk_bytes() + free - max(FREE_BYTES_KEPT, int(FREE_SHARE_KEPT * total))
+
     def _reserve(self, file: CachedFile, make_room: Callable[[], bool] | None, ahead: Ahead | None) -> Path:
         """Create the download's part file once the cache has room for the whole file."""
         if self.limit is not None and file.bytes > self.limit:
@@ -404,8 +428,9 @@ class ShardCache:
         while True:
             with self._cache_lock():
                 used = self._used()
-                if self.limit is None or used + wanted <= self.limit or \
-                        self._evict(used + wanted - self.limit, before=ahead.since if ahead is not None else None):
+                room = self.room()
+                if used + wanted <= room or \
+                        self._evict(used + wanted - room, before=ahead.since if ahead is not None else None):
                     part = self.root / "tmp" / f"{file.sha256}.{file.bytes}.{os.getpid()}.{secrets.token_hex(4)}.part"
                     part.touch()
                     if waiting:
@@ -417,8 +442,7 @@ class ShardCache:
                 continue
             self._check_wait(parent, deadline, f"room for {file.name} ({format_size(file.bytes)})")
             if not waiting:
-                log.info("%s: cache full (limit %s), waiting for readers to release shards", self.root,
-                         format_size(self.limit))
+                log.info("%s: cache full (%s), waiting for readers to release shards", self.root, self._limit_words())
                 waiting = True
             time.sleep(ROOM_POLL_S)
 

@@ -34,16 +34,16 @@ def open_dataset(
     A URL (`s3://`, `gs://`, `https://`, ...; `file://` and plain paths are read in place) is
     read through a local cache: `index.json` first, then each shard downloaded whole when first
     needed and checked against the manifest's sha256. `cache_dir` defaults to $PACK_CACHE_DIR,
-    else a folder per dataset under ~/.cache/pack; `cache_limit` (bytes or "200GB"; None: no
-    limit) caps it, evicting the least recently used shards no reader holds. `storage_options`
+    else a folder per dataset under ~/.cache/pack; `cache_limit` (bytes or "200GB"; None: what
+    leaves 5% of its disk free) caps it, evicting the least recently used shards no reader holds. `storage_options`
     go to fsspec (endpoint, credentials, anon=True), as do fsspec's config and the environment.
 
-    `storage` says where a directory is: "local" (the default) reads it in place; "network" reads
-    each shard in place at once while it is copied into the cache behind the reads, then from the
-    copy (streaming reads in place, front to back in large reads, and copies nothing); "auto" asks
-    the mount table: NFS, Lustre, GPFS, SMB, 9p, FUSE and the like are networked. Not the default:
-    faster map-style from ~1 ms a round trip, but at 0.2 ms the copies slowed a first map-style
-    epoch 10-40% (docs/netfs.md has the figures).
+    `storage` says where a directory is: "auto" (the default) asks the mount table: NFS, Lustre,
+    GPFS, SMB, 9p, FUSE and the like are read as "network", any other folder as "local". "local"
+    reads it in place; "network" copies each shard whole into the cache when a map-style reader
+    first needs it (and the other shards ahead, one at a time) and reads the copy, never the mount
+    (streaming reads in place, front to back in large reads, but an LMDB shard, which is read
+    through mmap, from its copy). docs/netfs.md has the figures.
 
     `on_error="fail"` raises `DatasetError` on a damaged sample; `"skip"` stands the next readable
     sample in for it and counts it in `dataset.skipped` (per process). The words are those of

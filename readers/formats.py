@@ -28,6 +28,9 @@ class Format:
     """The fewest bytes a sample takes in a shard file: index.json's counts and sizes must agree
     with it (a wds sample is three members, each behind a 512-byte header)."""
     aliases: tuple[str, ...] = ()
+    mapped: bool = False
+    """Its dataset reads a shard file through mmap: on a network mount, only ever from a copy in
+    the node cache (a server that stops answering would be a SIGBUS in the reader)."""
     stream: str = ""
     """"module:Class" of what its dataset's `stream()` gives, where it has one (an IterableDataset
     in stored order, above the format in readers.streaming); named here so the format's module
@@ -38,7 +41,8 @@ FORMATS: dict[str, Format] = {
     spec.name: spec
     for spec in (
         Format("lmdb", "readers.layouts.lmdb", "packer.write.writers.lmdb:LMDBWriter", "readers.lmdb:LMDBDataset",
-               extension=".lmdb", min_sample_bytes=24),  # an LMDB node: 8 bytes, a key of 10+, a record of 8+
+               extension=".lmdb", min_sample_bytes=24,  # an LMDB node: 8 bytes, a key of 10+, a record of 8+
+               mapped=True),
         Format("hdf5", "readers.layouts.hdf5", "packer.write.writers.hdf5:HDF5Writer", "readers.hdf5:HDF5Dataset",
                extension=".h5", min_sample_bytes=20),  # a label, a CRC-32 and a codec name per sample
         Format("wds", "readers.layouts.wds", "packer.write.writers.wds:WdsWriter", "readers.wds:WdsDataset",

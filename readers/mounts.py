@@ -1,11 +1,11 @@
 """Whether a folder is on networked storage, and how a dataset's shards there are read.
 
 On NFS, Lustre, GPFS, SMB or a FUSE mount every open, stat and 128 KiB read is a round trip to a
-server: reading samples in place pays one or more per sample. A dataset there is read as one in
-a bucket is, without waiting for it: each shard a reader needs is read in place at once while a
-thread copies it whole into the node-local cache (`readers/cache.py`), with large reads several
-at a time, and the reader moves to the copy when it lands (`MountFiles`). Imports no torch and
-no fsspec; the packer asks `is_networked` about its SRC.
+server: reading samples in place pays one or more per sample, and a mapped file (LMDB) whose
+server stops answering is a SIGBUS. A dataset there is read map-style as one in a bucket is: each
+shard copied whole into the node-local cache (`readers/cache.py`) with large reads several at a
+time, and read there (`MountFiles`). It is the default (`storage="auto"`). Imports no torch and no
+fsspec; the packer asks `is_networked` about its SRC.
 """
 
 from __future__ import annotations
@@ -20,17 +20,19 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from itertools import islice
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from .cache import Ahead, CachedFile, Lease, NoRoom, ShardCache
-from .manifest import DatasetChanged, DatasetError, plain_name
+from .manifest import DatasetChanged, DatasetError, ShardInfo, plain_name
 from .remote import LocalFiles
 
 log = logging.getLogger(__name__)
 
 STORAGE_CHOICES = ("auto", "local", "network")
 """`open_dataset(storage=...)`: "auto" asks the mount table; the others say so."""
-DEFAULT_STORAGE = "local"
+DEFAULT_STORAGE = "auto"
+"""On the local disk exactly "local"; on a mount, map-style reads from copies were as fast as in
+place or faster at 0.2 and 1 ms (docs/netfs.md), and never map a file from the mount."""
 NETWORK_FILESYSTEMS = frozenset({
     "nfs", "nfs4", "lustre", "gpfs", "cifs", "smb3", "smbfs", "9p", "ceph", "glusterfs", "beegfs", "afs",
     "pvfs2", "orangefs", "fuse", "davfs", "ncpfs", "panfs", "wekafs",
@@ -44,9 +46,13 @@ COPY_CHUNK = 1 << 20
 """Bytes per read of a shard copied off a mount: a FUSE mount splits each into 128 KiB requests
 sent together, NFS into rsize ones."""
 COPY_THREADS = 4
-"""Reads of one shard in flight at once while it is copied behind the in-place reads: at 1 ms per
-round trip, 4 x 1 MiB bring ~100-300 MB/s without taking the link (or the server) from the reads
-a batch waits for."""
+"""Reads of one shard in flight at once while it is copied: at 1 ms per round trip, 4 x 1 MiB
+bring ~100-300 MB/s; through latencyfs, 8 shards of 16 MiB copied two at a time took as long as
+one at a time (the server's CPU is the limit), so more in flight would only take the link."""
+COPY_POLL_S = 0.002
+"""How often a reader looks whether the copy it waits for (another's) has landed."""
+COPY_WAIT_S = 2.0
+"""How long a reader looks that often; a longer copy is waited for as the cache waits for one."""
 
 _OCTAL = re.compile(r"\\([0-7]{3})")
 
@@ -181,35 +187,42 @@ def copy_ranges(source: int, dest: int, size: int, name: str) -> str:
 
 
 class MountFiles:
-    """A dataset folder on networked storage (a `remote.ShardFiles`). A file a reader needs now
-    that the cache does not hold is leased in place at once, while a thread copies it whole into
-    the cache (`MountedStore`); its lease says when the copy has landed (`Lease.superseded`), and
-    the reader then reopens the shard from the copy. So the first batch never waits for a copy,
-    random reads pay round trips only until it lands, and a later epoch (or rank, or run on the
-    node) reads the copy. A file read front to back (`sequential`: streaming) is read in place and
-    not copied, nor fetched ahead: in large reads, in place is as fast as a copy."""
+    """A dataset folder on networked storage (a `remote.ShardFiles`). A file a reader opens to read
+    samples here and there (map-style) is read from its copy in the node cache, never in place: in
+    place, each sample is a round trip or more (an LMDB page fault, an HDF5 chunk), and an LMDB
+    shard mapped from a mount whose server stops answering is a SIGBUS that kills the worker. The
+    first lease of such a file copies it whole (`MountedStore`: large reads, several in flight)
+    and waits for the copy; a thread per process then copies the dataset's other shards ahead, one
+    at a time, so that the next ones are there when a reader wants them (a shuffled epoch soon
+    wants them all). A file read front to back (`sequential`: streaming, iterating) is read in
+    place, in large reads, and not copied: in place is as fast as a copy there; except where the
+    format maps its files (`copy_streamed`: LMDB), whose shards streaming fetches ahead (`ahead`)
+    are copied, and read from the copy."""
 
-    def __init__(self, local: LocalFiles, cache: ShardCache, strategy: str) -> None:
+    def __init__(self, local: LocalFiles, cache: ShardCache, strategy: str, shards: Sequence[ShardInfo],
+                 *, copy_streamed: bool = False) -> None:
         self.local = local
         self.root = local.root
         self.cache = cache
         self.store = MountedStore(local.root.resolve())
         self.strategy = strategy
+        self.shards = list(shards)
+        self._shard_names = {shard.name for shard in shards}
+        self.copy_streamed = copy_streamed
         self._since = time.time()
         self._reset()
 
     def _reset(self) -> None:
-        """Copies are this process's: a forked or unpickled reader starts its own."""
+        """Copies ahead are this process's: a forked or unpickled reader starts its own."""
         self._pid = os.getpid()
         self._guard = threading.Lock()
-        self._copies: dict[str, threading.Event] = {}  # file name -> set when its copy has landed
-        self._queue: deque[tuple[CachedFile, threading.Event]] = deque()  # copies not yet started
-        self._copier: threading.Thread | None = None  # copies them one at a time; ends when none is left
+        self._copier: threading.Thread | None = None
         self._where: dict[str, Path] = {}  # file name -> where its latest lease here reads it
+        self._sidecars: set[str] = set()  # the suffixes of the sidecars read map-style here: copied ahead too
 
     def __getstate__(self) -> dict[str, object]:
         return {key: value for key, value in self.__dict__.items()
-                if key not in ("_pid", "_guard", "_copies", "_queue", "_copier", "_where")}
+                if key not in ("_pid", "_guard", "_copier", "_where", "_sidecars")}
 
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
@@ -220,60 +233,67 @@ class MountFiles:
         return self._where.get(file.name) or self.local.path(file)
 
     def present(self, file: CachedFile) -> bool:
-        return True  # in place, if not yet copied: a lease never waits for a copy
+        return not self.copy_streamed or self.cache.has(file)  # streaming reads in place, or copies
 
     def lease(self, file: CachedFile, *, make_room: Callable[[], bool] | None = None,
               ahead: Ahead | None = None, sequential: bool = False) -> Lease:
-        if ahead is not None:  # streaming's next shards: read in place in their turn, as fast as a copy
-            return Lease(self.local.path(file))
         if os.getpid() != self._pid:
             self._reset()
-        if self.cache.has(file):
-            lease = self.cache.lease(file, self.store, make_room=make_room)
+        if (ahead is not None or sequential) and not self.copy_streamed and not self.cache.has(file):
+            lease = Lease(self.local.path(file))  # front to back in large reads: as fast as a copy
         else:
-            path = self.local.path(file)
-            self.local.check_unchanged(file.name, path)
-            lease = Lease(path, landed=None if sequential else self._copy_behind(file))
+            if ahead is None and not sequential:
+                if file.name not in self._shard_names:  # its reader reads the sidecars of this kind
+                    self._sidecars.add(Path(file.name).suffix)
+                self._copy_ahead()  # beside this copy, not after it
+            if not self.cache.has(file):
+                self.local.check_unchanged(file.name, self.local.path(file))
+                self._wait_for_copy(file)
+            lease = self.cache.lease(file, self.store, make_room=make_room, ahead=ahead)
         self._where[file.name] = lease.path
         return lease
 
-    def _copy_behind(self, file: CachedFile) -> threading.Event:
-        """The event set when `file`'s copy lands; its copy is queued here unless one is under way
-        (one that landed before and is not in the cache now was evicted since: copied again). One
-        thread copies for the process, a shard at a time, so that the copies never take the link (or
-        the server) from the reads a batch waits for, and a first epoch over many shards does not
-        start a thread per shard."""
+    def _wait_for_copy(self, file: CachedFile) -> None:
+        """While another thread or process copies `file`, wait for it in COPY_POLL_S steps, for up
+        to COPY_WAIT_S: the cache's own wait polls every ROOM_POLL_S (50 ms), much of a first batch.
+        A longer copy is left to the cache's wait, which tells a dead copier from a slow one."""
+        until = time.monotonic() + COPY_WAIT_S
+        while self.cache.downloading(file) and not self.cache.has(file) and time.monotonic() < until:
+            time.sleep(COPY_POLL_S)
+
+    def _copy_ahead(self) -> None:
+        """Start this process's thread that copies the shards not in the cache yet, unless it runs."""
         with self._guard:
-            landed = self._copies.get(file.name)
-            if landed is None or landed.is_set():
-                landed = self._copies[file.name] = threading.Event()
-                self._queue.append((file, landed))
-                if self._copier is None:
-                    self._copier = threading.Thread(target=self._copy_queued, name="pack-mount-copy", daemon=True)
-                    self._copier.start()
-        return landed
+            if self._copier is None:
+                self._copier = threading.Thread(target=self._copy_shards, name="pack-mount-copy", daemon=True)
+                self._copier.start()
 
-    def _copy_queued(self) -> None:
-        while True:
-            with self._guard:
-                if not self._queue or not threading.main_thread().is_alive():  # none left, or exiting
-                    self._copier = None
+    def _copy_shards(self) -> None:
+        """Each shard not in the cache, and the sidecars of the kinds its reader reads, in turn from
+        the process's pid (two workers start apart), copied as a file fetched ahead is: never taking
+        room a reader waits for, and skipped while another process copies it. Stops at the first
+        without room; a failed copy is named in the log, and its reader copies it again when it
+        needs it."""
+        first = self._pid % max(1, len(self.shards))
+        for shard in self.shards[first:] + self.shards[:first]:
+            if not self._copy_one(shard):
+                return
+            for sidecar in shard.sidecars:  # asked after the shard's copy: by then its reader has read one
+                if Path(sidecar.name).suffix in self._sidecars and not self._copy_one(sidecar):
                     return
-                file, landed = self._queue.popleft()
-            self._copy(file, landed)
 
-    def _copy(self, file: CachedFile, landed: threading.Event) -> None:
-        """Copied as a file fetched ahead is: never taking room a reader waits for. Where it cannot
-        be (no room now, or the copy failed), the file is read in place meanwhile: a copy without
-        room is tried again at its next lease; a failed one, named in the log, is not."""
+    def _copy_one(self, file: CachedFile) -> bool:
+        """Copy `file` ahead unless it is there or under way; False where the cache has no room, or
+        the process is exiting (and the copies with it)."""
+        if not threading.main_thread().is_alive():
+            return False
+        if self.cache.has(file) or self.cache.downloading(file):
+            return True
         try:
             self.cache.lease(file, self.store, ahead=Ahead(headroom=file.bytes, since=self._since)).release()
         except NoRoom:
-            with self._guard:
-                self._copies.pop(file.name, None)
-            return
-        except Exception as exc:  # noqa: BLE001 - in a thread of its own: the in-place reads go on and say what is wrong
-            if threading.main_thread().is_alive():  # else the process is exiting, and the copy with it
-                log.warning("%s: not copied into the cache, read in place (%s)", self.local.path(file), exc)
-            return
-        landed.set()
+            return False
+        except Exception as exc:  # noqa: BLE001 - in a thread of its own: the reader that needs it says why
+            if threading.main_thread().is_alive():
+                log.warning("%s: not copied ahead into the cache (%s)", self.local.path(file), exc)
+        return True

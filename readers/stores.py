@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .cache import ShardCache
+from .formats import FORMATS
 from .manifest import MANIFEST_NAME, DatasetChanged, Manifest, check_shard_sizes, load_manifest
 from .mounts import DEFAULT_STORAGE, MountFiles, check_storage, reads_as_network
 from .remote import CachedFiles, LocalFiles, RemoteStore, ShardFiles, default_cache_dir, identity_or_none, is_url, \
@@ -63,9 +64,10 @@ def open_folder(path: str | os.PathLike[str], options: ReadOptions, strategy: st
 
 
 def open_mount(path: str | os.PathLike[str], options: ReadOptions, strategy: str) -> tuple[ShardFiles, Manifest]:
-    """As a folder, then each shard copied into the node cache while it is read in place."""
+    """As a folder, then each shard copied into the node cache, and read there map-style."""
     local, manifest = open_folder(path, options, strategy)
-    return MountFiles(local, ShardCache(mount_cache(path, options), options.cache_limit), strategy), manifest
+    cache = ShardCache(mount_cache(path, options), options.cache_limit)
+    return MountFiles(local, cache, strategy, manifest.shards, copy_streamed=FORMATS[manifest.format].mapped), manifest
 
 
 def mount_cache(path: str | os.PathLike[str], options: ReadOptions) -> Path:
@@ -112,8 +114,9 @@ class ReadStore:
 
 READ_STORES: dict[str, ReadStore] = {
     "url": ReadStore("each shard downloaded whole into the node cache, then read there", takes_url, open_url),
-    "mount": ReadStore("each shard read in place until its copy lands in the node cache, then from the copy",
-                       takes_mount, open_mount),
+    "mount": ReadStore("each shard copied whole into the node cache when first read map-style (the others "
+                       "copied ahead), then read from the copy; streamed in place (LMDB from copies)", takes_mount,
+                       open_mount),
     "folder": ReadStore("read in place", takes_folder, open_folder),  # takes every folder: last
 }
 """Where a dataset can be read from, asked in order."""

@@ -11,7 +11,9 @@ interleaved rounds, medians of --repeat. Needs /dev/fuse, fusermount3 and mfusep
    against `tar cf` and the parallel copy a user reaches for (`find | xargs -P 16 cp`).
 2. Planning alone: `--plan-files` tiny files in 1,000 class folders (hard links, almost no disk;
    1000000 when asked), `pack plan` (listing, stat of every file, the shard plan) against
-   `find -type f` (listing) and `find -printf %s` (listing + stat of every file).
+   `find -type f` (listing), `find -printf %s` (listing + stat of every file) and the list piped
+   to 64 `stat`s at once (`xargs -P64 stat`: listing, then the stats 64 in flight, what the
+   mount itself answers at pack's concurrency).
 3. Reading: the same JPEGs packed (locally, `--read-shard-size` samples per shard, so streaming
    workers have shards of their own), placed on the mount; one shuffled epoch through a DataLoader
    of --workers workers, batches of --batch-size, decode="bytes" (no JPEG decoding), timed from
@@ -54,6 +56,9 @@ from packer.write.writers import WRITERS
 from readers.bench import keep_list
 
 PARTS = ("pack", "plan", "read")
+STAT_JOBS = 64
+"""stat processes of the planning baseline that stats in parallel, as many in flight as pack's walk
+keeps (`packer.sources.inflight.MOST_IN_FLIGHT`): what the mount answers at that concurrency."""
 DISTINCT_IMAGES = 256
 
 
@@ -114,6 +119,8 @@ def planning_commands(work: Path) -> dict[str, Callable[[Path], float]]:
 
     return {"find -type f": lambda mount: run_command(f"find '{mount}' -type f > /dev/null"),
             "find -printf %s": lambda mount: run_command(f"find '{mount}' -type f -printf '%s\\n' > /dev/null"),
+            f"xargs -P{STAT_JOBS} stat": lambda mount: run_command(
+                f"find '{mount}' -type f -print0 | xargs -0 -P {STAT_JOBS} -n 250 stat -c %s > /dev/null"),
             "pack plan": pack_plan}
 
 

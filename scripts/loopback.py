@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import functools
 import http.server
+import re
 import sys
 import threading
 import time
@@ -45,7 +46,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         data = file.read_bytes()
         if action == "corrupt":
             data = data[: len(data) // 2] + bytes([data[len(data) // 2] ^ 0xFF]) + data[len(data) // 2 + 1:]
-        self.send_response(200)
+        wanted = _byte_range(self.headers.get("Range"), len(data)) if action != "whole" else None
+        if wanted is not None:
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {wanted.start}-{wanted.stop - 1}/{len(data)}")
+            data = data[wanted]
+        else:
+            self.send_response(200)
         self.send_header("Content-Type", "application/octet-stream")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
@@ -64,6 +71,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.wfile.write(chunk)
             if bandwidth:
                 time.sleep(len(chunk) / bandwidth)
+
+
+def _byte_range(header: str | None, size: int) -> slice | None:
+    """The bytes a `Range: bytes=first-last` header asks for (one range, as fsspec sends), or None."""
+    match = re.fullmatch(r"bytes=(\d+)-(\d*)", header or "")
+    if match is None or int(match.group(1)) >= size:
+        return None
+    last = min(size - 1, int(match.group(2))) if match.group(2) else size - 1
+    return slice(int(match.group(1)), last + 1)
 
 
 class _Server(http.server.ThreadingHTTPServer):
@@ -102,7 +118,8 @@ class LoopbackHTTP(_LoopbackServer):
     `bandwidth`: bytes per second per response (None: as fast as loopback goes).
     `faults[path]`: actions for the next GETs of that path, in turn: an HTTP status code, or one
     of "corrupt" (one byte flipped), "truncate" (half the body, then the connection closes),
-    "stall" (half the body, then nothing until the server closes).
+    "stall" (half the body, then nothing until the server closes), "whole" (the whole file, its
+    Range header ignored, as some servers do). A GET with a Range header gets those bytes (206).
     """
 
     def __init__(self, directory: str | Path, *, delay_s: float = 0.0, bandwidth: float | None = None) -> None:

@@ -9,6 +9,7 @@ import pytest
 from clirun import run
 
 import readers
+import readers.mounts
 from readers.bench import BenchResult, bench_loader, climb, default_note, worker_ladder
 
 
@@ -47,7 +48,7 @@ def test_bench_command(packed: tuple[Path, dict[str, bytes]], tmp_path: Path) ->
     lines = output.splitlines()
     assert lines[0].split() == ["batch", "workers", "samples/s"]
     assert lines[1].split()[:2] == ["4", "0"]
-    assert lines[-3] == "reading: read in place (storage='local')"
+    assert lines[-3] == f"reading: read in place (filesystem {readers.mounts.filesystem_type(packed[0])})"
     assert lines[-2].startswith("recommended: batch 4, num_workers=")
     assert "decode='tensor'" in lines[-2]  # as the README trains
     code, output = run("bench", tmp_path / "nowhere")

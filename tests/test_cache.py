@@ -19,6 +19,7 @@ import pytest
 from loopback import LoopbackHTTP
 
 import readers
+import readers.cache
 from readers.cache import MIN_CACHE_SHARDS, ShardCache, _lock, _unlock, parse_size
 from readers.manifest import ShardInfo
 from readers.remote import CachedFiles, RemoteStore, default_cache_dir
@@ -153,6 +154,31 @@ def test_full_cache_waits_for_a_release_then_gives_up(serve: Callable[[str], str
     with pytest.raises(readers.DatasetError,
                        match="waited 0 s for room for .*; cache_limit .*, files held by readers: 3 "):
         cache.lease(shards[0], store)
+
+
+def test_with_no_limit_the_cache_leaves_a_share_of_its_disk_free(serve: Callable[[str], str], tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no cache_limit (the default, and a dataset on a mount is copied into the cache by
+    default) the cache filled its disk; now it leaves FREE_SHARE_KEPT of it free, evicting as
+    under a limit. A disk of 100 shards' size, all full but the cache and 8.5 shards, keeps 5 free."""
+    url = serve("lmdb")
+    store, shards = store_and_shards(url)
+    size = max(shard.bytes for shard in shards)
+    cache = ShardCache(tmp_path / "cache")
+    monkeypatch.setattr(readers.cache, "FREE_BYTES_KEPT", 0)
+    monkeypatch.setattr(readers.cache, "disk_space", lambda path: (100 * size, int(8.5 * size) - cache.disk_bytes()))
+    for shard in shards[:4]:
+        cache.lease(shard, store).release()
+        time.sleep(0.01)  # distinct mtimes for the LRU order
+    assert not cache.object_path(shards[0]).exists() and cache.disk_bytes() <= 3.5 * size
+    assert all(cache.object_path(shard).exists() for shard in shards[1:4])
+    leases = [cache.lease(shard, store) for shard in shards[1:4]]
+    cache.room_timeout = 0.2
+    with pytest.raises(readers.DatasetError, match="waited 0 s for room for .*; no cache_limit: the disk kept 5% free "
+                                                   r"\(at least 0 bytes\), files held by readers: 3 "):
+        cache.lease(shards[0], store)
+    for lease in leases:
+        lease.release()
 
 
 def test_lock_file_that_vanishes_under_a_waiter(serve: Callable[[str], str], http_server: LoopbackHTTP,

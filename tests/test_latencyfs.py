@@ -221,9 +221,10 @@ def test_a_container_on_a_mount_where_each_read_waits_is_read_in_large_reads(
         containers: tuple[Path, list[tuple[bytes, int]]], tmp_path: Path, kind: str) -> None:
     """On a network mount the kernel reads ahead ~128 KB of a small read, so the scan's header
     reads and the packing's sample reads wait a round trip every few samples, one after another.
-    Once reads wait, both go through 2 MiB blocks, several in flight: the reads that start with
-    none in flight (round trips in sequence) are at most one per 20 samples (here 30-110 under
-    load), and the shards are the same bytes as packed from local disk."""
+    Once reads wait, both go through 1 MiB blocks, several in flight: the reads that start with
+    none in flight (round trips in sequence) are at most one per 20 samples (157-182 of these
+    4,000 on a quiet machine with 1 MiB blocks, at most 128 for a shard's inputs; 57-87 with
+    2 MiB blocks, 64 kept per input file), and the shards are the same bytes as packed from local disk."""
     root, samples = containers
     report = tmp_path / "calls.json"
     with mounted(root / kind, latency_ms=0.5, report=report) as mount:

@@ -1,6 +1,7 @@
 """A dataset folder on networked storage (issue 38, part 3): the mount is recognised from the mount
-table, and such a folder is read in place while each shard is copied whole into the cache, then
-from the copy, with the same samples as reading it in place; `storage=` says so where detection
+table (the default, storage="auto"), and such a folder is read map-style from whole copies of its
+shards in the node cache, never in place (an LMDB shard is never mapped from the mount), with the
+same samples as reading it in place; streaming reads in place; `storage=` says so where detection
 cannot."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import pytest
 from latencyfs import missing_requirements, mounted
 
 import readers
+import readers.cache
 import readers.mounts
 import readers.tar
 import readers.wds
@@ -23,6 +25,8 @@ from readers.remote import LocalFiles
 from readers.stores import ReadOptions, read_strategy
 
 FIELDS = ("image", "label", "path", "index")
+COPYING = ("each shard copied whole into the node cache when first read map-style (the others copied ahead), "
+           "then read from the copy; streamed in place (LMDB from copies)")
 NO_FUSE = missing_requirements()
 
 MOUNTINFO = """\
@@ -68,7 +72,7 @@ def test_auto_copies_from_a_networked_folder_into_a_local_cache_only(
     monkeypatch.setattr(readers.mounts, "MOUNTINFO", mountinfo)
     local = readers.open_dataset(packed_as("hdf5")[0], decode="bytes", fields=FIELDS)
     nfs_cache = tmp_path / "nfs" / "cache"
-    copying = "each shard read in place until its copy lands in the node cache, then from the copy"
+    copying = COPYING
     for cache_dir, storage, kind, strategy in (
             (tmp_path / "cache", "auto", MountFiles, f"{copying} (networked storage: filesystem nfs4)"),
             (nfs_cache, "auto", LocalFiles, f"read in place (networked storage: filesystem nfs4, but so is the cache "
@@ -87,7 +91,7 @@ def test_auto_copies_from_a_networked_folder_into_a_local_cache_only(
 
 
 def copies_landed() -> None:
-    """Wait for this process's copies behind in-place reads (`MountFiles`) to end."""
+    """Wait for this process's copies ahead (`MountFiles`) to end."""
     for thread in threading.enumerate():
         if thread.name == "pack-mount-copy":
             thread.join()
@@ -97,6 +101,12 @@ def copy_names(ds: readers.PackedDataset) -> set[str]:
     """The names in the cache of the copies of `ds`'s shards and the sidecars its reader reads."""
     return {file.sha256 + Path(file.name).suffix for number, shard in enumerate(ds.manifest.shards)
             for file in (shard, *ds.read_sidecars(number))}
+
+
+def mapped_files() -> list[str]:
+    """The files this process maps into memory now (an LMDB environment maps its shard)."""
+    fields = (line.split(maxsplit=5) for line in Path("/proc/self/maps").read_text().splitlines())
+    return [parts[5] for parts in fields if len(parts) == 6 and parts[5].startswith("/")]
 
 
 def read_all(ds: readers.PackedDataset) -> list[Any]:
@@ -139,8 +149,8 @@ def test_network_storage_cache_limit_holds_as_for_urls(packed_as: Callable, tmp_
 
 def test_a_shard_changed_on_the_mount_is_refused(packed_as: Callable, tmp_path: Path,
                                                  caplog: pytest.LogCaptureFixture) -> None:
-    """A shard rewritten since the dataset was opened is an error, never its samples, in place as
-    in the copy; a copy is only used when its sha256 is index.json's."""
+    """A shard rewritten since the dataset was opened is an error, never its samples; a copy is
+    only used when its sha256 is index.json's."""
     out = tmp_path / "out"
     shutil.copytree(packed_as("lmdb")[0], out)
     ds = readers.open_dataset(out, decode="bytes", storage="network", cache_dir=tmp_path / "cache")
@@ -148,7 +158,6 @@ def test_a_shard_changed_on_the_mount_is_refused(packed_as: Callable, tmp_path: 
     data = bytearray(shard.read_bytes())
     data[-1] ^= 0xFF
     shard.write_bytes(bytes(data))
-    assert ds[0][1] == readers.open_dataset(packed_as("lmdb")[0], decode="bytes")[0][1]
     with pytest.raises(readers.DatasetChanged, match=f"{shard}: changed since the loader opened index.json "
                                                      r"\(same size, rewritten\)"):
         ds[4]
@@ -158,12 +167,13 @@ def test_a_shard_changed_on_the_mount_is_refused(packed_as: Callable, tmp_path: 
     shard.write_bytes(bytes(data))  # the same size as index.json says, other bytes: opened as it is
     reopened = readers.open_dataset(out, decode="bytes", storage="network", cache_dir=tmp_path / "cache")
     with caplog.at_level("WARNING"):
-        with pytest.raises(readers.DatasetError, match=f"{shard}: sample 0: damaged"):
-            reopened[4]  # read in place, record by record checked; its copy is refused
+        with pytest.raises(readers.DatasetError, match=f"{shard}: sha256 [0-9a-f]+ on two downloads, index.json "
+                                                       f"says {reopened.manifest.shards[1].sha256}"):
+            reopened[4]
         copies_landed()
-    assert [shard.sha256 for shard in reopened.manifest.shards if reopened.files.cache.has(shard)] == \
-        [reopened.manifest.shards[0].sha256]  # type: ignore[union-attr]
-    assert f"index.json says {reopened.manifest.shards[1].sha256}" in caplog.text
+    assert [shard.sha256 for shard in reopened.manifest.shards if not reopened.files.cache.has(shard)] == \
+        [reopened.manifest.shards[1].sha256]  # type: ignore[union-attr]
+    assert reopened[0] == readers.open_dataset(packed_as("lmdb")[0], decode="bytes")[0]
 
 
 @pytest.mark.skipif(NO_FUSE is not None, reason=str(NO_FUSE))
@@ -177,37 +187,66 @@ def test_a_dataset_on_a_fuse_mount_is_copied_and_equals_the_local_one(fmt: str, 
     assert [sample[3] for sample in expected[True]] == list(range(len(local)))
     with mounted(out, latency_ms=0.2) as mount:
         assert is_network_type(filesystem_type(mount))
-        for storage in ("auto", "network"):
+        for storage in (None, "auto", "network"):  # None: the default
             for streaming in (False, True):
                 cache_dir = tmp_path / f"cache-{storage}-{streaming}"
-                ds = readers.open_dataset(mount, decode="bytes", fields=FIELDS, storage=storage, cache_dir=cache_dir)
+                chosen = {} if storage is None else {"storage": storage}
+                ds = readers.open_dataset(mount, decode="bytes", fields=FIELDS, cache_dir=cache_dir, **chosen)
                 assert isinstance(ds.files, MountFiles)
                 assert loader_samples(ds, streaming) == expected[streaming]
-                # Read in place while copied; copies a worker had under way when it ended are not kept.
+                # Copies a worker had under way when it ended are not kept.
                 assert {path.name for path in (cache_dir / "objects").iterdir()} <= copy_names(local)
-                assert read_all(ds) == read_all(local)  # in this process: in place, then from the copies
+                assert read_all(ds) == read_all(local)  # in this process: from the copies
+                assert all(str(ds.shard_path(shard)).startswith(str(cache_dir)) for shard in range(len(ds.shards)))
+                assert not [path for path in mapped_files() if path.startswith(str(mount))]
                 copies_landed()
                 assert {path.name for path in (cache_dir / "objects").iterdir()} == copy_names(local)
-                assert read_all(ds) == read_all(local)
-                assert all(str(ds.shard_path(shard)).startswith(str(cache_dir)) for shard in range(len(ds.shards)))
                 ds.close()
         in_place = readers.open_dataset(mount, decode="bytes", fields=FIELDS, storage="local")
         assert isinstance(in_place.files, LocalFiles) and read_all(in_place) == read_all(local)
         in_place.close()
 
 
-def test_a_networked_folder_is_read_in_place_until_its_copy_lands(packed_as: Callable, tmp_path: Path) -> None:
-    """The first read never waits for a copy; once the copy has landed, the shard is reopened from it."""
+@pytest.mark.parametrize("streaming", [False, True])
+def test_an_lmdb_shard_on_a_mount_is_never_mapped_in_place(streaming: bool, packed_as: Callable,
+                                                           tmp_path: Path) -> None:
+    """Mapped from a mount, a record is a page fault per round trip, and a server that stops
+    answering is a SIGBUS that kills the worker: the shard is read from its copy from the first
+    read, streamed too (py-lmdb reads through mmap only)."""
     out = packed_as("lmdb")[0]
     local = readers.open_dataset(out, decode="bytes", fields=FIELDS)
+    shard = local.manifest.shards[0]
+    expected = [local.record(i) for i in range(shard.num_samples)] if streaming else [local[0]]
+    local.close()  # its environment maps the shard in place
     ds = readers.open_dataset(out, decode="bytes", fields=FIELDS, storage="network", cache_dir=tmp_path / "cache")
-    assert ds.files.strategy == ("each shard read in place until its copy lands in the node cache, then from the "
-                                 "copy (networked storage: storage='network')")
-    assert ds[0] == local[0]
-    assert ds.shard_path(0) == out / ds.manifest.shards[0].name  # in place, its copy under way
+    assert ds.files.strategy == f"{COPYING} (networked storage: storage='network')"
+    if streaming:
+        assert [(record[0], bytes(record[1])) for _, record in ds.stream_records(0, 0, shard.num_samples)] == \
+            [(meta, bytes(payload)) for meta, payload in expected]
+    else:
+        assert [ds[0]] == expected
+    copy = tmp_path / "cache" / "objects" / f"{shard.sha256}.lmdb"
+    assert ds.shard_path(0) == copy
+    mapped = mapped_files()
+    assert str(copy) in mapped and str(out / shard.name) not in mapped
+    ds.close()
     copies_landed()
-    assert ds[1] == local[1]
-    assert ds.shard_path(0) == tmp_path / "cache" / "objects" / f"{ds.manifest.shards[0].sha256}.lmdb"
+
+
+def test_the_local_disk_is_read_in_place_by_default(packed_as: Callable, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """storage="auto", the default, reads a dataset on this machine's disk as storage="local" does:
+    in place, no cache made, no copy thread."""
+    monkeypatch.setenv("PACK_CACHE_DIR", str(tmp_path / "cache"))
+    out = packed_as("lmdb")[0]
+    ds = readers.open_dataset(out, decode="bytes", fields=FIELDS)
+    assert type(ds.files) is LocalFiles
+    assert ds.files.strategy == f"read in place (filesystem {filesystem_type(out)})"
+    assert ds[0] == readers.open_dataset(out, decode="bytes", fields=FIELDS, storage="local")[0]
+    assert ds.shard_path(0) == out / ds.manifest.shards[0].name
+    assert str(out / ds.manifest.shards[0].name) in mapped_files()
+    assert not (tmp_path / "cache").exists()
+    assert not [thread for thread in threading.enumerate() if thread.name == "pack-mount-copy"]
     ds.close()
 
 
@@ -263,7 +302,7 @@ def test_a_wds_sample_is_read_in_one_pread(packed_as: Callable, monkeypatch: pyt
 
 
 @pytest.mark.filterwarnings("ignore:.*shards hold 1 classes each")  # packed sorted
-@pytest.mark.parametrize("fmt", ["lmdb", "wds"])
+@pytest.mark.parametrize("fmt", ["hdf5", "wds"])
 def test_streaming_a_networked_folder_reads_it_in_place_without_copies(fmt: str, packed_as: Callable,
                                                                        tmp_path: Path) -> None:
     """Read front to back in large reads, a shard on a mount is as fast in place as from a copy: a
@@ -280,19 +319,17 @@ def test_streaming_a_networked_folder_reads_it_in_place_without_copies(fmt: str,
 
 
 def test_a_copy_evicted_since_it_landed_is_copied_again(packed_as: Callable, tmp_path: Path) -> None:
-    """Its reader, back in place, is not sent to a copy that is no longer there on every read."""
     out = packed_as("lmdb")[0]
     local = readers.open_dataset(out, decode="bytes", fields=FIELDS)
     ds = readers.open_dataset(out, decode="bytes", fields=FIELDS, storage="network", cache_dir=tmp_path / "cache")
     assert ds[0] == local[0]
     copies_landed()
-    assert ds[1] == local[1]  # from the copy
     ds.close_shard(0)
     copy = tmp_path / "cache" / "objects" / f"{ds.manifest.shards[0].sha256}.lmdb"
     copy.unlink()  # evicted by another reader of the node
-    assert ds[2] == local[2]  # in place again, copied behind again
-    copies_landed()
-    assert copy.exists() and ds[3] == local[3] and ds.shard_path(0) == copy
+    assert ds[2] == local[2]  # copied again
+    assert copy.exists() and ds.shard_path(0) == copy
+    ds.close()
 
 
 def test_a_copy_holds_every_byte_when_writes_come_up_short(packed_as: Callable, tmp_path: Path,
@@ -310,7 +347,7 @@ def test_a_copy_holds_every_byte_when_writes_come_up_short(packed_as: Callable, 
     shard = ds.manifest.shards[0]
     copy = tmp_path / "cache" / "objects" / f"{shard.sha256}.lmdb"
     assert copy.read_bytes() == (out / shard.name).read_bytes()
-    assert ds[1] == local[1] and ds.shard_path(0) == copy
+    assert ds.shard_path(0) == copy
     ds.close()
 
 
@@ -358,25 +395,65 @@ def test_a_read_error_while_walking_a_wds_shard_whole_names_the_shard(packed_as:
         list(ds.read_records(0, 0, shard.num_samples))
 
 
-def test_one_thread_copies_every_shard_a_first_epoch_opens(packed_as: Callable, tmp_path: Path,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    """A first epoch over many shards queued a thread per shard (a pid limit in a container): one
-    thread copies them in turn, and ends when none is left; every copy still lands."""
+def hold_copies_ahead(monkeypatch: pytest.MonkeyPatch, release: threading.Event, but: str = "") -> list[str]:
+    """Copies ahead (`MountFiles`'s thread) wait for `release`, but those of the shard named `but`
+    and its sidecars; the names of those held, in order."""
+    copy = readers.mounts.copy_ranges
+    held: list[str] = []
+
+    def held_copy(source: int, dest: int, size: int, name: str) -> str:
+        if threading.current_thread().name == "pack-mount-copy" and Path(name).stem != Path(but).stem:
+            held.append(Path(name).name)
+            release.wait(30)
+        return copy(source, dest, size, name)
+
+    monkeypatch.setattr(readers.mounts, "copy_ranges", held_copy)
+    return held
+
+
+def test_a_reader_takes_a_copy_another_thread_makes_once_it_lands(packed_as: Callable, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shard the thread ahead (or another worker) is copying is waited for, not copied twice, and
+    taken as soon as it lands: the cache's own wait looks every ROOM_POLL_S, here a minute."""
+    monkeypatch.setattr(readers.cache, "ROOM_POLL_S", 60.0)
     out = packed_as("lmdb")[0]
     local = readers.open_dataset(out, decode="bytes", fields=FIELDS)
     release = threading.Event()
-    copy = readers.mounts.copy_ranges
-
-    def held_copy(*args: Any) -> str:
-        release.wait(30)
-        return copy(*args)
-
-    monkeypatch.setattr(readers.mounts, "copy_ranges", held_copy)
+    held = hold_copies_ahead(monkeypatch, release, but=local.manifest.shards[0].name)
     ds = readers.open_dataset(out, decode="bytes", fields=FIELDS, storage="network", cache_dir=tmp_path / "cache")
-    firsts = [sum(shard.num_samples for shard in ds.manifest.shards[:k]) for k in range(len(ds.manifest.shards))]
-    assert [ds[i] for i in firsts] == [local[i] for i in firsts]  # in place, every copy queued
+    assert ds[0] == local[0]
+    while not held:  # the thread ahead is copying another shard, held
+        threading.Event().wait(0.01)
+    shard = next(number for number, info in enumerate(ds.manifest.shards) if info.name == held[0])
+    first = sum(info.num_samples for info in ds.manifest.shards[:shard])
+    read: list[Any] = []
+    reader = threading.Thread(target=lambda: read.append(ds[first]))
+    reader.start()
+    reader.join(0.3)  # waiting for the copy under way
+    assert read == []
+    release.set()
+    reader.join(10)
+    assert read == [local[first]]
+    copies_landed()
+    ds.close()
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "wds"])
+def test_one_thread_copies_every_other_shard_ahead(fmt: str, packed_as: Callable, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shuffled epoch soon wants every shard: the first map-style read copies its own shard and
+    starts one thread (not one per shard: a pid limit in a container) that copies the others in
+    turn, with the sidecars of the kinds the reader read (a wds shard's .packidx, not its DALI
+    .idx), and ends when none is left."""
+    out = packed_as(fmt)[0]
+    local = readers.open_dataset(out, decode="bytes", fields=FIELDS)
+    release = threading.Event()
+    hold_copies_ahead(monkeypatch, release, but=local.manifest.shards[0].name)
+    ds = readers.open_dataset(out, decode="bytes", fields=FIELDS, storage="network", cache_dir=tmp_path / "cache")
+    assert [ds[0], ds[1]] == [local[0], local[1]]  # shard 0, copied by the reader
+    assert ds.files.cache.has(ds.manifest.shards[0])  # type: ignore[attr-defined]
     copiers = [thread for thread in threading.enumerate() if thread.name == "pack-mount-copy"]
-    assert len(copiers) == 1 and len(firsts) == 5
+    assert len(copiers) == 1 and len(ds.manifest.shards) == 5
     release.set()
     copies_landed()
     assert {path.name for path in (tmp_path / "cache" / "objects").iterdir()} == copy_names(ds)

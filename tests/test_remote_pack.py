@@ -458,9 +458,9 @@ def test_a_url_that_is_one_tar_rec_or_tfrecord_is_read_as_that_kind(tmp_path: Pa
 def test_a_bucket_tar_is_read_in_ranged_blocks_as_the_local_tar(tmp_path: Path, s3_conf: dict,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Blocks of 4 KiB: the scan's headers and the shard's samples come from many ranged GETs."""
-    import packer.sources.inputs
+    import packer.sources.ranges
 
-    monkeypatch.setattr(packer.sources.inputs, "URL_BLOCK_BYTES", 4096)
+    monkeypatch.setattr(packer.sources.ranges, "BLOCK_BYTES", 4096)
     make_image_folder(tmp_path / "src", classes=2, per_class=6)
     assert run("wds", tmp_path / "src", tmp_path / "s.wds", "--shard-size", 8, "-q")[0] == 0
     tar = tmp_path / "s.wds" / "shard-000000.tar"
@@ -477,18 +477,18 @@ def test_a_shuffled_pack_of_a_bucket_tar_fetches_it_once_per_pass(tmp_path: Path
     """A shuffled pack (the default) reads a container's runs in turn; fsspec's readahead cache
     kept one block from the last read, so each jump fetched the rest of the tar again: 1.1 MB for
     this 0.23 MB tar, 1058 MB for a 13 MB one. Now the scan and the pack read it once each."""
-    import s3fs
+    from packer.sources.ranges import RangeFile
 
     fetched = tmp_path / "fetched"
-    fetch_range = s3fs.core.S3File._fetch_range
+    fetch = RangeFile.fetch
 
-    def counted(self: Any, start: int, end: int) -> bytes:
-        data = fetch_range(self, start, end)
+    def counted(self: RangeFile, number: int) -> bytes:
+        data = fetch(self, number)
         with open(fetched, "a") as handle:  # a file: shard workers may be other processes
             handle.write(f"{len(data)}\n")
         return data
 
-    monkeypatch.setattr(s3fs.core.S3File, "_fetch_range", counted)
+    monkeypatch.setattr(RangeFile, "fetch", counted)
     make_image_folder(tmp_path / "src", classes=3, per_class=20)
     assert run("wds", tmp_path / "src", tmp_path / "s.wds", "--shard-size", 100, "-q")[0] == 0
     tar = tmp_path / "s.wds" / "shard-000000.tar"

@@ -114,7 +114,8 @@ class SrcTrace:
         if module == "readers.remote" and code.co_name in ASKS:
             if caller.startswith("packer") and self.carries(frame.f_locals.get("path")):
                 where = caller_frame.f_code.co_qualname  # type: ignore[union-attr]
-                if not (caller == "packer.sources.inputs" and (where.startswith(MAY_ASK) or where in RESOLVER)):
+                if not (caller == "packer.sources.inputs" and where in RESOLVER or
+                        caller in ("packer.sources.inputs", "packer.sources.ranges") and where.startswith(MAY_ASK)):
                     self.context.asks[f"{caller.removeprefix('packer.')}.{where}"] += 1
             return
         if not (module == "packer" or module.startswith("packer.")):

@@ -11,6 +11,7 @@ import pytest
 from clirun import run
 
 import readers
+import readers.mounts
 
 
 def flip_byte_in_sample(out: Path, shard: int, files: dict[str, bytes]) -> str:
@@ -96,7 +97,8 @@ def test_info_text_and_json(packed: tuple[Path, dict[str, bytes]]) -> None:
     assert info["shards"] == 5 and info["bytes"] == sum(s.bytes for s in readers.load_manifest(out).shards)
     assert info["image_sizes"]["width"]["min"] >= 16 and info["image_sizes"]["width"]["max"] <= 64
     assert info["options"]["shard_size"] == 4
-    assert info["read"] == "read in place (storage='local')"  # as open_dataset would read it
+    # as open_dataset would read it: storage="auto", this machine's disk
+    assert info["read"] == f"read in place (filesystem {readers.mounts.filesystem_type(out)})"
     code, text = run("info", out)
     assert code == 0
     assert f"samples      {len(files)} in 3 classes" in text and "class_01" in text

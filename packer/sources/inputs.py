@@ -16,35 +16,26 @@ and provides:
         UNLABELLED there when only reading the sample tells them
     open_reader(plan: ShardPlan) -> RecordReader
         called once per shard; `reader(input, offset, length) -> Record` is called from reader
-        threads at once (so it must be thread-safe: `InputFiles` reads with pread), and raises
+        threads at once (so it must be thread-safe: `packer.sources.ranges.InputFiles` reads with pread), and raises
         RejectedFile naming the member or record and the problem for a bad sample
 """
 
 from __future__ import annotations
 
 import glob
-import io
-import logging
 import os
 import re
-import threading
-import time
-from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator, Literal, Protocol
+from typing import Any, Iterator, Literal, Protocol
 
 from readers.fields import FieldSpec
 from readers.manifest import MANIFEST_NAME, DatasetError, MissingFile
 from readers.remote import RemoteStore, is_url, location
-from readers.tar import WALK_WAITED_S
 
 from ..errors import PackError, RejectedFile
-from .inflight import PROBE_CALLS, InFlight
 from .listing import ScanError, is_image_name
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -363,150 +354,6 @@ def expand_pattern(text: str) -> list[str]:
     return sorted({os.path.abspath(name) for name in files})
 
 
-READ_AHEAD_BYTES = 8 << 20
-URL_BLOCK_BYTES = 2 << 20
-"""A URL input is fetched in aligned blocks of this many bytes, each once while cached."""
-URL_BLOCKS = 64
-"""Blocks a URL input keeps (at most 128 MiB): a shuffled pack reads up to `packer.plan.pack_order`'s
-WINDOW_RUNS (64) places of a container in turn, each front to back, so each keeps its block."""
-BLOCKS_AHEAD = 3
-"""Blocks read ahead of the last one read, in flight at once, once a local input's reads wait."""
-WAITED_SHARE = 16
-"""A local input's reads go through blocks once PROBE_CALLS have been made and one in WAITED_SHARE
-of them waited WALK_WAITED_S (`readers.tar`'s): not the median, as the kernel's readahead answers
-most small reads on a mount from memory and only the read past each ~128 KB waits (one in 4-14
-reads of 8-33 KB samples), a round trip each; from the page cache of a busy machine, one read in
-a few hundred waits (for the GIL, or preempted)."""
-
-
-class RangeFile:
-    """One input file, read by byte range from any thread: a local file with pread (no shared
-    position); a URL through fsspec, in ranged requests of URL_BLOCK_BYTES blocks, the last
-    URL_BLOCKS kept (one file object under a lock). One block read ahead from the last read, as
-    fsspec's readahead cache does, fetched a shuffled pack's data dozens of times over: each
-    jump to another place of the file dropped the block of the place before. `handle` is the
-    file object, for walks front to back; fsspec's own errors arrive as OSError, which the
-    callers name the file in. A local file whose reads wait on storage (a network mount) is read
-    in URL_BLOCK_BYTES blocks too (`_read_blocks`); `calls` shares that decision among files."""
-
-    def __init__(self, path: str, calls: InFlight | None = None) -> None:
-        self.path = path
-        self.owns_calls = calls is None
-        self._lock = threading.Lock()
-        self.fd: int | None = None
-        if is_url(path):
-            from .remote import filesystem  # here: fsspec loads only for a URL input
-
-            with fsspec_errors():
-                fs, key = filesystem(path)
-                self.handle: Any = fs.open(key, "rb", block_size=URL_BLOCK_BYTES, cache_type="blockcache",
-                                           cache_options={"maxblocks": URL_BLOCKS})
-                self.size: int = self.handle.size
-        else:
-            self.handle = open(path, "rb")
-            self.fd = self.handle.fileno()
-            self.size = os.fstat(self.fd).st_size
-        self.calls = calls or InFlight(what=f"reads of {path}")
-        self._blocks: dict[int, Future[bytes]] = {}  # block number -> its read, oldest first
-        self._reads = self._waited = 0  # preads made, and those that waited on storage
-
-    def read(self, offset: int, length: int) -> bytes:
-        """`length` bytes at `offset`; fewer where the file ends first."""
-        if self.fd is None:
-            with self._lock, fsspec_errors():
-                self.handle.seek(offset)
-                return self.handle.read(length)
-        if self.calls.concurrent:
-            return self._read_blocks(offset, length)
-        started = time.perf_counter()
-        data = os.pread(self.fd, length, offset)
-        self._reads += 1
-        if time.perf_counter() - started >= WALK_WAITED_S:
-            self._waited += 1
-            if self._reads >= PROBE_CALLS and self._waited * WAITED_SHARE >= self._reads:
-                log.info("%s: reads wait on storage: %d KiB at a time, %d in flight", self.path,
-                         URL_BLOCK_BYTES >> 10, BLOCKS_AHEAD + 1)
-                self.calls.concurrent = True
-        return data
-
-    def _read_blocks(self, offset: int, length: int) -> bytes:
-        """Reads that wait (a network mount, where each is a round trip): through aligned blocks of
-        URL_BLOCK_BYTES, the last URL_BLOCKS kept, BLOCKS_AHEAD of them read ahead at once, so a
-        4,000-sample shard costs a few dozen large reads instead of one or more per sample."""
-        end = min(offset + length, self.size)
-        if end <= offset:
-            return b""
-        first, last = offset // URL_BLOCK_BYTES, (end - 1) // URL_BLOCK_BYTES
-        with self._lock:
-            wanted = [self._block(number) for number in range(first, last + 1)]
-            for number in range(last + 1, min(last + 1 + BLOCKS_AHEAD, -(-self.size // URL_BLOCK_BYTES))):
-                self._block(number)
-            while len(self._blocks) > URL_BLOCKS:
-                del self._blocks[next(iter(self._blocks))]
-        start = offset - first * URL_BLOCK_BYTES
-        if len(wanted) == 1:  # most reads: a slice of one block, no copy of the block
-            return wanted[0].result()[start:start + end - offset]
-        parts = [block.result() for block in wanted]
-        parts[0], parts[-1] = parts[0][start:], parts[-1][:end - last * URL_BLOCK_BYTES]
-        return b"".join(parts)
-
-    def _block(self, number: int) -> Future[bytes]:
-        """Block `number`'s read, started if it is not kept (the caller holds the lock)."""
-        block = self._blocks.pop(number, None)
-        if block is None:
-            assert self.fd is not None
-            block = self.calls.submit(os.pread, self.fd, URL_BLOCK_BYTES, number * URL_BLOCK_BYTES)
-        self._blocks[number] = block  # now the newest
-        return block
-
-    def stream(self) -> BinaryIO:
-        """A file object for a walk front to back: the handle of a URL; a local file's reads go
-        through `read`, so they become large ones once reads wait."""
-        if self.fd is None:
-            return self.handle
-        return io.BufferedReader(_RangeStream(self))
-
-    def close(self) -> None:
-        if self.owns_calls:
-            self.calls.close()
-        self._blocks.clear()
-        self.handle.close()
-
-    def __enter__(self) -> RangeFile:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class _RangeStream(io.RawIOBase):
-    """A local RangeFile as a raw file: `readinto` from its `read`."""
-
-    def __init__(self, file: RangeFile) -> None:
-        self.file = file
-        self.position = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.position, io.SEEK_END: self.file.size}[whence]
-        self.position = base + offset
-        return self.position
-
-    def tell(self) -> int:
-        return self.position
-
-    def readinto(self, buffer: Any) -> int:
-        data = self.file.read(self.position, len(buffer))
-        buffer[:len(data)] = data
-        self.position += len(data)
-        return len(data)
-
-
 @contextmanager
 def fsspec_errors() -> Iterator[None]:
     """An fsspec back end's own exception types (aiohttp's, botocore's) as OSError; pack's own
@@ -517,76 +364,3 @@ def fsspec_errors() -> Iterator[None]:
         raise
     except Exception as exc:  # noqa: BLE001 - each back end raises its own types
         raise OSError(f"{type(exc).__name__}: {exc}") from None
-
-
-class InputFiles:
-    """The input files of a shard, each opened once on first use and read with `pread`, which
-    reader threads may call at once on one descriptor (no shared file position).
-
-    Eight threads reading neighbouring ranges of one file look random to the kernel, which then
-    stops reading ahead: each read would wait for the disk; so do a shuffled pack's interleaved
-    runs (`packer.plan.pack_order`), several places of one file read in turn. So a read announces its
-    READ_AHEAD_BYTES block of the file and the next (posix_fadvise WILLNEED), once each, and the
-    kernel fetches them in large requests while the threads work, whatever the order of the runs.
-    """
-
-    def __init__(self, inputs: list[str]) -> None:
-        self.inputs = inputs
-        self._files: dict[int, RangeFile] = {}
-        self._announced: set[tuple[int, int]] = set()  # (input, block) announced so far
-        self._lock = threading.Lock()
-        self._calls = InFlight(what="reads of the inputs")  # one decision for all of them
-
-    def read(self, input: int, offset: int, length: int) -> bytes:
-        """`length` bytes at `offset`; fewer where the file ends first (the caller names the damage)."""
-        file = self._files.get(input)
-        if file is None:
-            with self._lock:
-                file = self._files.get(input)
-                if file is None:
-                    try:
-                        file = self._files[input] = RangeFile(self.inputs[input], self._calls)
-                    except OSError as exc:
-                        raise self._error(input, "open", exc) from None
-        if file.fd is not None and not self._calls.concurrent:
-            last = (offset + length) // READ_AHEAD_BYTES + 1
-            for block in range(offset // READ_AHEAD_BYTES, last + 1):
-                if (input, block) not in self._announced:
-                    self._announced.add((input, block))
-                    os.posix_fadvise(file.fd, block * READ_AHEAD_BYTES, READ_AHEAD_BYTES, os.POSIX_FADV_WILLNEED)
-        try:
-            return file.read(offset, length)
-        except OSError as exc:
-            raise self._error(input, "read", exc) from None
-
-    def _error(self, input: int, what: str, exc: OSError) -> Exception:
-        """A local file that cannot be read rejects its sample; a URL's stops the run (the store is
-        unreachable or the object gone: every sample after it would be rejected too)."""
-        message = f"{self.inputs[input]}: cannot {what} ({exc.strerror or exc})"
-        if is_url(self.inputs[input]):
-            return PackError(f"{message}; finished shards are kept: rerun the same command to resume")
-        return RejectedFile(message)
-
-    def close(self) -> None:
-        with self._lock:
-            for file in self._files.values():
-                file.close()
-            self._files.clear()
-        self._calls.close()
-
-
-def index_lines(path: str) -> Iterator[tuple[int, tuple[int, int] | None, str]]:
-    """The non-blank lines of a text index beside an input (RecordIO's `.idx`, a `.tfindex`):
-    (line number, its two integers or None where the line is not two integers, the line)."""
-    with RangeFile(path) as file, fsspec_errors():
-        lines = io.TextIOWrapper(file.handle, encoding="ascii", errors="replace")
-        for number, line in enumerate(lines, 1):
-            fields = line.split()
-            if not fields:
-                continue
-            try:
-                first, second = (int(value) for value in fields)
-            except ValueError:
-                yield number, None, line
-                continue
-            yield number, (first, second), line

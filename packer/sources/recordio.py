@@ -32,7 +32,8 @@ from readers.fields import FieldSpec, encode_value
 
 from ..errors import RejectedFile
 from .classes import read_classes
-from .inputs import InputFiles, RangeFile, Record, RecordError, ShardPlan, Source, fsspec_errors, index_lines, is_file
+from .inputs import Record, RecordError, ShardPlan, Source, fsspec_errors, is_file
+from .ranges import InputFiles, RangeFile, index_lines
 from .listing import UNLABELLED, Listing, ScanError
 
 if TYPE_CHECKING:

@@ -34,7 +34,8 @@ from readers.tar import TarDamage, read_members, split_name
 from ..errors import RejectedFile
 from ..plan.options import PackOptions
 from .classes import read_classes
-from .inputs import InputFiles, RangeFile, Record, ShardPlan, Source
+from .inputs import Record, ShardPlan, Source
+from .ranges import InputFiles, RangeFile
 from .listing import IMAGE_EXTENSIONS, UNLABELLED, Listing, ScanError
 from .sidecars import JSON_EXTENSION, checked_text
 
