@@ -8,7 +8,9 @@ sizes; damage says where). Also WebDataset's member name rule.
 from __future__ import annotations
 
 import os
+import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Container, Iterator
 
@@ -59,6 +61,7 @@ _MTIME = _octal(0, 12)
 # and padding to 512 bytes.
 _TAIL = b"0" + bytes(100) + b"ustar\x0000" + bytes(32 + 32 + 8 + 8 + 155 + 12)
 _FIXED_SUM = sum(_MODE_UID_GID) + sum(_MTIME) + 8 * ord(" ") + sum(_TAIL)
+_FS_ENCODING, _FS_ERRORS = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()  # os.fsdecode's
 
 
 def encode_header(name: bytes, size: int) -> bytes:
@@ -84,17 +87,19 @@ def canonical_header(block: bytes) -> tuple[bytes, int] | None:
     (then `parse_header` says what it is). The fixed fields are compared whole and the checksum
     summed over the name and size alone: a fifth of `parse_header`'s time, which a streaming read
     pays three times per sample."""
-    if block[100:124] != _MODE_UID_GID or block[136:148] != _MTIME or block[156:] != _TAIL:
+    if not (block.endswith(_TAIL) and block.startswith(_MODE_UID_GID, 100) and block.startswith(_MTIME, 136)):
         return None
     name = block[:100].rstrip(b"\0")
     size_field = block[124:136]
-    if b"\0" in name or block[148:156] != b"%06o\0 " % (_FIXED_SUM + sum(name) + sum(size_field)):
+    if b"\0" in name or not block.startswith(b"%06o\0 " % (_FIXED_SUM + sum(name) + sum(size_field)), 148):
+        return None
+    digits = size_field[:11]
+    if size_field[11] != 0 or not digits.isdigit():  # exactly 11 digits, as `_octal` writes them (int() also takes " +_")
         return None
     try:
-        size = int(size_field[:11], 8)
-    except ValueError:
+        return name, int(digits, 8)
+    except ValueError:  # an 8 or a 9
         return None
-    return (name, size) if size_field == _octal(size, 12) else None  # int() also takes " +_"
 
 
 def parse_header(block: bytes | memoryview, *, checksum: bool = True) -> Member | None:
@@ -127,14 +132,14 @@ def strict_member(block: bytes) -> tuple[str, int] | None:
     `canonical_header`, any other by `parse_header`), or None at the end-of-archive block."""
     canonical = canonical_header(block)
     if canonical is not None:
-        return check_member_name(os.fsdecode(canonical[0])), canonical[1]
+        return check_member_name(canonical[0].decode(_FS_ENCODING, _FS_ERRORS)), canonical[1]
     member = parse_header(block)
     return None if member is None else (member.name, member.size)
 
 
 def check_member_name(name: str) -> str:
     """Refuse member names that could escape an extraction directory."""
-    if not name or name.startswith("/") or ".." in name.split("/"):
+    if not name or name.startswith("/") or (".." in name and ".." in name.split("/")):
         raise TarError(f"unsafe tar member name {name!r}")
     return name
 
@@ -166,6 +171,10 @@ headers, small members and images in one pread. On a network mount (read in plac
 reads ahead little or not at all, and a pread per header and another per image cost two round
 trips a sample; read here, the images are in the page cache when the samples are handed out.
 Where reads do not wait (the page cache), copying the images twice would only cost CPU."""
+WINDOWS_AHEAD = 4
+"""How many of those reads are in flight at once, each on a thread of its own (`WindowsAhead`): a
+1 MiB pread on a mount is ~8 requests of 128 KB, answered nearly one after another, and one such
+read at a time was most of a streamed epoch at 1 ms (docs/benchmarks.md, "Network storage")."""
 WALK_WAITED_S = 100e-6
 EAGER_READ = 1 << 20
 """The buffer of a walk that reads every member: many samples per system call."""
@@ -185,36 +194,41 @@ def walk_samples(fd: int, small: Container[str], *, eager: bool
     Every header is checked in full (`strict_member`) and every size against what the file holds
     from there; anything pack would not write is a TarError. Holds one sample at a time."""
     end = os.fstat(fd).st_size
-    read = sequential_reads(fd) if eager else skipping_reads(fd, end)
+    reads = None if eager else SkippingReads(fd, end)
+    read = sequential_reads(fd) if reads is None else reads.read
     key: str | None = None
     parts: dict[str, bytes | tuple[int, int]] = {}
     offset = 0
-    while True:
-        block = read(offset, BLOCK)
-        if len(block) < BLOCK:
-            raise TarError("tar shard is truncated (no end-of-archive block)")
-        member = strict_member(block)
-        if member is None:
-            if key is not None:
+    try:
+        while True:
+            block = read(offset, BLOCK)
+            if len(block) < BLOCK:
+                raise TarError("tar shard is truncated (no end-of-archive block)")
+            member = strict_member(block)
+            if member is None:
+                if key is not None:
+                    yield key, parts
+                return
+            name, size = member
+            member_key, extension = split_name(name)
+            if key is not None and member_key != key:
                 yield key, parts
-            return
-        name, size = member
-        member_key, extension = split_name(name)
-        if key is not None and member_key != key:
-            yield key, parts
-            parts = {}
-        key = member_key
-        start = offset + BLOCK
-        if size > end - start:
-            raise TarError(f"tar shard is truncated in {name!r} ({size} bytes, {max(end - start, 0)} left)")
-        if eager or extension in small:
-            data = read(start, size)
-            if len(data) < size:  # the file shrank while read
-                raise TarError(f"tar shard is truncated in {name!r}")
-            parts[extension] = data
-        else:
-            parts[extension] = (start, size)
-        offset = start + size + padding(size)
+                parts = {}
+            key = member_key
+            start = offset + BLOCK
+            if size > end - start:
+                raise TarError(f"tar shard is truncated in {name!r} ({size} bytes, {max(end - start, 0)} left)")
+            if eager or extension in small:
+                data = read(start, size)
+                if len(data) < size:  # the file shrank while read
+                    raise TarError(f"tar shard is truncated in {name!r}")
+                parts[extension] = data
+            else:
+                parts[extension] = (start, size)
+            offset = start + size + (-size % BLOCK)
+    finally:
+        if reads is not None:
+            reads.close()
 
 
 def sequential_reads(fd: int) -> Callable[[int, int], bytes]:
@@ -229,29 +243,97 @@ def sequential_reads(fd: int) -> Callable[[int, int], bytes]:
     return read
 
 
-def skipping_reads(fd: int, end: int) -> Callable[[int, int], bytes]:
+def read_waited(started: float, fd: int, after: int) -> bool:
+    """Whether a read begun at `started` (time.perf_counter) waited on storage: it took WALK_WAITED_S
+    or more, and the bytes at `after` are not in the page cache, or the filesystem cannot say (FUSE,
+    NFS: no RWF_NOWAIT). Timed alone, a read of cached bytes in a busy DataLoader worker often
+    waited that long for the GIL, and a warm epoch's walks went to large reads for nothing."""
+    if time.perf_counter() - started < WALK_WAITED_S:
+        return False
+    if not hasattr(os, "RWF_NOWAIT"):
+        return True
+    try:
+        os.preadv(fd, [bytearray(1)], after, os.RWF_NOWAIT)
+    except OSError:  # EAGAIN: not in the page cache; EOPNOTSUPP: a filesystem that cannot say
+        return True
+    return False
+
+
+class SkippingReads:
     """`read(offset, size)` for a walk that skips the images: one pread of WALK_READ bytes serves a
-    sample's small members and the next header (WALK_READ_WAITED once a read waits), and the kernel
-    is asked to read ahead of it."""
-    window, window_start = b"", 0
-    advised = 0  # the kernel was asked to read the tar up to here
-    read_size = WALK_READ
+    sample's small members and the next header, and the kernel is asked to read ahead of it. Once
+    a read waits WALK_WAITED_S (a mount, a cold disk), the rest of the tar is read in consecutive
+    windows, several in flight at once (`WindowsAhead`)."""
 
-    def read(offset: int, size: int) -> bytes:
-        nonlocal window, window_start, advised, read_size
-        at = offset - window_start
-        if at < 0 or at + size > len(window):
-            if offset + size > advised - WALK_AHEAD // 2 and advised < end and hasattr(os, "posix_fadvise"):
-                start = max(advised, offset)
-                advised = offset + size + WALK_AHEAD
-                os.posix_fadvise(fd, start, advised - start, os.POSIX_FADV_WILLNEED)
-            started = time.perf_counter()
-            window, window_start, at = os.pread(fd, max(size, read_size), offset), offset, 0
-            if time.perf_counter() - started >= WALK_WAITED_S:
-                read_size = WALK_READ_WAITED  # a round trip per read (a mount, a cold disk): fewer, larger
-        return window[at:at + size]
+    def __init__(self, fd: int, end: int) -> None:
+        self._fd, self._end = fd, end
+        self._window, self._window_start = b"", 0
+        self._advised = 0  # the kernel was asked to read the tar up to here
+        self._ahead: WindowsAhead | None = None
 
-    return read
+    def read(self, offset: int, size: int) -> bytes:
+        if self._ahead is not None:
+            return self._ahead.read(offset, size)
+        at = offset - self._window_start
+        if 0 <= at and at + size <= len(self._window):
+            return self._window[at:at + size]
+        if offset + size > self._advised - WALK_AHEAD // 2 and self._advised < self._end \
+                and hasattr(os, "posix_fadvise"):
+            start = max(self._advised, offset)
+            self._advised = offset + size + WALK_AHEAD
+            os.posix_fadvise(self._fd, start, self._advised - start, os.POSIX_FADV_WILLNEED)
+        started = time.perf_counter()
+        self._window, self._window_start = os.pread(self._fd, max(size, WALK_READ), offset), offset
+        if read_waited(started, self._fd, offset + len(self._window)):  # a round trip per read: many, large, at once
+            self._ahead = WindowsAhead(self._fd, offset + size, self._end)
+        return self._window[:size]
+
+    def close(self) -> None:
+        if self._ahead is not None:
+            self._ahead.close()
+
+
+class WindowsAhead:
+    """The tar from `start` to `end` in consecutive windows of WALK_READ_WAITED bytes, read on
+    WINDOWS_AHEAD threads, as many windows ahead of the one the walk is in; read from a duplicate
+    of the descriptor, so one still in flight when the walk ends never reads a file that took the
+    walk's number. Reads must come in file order (a walk's do)."""
+
+    def __init__(self, fd: int, start: int, end: int) -> None:
+        self._fd = os.dup(fd)
+        self._start, self._end = start, end
+        self._windows: dict[int, Future[bytes]] = {}  # window number -> its bytes
+        self._next = 0  # the first window not yet asked for
+        self._pool = ThreadPoolExecutor(WINDOWS_AHEAD, thread_name_prefix="pack-tar-ahead")
+
+    def read(self, offset: int, size: int) -> bytes:
+        """Bytes `offset`..`offset + size` (fewer at the end of the tar), from one window or more."""
+        pieces = []
+        while size > 0 and offset < self._end:
+            number, at = divmod(offset - self._start, WALK_READ_WAITED)
+            piece = self._take(number)[at:at + size]
+            if not piece:  # the file shrank while read
+                break
+            pieces.append(piece)
+            offset, size = offset + len(piece), size - len(piece)
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    def _take(self, number: int) -> bytes:
+        """Window `number`, waited for; those before it dropped, those after asked for."""
+        for old in [window for window in self._windows if window < number]:
+            del self._windows[old]
+        self._next = max(self._next, number)
+        while self._next <= number + WINDOWS_AHEAD and self._start + self._next * WALK_READ_WAITED < self._end:
+            self._windows[self._next] = self._pool.submit(
+                os.pread, self._fd, WALK_READ_WAITED, self._start + self._next * WALK_READ_WAITED)
+            self._next += 1
+        return self._windows[number].result()
+
+    def close(self) -> None:
+        """Drop the windows not yet read, wait for those in flight, close the duplicate."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._windows.clear()
+        os.close(self._fd)
 
 
 def read_members(read: Callable[[int, int], bytes | memoryview], start: int, end: int, *,

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator, Sequence, TypeVar
@@ -37,9 +39,15 @@ from .layouts.wds import (
     parse_index_header,
 )
 from .manifest import DatasetError, FileInfo
+from . import tar as tar_format
 from .tar import BLOCK, TarError, padding, parse_header, split_name, walk_samples
 
 T = TypeVar("T")
+
+SAMPLE_READS_IN_FLIGHT = 8
+"""A batch's sample reads a worker keeps in flight on threads once one of a shard's reads waited
+(`readers.tar.read_waited`: a mount, a cold disk), rather than one after another (on a mount,
+posix_fadvise does not read ahead: each sample was a round trip in turn)."""
 
 
 class OffsetIndex:
@@ -97,6 +105,9 @@ class TarShard:
     fd: int = -1  # the tar's
     size: int = 0  # the tar's: no index row may point past it
     ahead: dict[int, tuple[int, ...]] = field(default_factory=dict)  # index rows read by `_will_read`
+    reads: dict[int, Future[bytes]] = field(default_factory=dict)  # samples announced, read on threads
+    reads_wait: bool = False  # one of its reads waited: announced samples are read on threads
+    pool: ThreadPoolExecutor | None = None
 
     def __post_init__(self) -> None:
         self.fd = self.file.fileno()
@@ -106,9 +117,51 @@ class TarShard:
         row = self.ahead.pop(local, None)
         return self.index[local] if row is None else row
 
+    def read_ahead(self) -> None:
+        """The announced samples not read yet, read on threads (spans checked first, as the reads
+        themselves check them: a damaged row is left to its own read, which says why)."""
+        if self.pool is None:
+            self.pool = ThreadPoolExecutor(SAMPLE_READS_IN_FLIGHT, thread_name_prefix="pack-tar-sample")
+        for local, row in sorted(self.ahead.items(), key=lambda item: item[1][0]):
+            if local not in self.reads:
+                try:
+                    offset, length = sample_span(row, self.size)
+                except TarError:
+                    continue
+                self.reads[local] = self.pool.submit(os.pread, self.fd, length, offset)
+
+    def read_sample(self, local: int, offset: int, length: int) -> bytes:
+        """The bytes of sample `local` (`sample_span`): read on a thread if it was announced after a
+        read waited, else read now; a read that waits makes the announced ones go to threads."""
+        pending = self.reads.pop(local, None)
+        if pending is not None:
+            return pending.result()
+        started = time.perf_counter()
+        data = os.pread(self.fd, length, offset)
+        if not self.reads_wait and tar_format.read_waited(started, self.fd, offset + length):
+            self.reads_wait = True
+            self.read_ahead()
+        return data
+
     def close(self) -> None:
+        if self.pool is not None:  # reads in flight finish before their descriptor closes
+            self.pool.shutdown(wait=True, cancel_futures=True)
+        self.reads.clear()
         self.index.close()
         self.file.close()
+
+
+def sample_span(row: tuple[int, ...], tar_size: int) -> tuple[int, int]:
+    """(offset, length) of the one read of a sample of the index `row` (untrusted): from its image's
+    header to the end of its meta, checked to lie in order inside the tar of `tar_size` bytes."""
+    image_offset, image_size, json_offset, json_size = row[:INDEX_COLUMNS]
+    start = image_offset + image_size + padding(image_size)  # of the members after the image
+    end = json_offset + json_size
+    if image_size < 0 or json_size < 0 or image_offset < BLOCK or json_offset < start + BLOCK:
+        raise TarError("damaged tar index")
+    if end > tar_size:
+        raise TarError(f"tar shard is truncated (the sample ends at byte {end}, the tar has {tar_size})")
+    return image_offset - BLOCK, end - image_offset + BLOCK
 
 
 def member_extension(header: memoryview, prefix: bytes, size: int) -> str | None:
@@ -180,7 +233,13 @@ class WdsDataset(PackedDataset):
         """posix_fadvise(WILLNEED) on each sample's bytes, in file order: the kernel reads them all
         at once while the samples are taken one by one."""
         handle: TarShard = self.handle(shard)
+        for pending in handle.reads.values():  # announced and never read (a sample that failed)
+            pending.cancel()
+        handle.reads.clear()
         handle.ahead = handle.index.take(locals_.tolist())  # rows kept for the reads
+        if handle.reads_wait:
+            handle.read_ahead()
+            return
         spans = []
         for image_offset, _, json_offset, json_size, *_ in handle.ahead.values():
             spans.append((image_offset - BLOCK, json_offset + json_size - image_offset + BLOCK))
@@ -197,11 +256,7 @@ class WdsDataset(PackedDataset):
         image_offset, image_size, json_offset, json_size = row[:INDEX_COLUMNS]
         start = image_offset + image_size + padding(image_size)  # of the members after the image
         end = json_offset + json_size
-        if image_size < 0 or json_size < 0 or image_offset < BLOCK or json_offset < start + BLOCK:
-            raise TarError("damaged tar index")
-        if end > handle.size:
-            raise TarError(f"tar shard is truncated (the sample ends at byte {end}, the tar has {handle.size})")
-        sample = memoryview(os.pread(handle.fd, end - image_offset + BLOCK, image_offset - BLOCK))
+        sample = memoryview(handle.read_sample(local, *sample_span(row, handle.size)))
         if len(sample) != end - image_offset + BLOCK:
             raise TarError("tar shard is truncated")
         image_header, image = sample[:BLOCK], sample[BLOCK:BLOCK + image_size]

@@ -274,7 +274,7 @@ def counted_preads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def test_streaming_a_wds_shard_reads_it_in_large_reads(packed_as: Callable, monkeypatch: pytest.MonkeyPatch) -> None:
     """In place on a mount, every pread is a round trip: once a read has waited, the walk reads
     headers and images together, one pread per MiB, not one per header and one per image."""
-    monkeypatch.setattr(readers.tar, "WALK_WAITED_S", 0.0)  # every read waits, as on a mount
+    monkeypatch.setattr(readers.tar, "read_waited", lambda *_: True)  # every read waits, as on a mount
     out = packed_as("wds")[0]
     ds = readers.open_dataset(out, decode="bytes", fields=FIELDS)
     reads = counted_preads(monkeypatch)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import shutil
 import tarfile
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable
@@ -60,6 +62,9 @@ def test_canonical_header_reads_what_encode_header_writes_and_nothing_else(name:
         changed(136, b"%011o\0" % 1),  # an mtime
         changed(len(name) + 1, b"x"),  # a byte after the name's NUL
         changed(124, b"+" + b"%010o\0" % min(size, 8**10 - 1)),  # int() reads it; no tar writer writes it
+        changed(124, b"00000000009\0"),  # not octal
+        changed(124, b" 0000000001\0"),  # int() reads it too
+        changed(124, b"000000000010"),  # no NUL after the 11 digits
         bytes(512),  # the end of the archive
     ]
     for other in others:
@@ -275,6 +280,97 @@ def test_one_walk_reads_a_shard_whole_or_leaves_its_images_for_later(tmp_path: P
         with open(tar, "rb") as file, pytest.raises(TarError, match=r"^tar shard is truncated in 'a/k1.jpg' "
                                                                      r"\(10240 bytes, 988 left\)$"):
             list(walk_samples(file.fileno(), small, eager=eager_walk))
+
+def test_a_walk_whose_reads_wait_keeps_several_in_flight(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a mount a large pread is answered in 128 KB requests one after another: once a read of
+    the walk has waited, its large reads go out several at once (two here must meet, which one
+    read at a time never did), and the walk finds the same samples."""
+    members = [(f"a/k{n:03d}.{extension}".encode(), data) for n in range(40)
+               for extension, data in (("jpg", bytes([n]) * 3000), ("cls", str(n).encode()), ("json", b"{}"))]
+    tar = tmp_path / "shard.tar"
+    tar.write_bytes(b"".join(encode_member(name, value) for name, value in members) + bytes(1024))
+    small = {"cls", "json"}
+    with open(tar, "rb") as file:
+        eager = list(walk_samples(file.fileno(), small, eager=True))
+    monkeypatch.setattr(readers.tar, "read_waited", lambda *_: True)  # every read waits, as on a mount
+    monkeypatch.setattr(readers.tar, "WALK_READ_WAITED", 8192)
+    meeting = threading.Barrier(2, timeout=10)
+    large_reads: list[int] = []
+    pread = os.pread
+
+    def meeting_pread(fd: int, size: int, offset: int) -> bytes:
+        if size == 8192:
+            large_reads.append(offset)
+            if len(large_reads) <= 2:
+                meeting.wait()  # the first two large reads return only once both are in flight
+        return pread(fd, size, offset)
+
+    monkeypatch.setattr(readers.tar.os, "pread", meeting_pread)
+    with open(tar, "rb") as file:
+        deferred = list(walk_samples(file.fileno(), small, eager=False))
+    assert [key for key, _ in deferred] == [key for key, _ in eager] == [f"a/k{n:03d}" for n in range(40)]
+    for (_, whole), (_, parts) in zip(eager, deferred):
+        assert parts["cls"] == whole["cls"] and parts["json"] == b"{}"
+        offset, size = parts["jpg"]
+        assert tar.read_bytes()[offset:offset + size] == whole["jpg"]
+    assert sorted(large_reads) == list(range(large_reads[0], tar.stat().st_size, 8192))  # each window read once
+    descriptors = len(os.listdir("/proc/self/fd"))
+    with open(tar, "rb") as file:
+        walk = walk_samples(file.fileno(), small, eager=False)
+        assert [key for _, (key, _) in zip(range(3), walk)] == ["a/k000", "a/k001", "a/k002"]
+        walk.close()  # ended early: its reads ahead waited for, their descriptor closed
+    assert len(os.listdir("/proc/self/fd")) == descriptors
+
+
+def test_a_slow_read_of_cached_bytes_is_not_a_wait(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a busy DataLoader worker a pread of cached bytes often takes 0.1 ms for want of the GIL:
+    where the page cache holds the bytes after it (RWF_NOWAIT says so), the walk keeps its 4 KB
+    reads; a warm epoch's walks went to 1 MiB reads, each image copied twice."""
+    members = [(f"a/k{n:03d}.{extension}".encode(), data) for n in range(40)
+               for extension, data in (("jpg", bytes([n]) * 3000), ("cls", str(n).encode()), ("json", b"{}"))]
+    tar = tmp_path / "shard.tar"
+    tar.write_bytes(b"".join(encode_member(name, value) for name, value in members) + bytes(1024))  # cached
+    monkeypatch.setattr(readers.tar, "WALK_WAITED_S", 0.0)  # every read takes that long
+    sizes: list[int] = []
+    pread = os.pread
+
+    def counted(fd: int, size: int, offset: int) -> bytes:
+        sizes.append(size)
+        return pread(fd, size, offset)
+
+    monkeypatch.setattr(readers.tar.os, "pread", counted)
+    with open(tar, "rb") as file:
+        assert len(list(walk_samples(file.fileno(), {"cls", "json"}, eager=False))) == 40
+    assert set(sizes) == {WALK_READ}
+
+
+def test_a_batchs_samples_whose_reads_wait_are_read_several_at_once(
+        packed_as: Callable[[str], tuple[Path, dict[str, bytes]]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Map-style on a mount each sample's pread is a round trip: once one has waited, the rest of
+    the batch's samples of that shard are read on threads (two must meet, which one read at a time
+    never did); the same samples come out."""
+    out, _ = packed_as("wds")
+    local = readers.open_dataset(out, decode="bytes")
+    expected = [local[i] for i in range(4)]
+    monkeypatch.setattr(readers.tar, "read_waited", lambda *_: True)  # every read waits, as on a mount
+    ds = readers.open_dataset(out, decode="bytes")
+    ds.handle(0)  # its index read
+    meeting = threading.Barrier(2, timeout=10)
+    sample_reads: list[int] = []
+    pread = os.pread
+
+    def meeting_pread(fd: int, size: int, offset: int) -> bytes:
+        if size > 512:  # a sample's (an index row is 32 bytes)
+            sample_reads.append(offset)
+            if len(sample_reads) in (2, 3):
+                meeting.wait()
+        return pread(fd, size, offset)
+
+    monkeypatch.setattr(readers.wds.os, "pread", meeting_pread)
+    assert ds.__getitems__([0, 1, 2, 3]) == expected
+    assert len(sample_reads) == 4  # one each
+    ds.close()
+
 
 def test_a_streamed_image_that_does_not_match_its_checksum_is_that_samples_error(
         wds_copy: tuple[Path, dict[str, bytes]]) -> None:
