@@ -173,8 +173,10 @@ class RemoteStore(UrlFilesystem):
         return f"{self.url}/{plain_name(name)}"
 
     def manifest(self) -> Manifest:
-        """index.json, checked; MissingFile where the store has none."""
-        fs, base = self.filesystem()
+        """index.json, checked; MissingFile where the store has none. Read with the store's own
+        options, its back end's checksum included (`without_crc32_pass` drops it for the files
+        the cache checks against index.json's sha256: index.json itself has none)."""
+        fs, base = UrlFilesystem(self.url, self.storage_options).filesystem()
         text = self._retry(self.url_of(MANIFEST_NAME), lambda: fs.cat_file(f"{base}/{MANIFEST_NAME}"))
         return parse_manifest(text, self.url_of(MANIFEST_NAME))
 
