@@ -222,9 +222,13 @@ def test_a_container_on_a_mount_where_each_read_waits_is_read_in_large_reads(
     """On a network mount the kernel reads ahead ~128 KB of a small read, so the scan's header
     reads and the packing's sample reads wait a round trip every few samples, one after another.
     Once reads wait, both go through 1 MiB blocks, several in flight: the reads that start with
-    none in flight (round trips in sequence) are at most one per 20 samples (157-182 of these
-    4,000 on a quiet machine with 1 MiB blocks, at most 128 for a shard's inputs; 57-87 with
-    2 MiB blocks, 64 kept per input file), and the shards are the same bytes as packed from local disk."""
+    none in flight (round trips in sequence) are at most one per 12 samples, where reading in
+    line made one per 5-10, and the shards are the same bytes as packed from local disk. A 1 MiB
+    block is 8 FUSE reads of 128 KB, sent one after another: a scan faster than the mount keeps
+    several blocks in flight, one slower (a busy machine) finds those ahead already read, and each
+    next block is then read ahead alone (not waited for, but counted here): 157-182 of these 4,000
+    on a quiet machine, 140-148 of them the scan's (57-87 with 2 MiB blocks, 64 kept per input
+    file: memory without bound, `packer.sources.ranges`)."""
     root, samples = containers
     report = tmp_path / "calls.json"
     with mounted(root / kind, latency_ms=0.5, report=report) as mount:
@@ -236,4 +240,4 @@ def test_a_container_on_a_mount_where_each_read_waits_is_read_in_large_reads(
     dataset = readers.open_dataset(tmp_path / "net", decode="bytes", fields=("image", "label"))
     assert sorted(dataset[index] for index in range(len(dataset))) == sorted(samples)  # in pack's order
     served = json.loads(report.read_text())
-    assert served["alone"]["read"] * 20 <= CONTAINER_SAMPLES, served  # main: 766 (tar), 380 (rec), 391 (tfrecord)
+    assert served["alone"]["read"] * 12 <= CONTAINER_SAMPLES, served  # in line: 766 (tar), 380 (rec), 391 (tfrecord)
