@@ -81,11 +81,18 @@ def test_sigkill_then_rerun_matches_clean_run(big_folder: tuple[Path, Path], tmp
     assert not (out / ".pack" / "tmp").exists() or not os.listdir(out / ".pack" / "tmp")
 
 
+CTRL_C_AS_IN_A_TERMINAL = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                           "os.execv(sys.argv[1], sys.argv[1:])"]
+"""Runs a command with Ctrl-C's default action, as a terminal starts it: a test session started in
+the background of a shell (`pytest ... &`) ignores SIGINT, and so would the pack it starts."""
+
+
 def test_ctrl_c_stops_with_message_and_resumes(big_folder: tuple[Path, Path], tmp_path: Path) -> None:
     src, reference = big_folder
     out = tmp_path / "out"
     command = [*PACK, "lmdb", str(src), str(out), "--shard-size", "20", "-q", "--workers", "2"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen([*CTRL_C_AS_IN_A_TERMINAL, *command], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
     workers = stop_workers_as_they_start(process, 2)
     try:
         signal_all(workers, signal.SIGCONT)
