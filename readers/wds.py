@@ -117,17 +117,23 @@ class TarShard:
         row = self.ahead.pop(local, None)
         return self.index[local] if row is None else row
 
+    def announced_spans(self) -> list[tuple[int, int, int]]:
+        """(offset, length, local) of each announced sample, in file order, its span checked as its
+        read checks it: a damaged row is left to its own read, which says why."""
+        spans = []
+        for local, row in self.ahead.items():
+            try:
+                spans.append((*sample_span(row, self.size), local))
+            except TarError:
+                continue
+        return sorted(spans)
+
     def read_ahead(self) -> None:
-        """The announced samples not read yet, read on threads (spans checked first, as the reads
-        themselves check them: a damaged row is left to its own read, which says why)."""
+        """The announced samples not read yet, read on threads."""
         if self.pool is None:
             self.pool = ThreadPoolExecutor(SAMPLE_READS_IN_FLIGHT, thread_name_prefix="pack-tar-sample")
-        for local, row in sorted(self.ahead.items(), key=lambda item: item[1][0]):
+        for offset, length, local in self.announced_spans():
             if local not in self.reads:
-                try:
-                    offset, length = sample_span(row, self.size)
-                except TarError:
-                    continue
                 self.reads[local] = self.pool.submit(os.pread, self.fd, length, offset)
 
     def read_sample(self, local: int, offset: int, length: int) -> bytes:
@@ -240,11 +246,8 @@ class WdsDataset(PackedDataset):
         if handle.reads_wait:
             handle.read_ahead()
             return
-        spans = []
-        for image_offset, _, json_offset, json_size, *_ in handle.ahead.values():
-            spans.append((image_offset - BLOCK, json_offset + json_size - image_offset + BLOCK))
-        for start, length in sorted(spans):
-            os.posix_fadvise(handle.fd, start, length, os.POSIX_FADV_WILLNEED)
+        for offset, length, _ in handle.announced_spans():
+            os.posix_fadvise(handle.fd, offset, length, os.POSIX_FADV_WILLNEED)
 
     def _pread_sample(self, handle: TarShard, local: int, key: str) -> Record:
         """One pread from the image's header to the end of the meta (the image, then the label and
