@@ -49,10 +49,6 @@ COPY_THREADS = 4
 """Reads of one shard in flight at once while it is copied: at 1 ms per round trip, 4 x 1 MiB
 bring ~100-300 MB/s; through latencyfs, 8 shards of 16 MiB copied two at a time took as long as
 one at a time (the server's CPU is the limit), so more in flight would only take the link."""
-COPY_POLL_S = 0.002
-"""How often a reader looks whether the copy it waits for (another's) has landed."""
-COPY_WAIT_S = 2.0
-"""How long a reader looks that often; a longer copy is waited for as the cache waits for one."""
 
 _OCTAL = re.compile(r"\\([0-7]{3})")
 
@@ -248,18 +244,9 @@ class MountFiles:
                 self._copy_ahead()  # beside this copy, not after it
             if not self.cache.has(file):
                 self.local.check_unchanged(file.name, self.local.path(file))
-                self._wait_for_copy(file)
             lease = self.cache.lease(file, self.store, make_room=make_room, ahead=ahead)
         self._where[file.name] = lease.path
         return lease
-
-    def _wait_for_copy(self, file: CachedFile) -> None:
-        """While another thread or process copies `file`, wait for it in COPY_POLL_S steps, for up
-        to COPY_WAIT_S: the cache's own wait polls every ROOM_POLL_S (50 ms), much of a first batch.
-        A longer copy is left to the cache's wait, which tells a dead copier from a slow one."""
-        until = time.monotonic() + COPY_WAIT_S
-        while self.cache.downloading(file) and not self.cache.has(file) and time.monotonic() < until:
-            time.sleep(COPY_POLL_S)
 
     def _copy_ahead(self) -> None:
         """Start this process's thread that copies the shards not in the cache yet, unless it runs."""

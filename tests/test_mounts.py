@@ -414,7 +414,8 @@ def hold_copies_ahead(monkeypatch: pytest.MonkeyPatch, release: threading.Event,
 def test_a_reader_takes_a_copy_another_thread_makes_once_it_lands(packed_as: Callable, tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """A shard the thread ahead (or another worker) is copying is waited for, not copied twice, and
-    taken as soon as it lands: the cache's own wait looks every ROOM_POLL_S, here a minute."""
+    taken as soon as it lands: the cache looks every LANDING_POLL_S while a download is under way,
+    not every ROOM_POLL_S, here a minute."""
     monkeypatch.setattr(readers.cache, "ROOM_POLL_S", 60.0)
     out = packed_as("lmdb")[0]
     local = readers.open_dataset(out, decode="bytes", fields=FIELDS)
