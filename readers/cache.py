@@ -373,14 +373,15 @@ class ShardCache:
             if get is not None:
                 return get
             parts = self._part_sizes(file)
-            if not parts and make_room is not None:
+            landed = not parts and self._present(self.object_path(file), file)  # its lock not dropped yet
+            if not parts and not landed and make_room is not None:
                 make_room()
             if parts and max(parts) != progress:
                 progress = max(parts)
                 deadline = time.monotonic() + self.room_timeout
             self._check_wait(parent, deadline, f"another process's download of {file.name}"
-                             + ("" if parts else ", which waits for room"))
-            time.sleep(LANDING_POLL_S if parts and time.monotonic() < landing_until else ROOM_POLL_S)
+                             + ("" if parts or landed else ", which waits for room"))
+            time.sleep(LANDING_POLL_S if (parts or landed) and time.monotonic() < landing_until else ROOM_POLL_S)
 
     def _part_sizes(self, file: CachedFile) -> list[int]:
         """The bytes so far of each download of `file` under way (one, or a dead one's until removed)."""

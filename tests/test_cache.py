@@ -416,3 +416,33 @@ def test_a_wait_for_another_download_ends_in_one_line(serve: Callable[[str], str
         f"{tmp_path}: waited 0 s for another process's download of {shards[1].name}, which waits for room; "
         f"cache_limit {readers.cache.format_size(cache.limit)}, files held by readers: 1 "
         f"({readers.cache.format_size(shards[0].bytes)}), not held: 0 (0 bytes), downloads under way: 0")
+
+
+def test_a_download_published_but_not_yet_unlocked_is_taken_at_once(serve: Callable[[str], str], tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A downloader renames its part into place, then drops its lock: a reader looking in between
+    saw the lock held and no part, took it for a download waiting for room, and slept ROOM_POLL_S
+    (here a minute; a test of two copy threads failed so). It looks again every LANDING_POLL_S."""
+    monkeypatch.setattr(readers.cache, "ROOM_POLL_S", 60.0)
+    url = serve("lmdb")
+    store, shards = store_and_shards(url)
+    elsewhere = ShardCache(tmp_path / "elsewhere")
+    with elsewhere.lease(shards[0], store) as copy:
+        data = copy.read_bytes()
+    cache = ShardCache(tmp_path / "cache")
+    holder = _lock(cache.root / "locks" / f"{shards[0].sha256}.get", exclusive=True)  # another's download
+    assert holder is not None
+    part = cache.root / "tmp" / f"{shards[0].sha256}.{shards[0].bytes}.1.0.part"
+    part.parent.mkdir(parents=True, exist_ok=True)
+    part.write_bytes(data[:100])
+    taken: list[Path] = []
+    reader = threading.Thread(target=lambda: taken.append(cache.lease(shards[0], store).path))
+    reader.start()
+    reader.join(0.2)
+    assert taken == []  # waits for the download under way
+    cache.object_path(shards[0]).write_bytes(data)  # published...
+    part.unlink()
+    time.sleep(0.2)  # ...and the reader looks before the downloader drops its lock
+    _unlock(holder)
+    reader.join(30)
+    assert taken == [cache.object_path(shards[0])]
