@@ -3,13 +3,15 @@
 A shard `shard-NNNNNN.tar` holds three ustar members per sample, and one more per present field
 (layout in readers/layouts/wds.py). Beside it, `shard-NNNNNN.packidx` gives the byte offset and
 size of each sample's image, meta and field data, so `WdsDataset[i]` costs a few `pread`s.
-`iter(dataset)`, `dataset.stream()` and `make_loader(..., streaming=True)` read the tars front to
-back instead and need no index.
+`iter(dataset)` reads the tars front to back and needs no index; `dataset.stream()` and
+`make_loader(..., streaming=True)` read each tar front to back too, through its index where the
+tar is read in place from a local folder (`WdsDataset.stream_records`), else by walking its headers.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -39,11 +41,16 @@ from .layouts.wds import (
     parse_index_header,
 )
 from .manifest import DatasetError, FileInfo
+from .remote import LocalFiles
 from . import tar as tar_format
 from .tar import BLOCK, TarError, padding, parse_header, split_name, walk_samples
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
+ROWS_PER_READ = 256
+"""Index rows a streamed run reads at a time (~8 MB of a tar of 33 KB samples), the kernel asked
+to read ahead the tar bytes they cover (`WdsDataset.stream_records`)."""
 SAMPLE_READS_IN_FLIGHT = 8
 """A batch's sample reads a worker keeps in flight on threads once one of a shard's reads waited
 (`readers.tar.read_waited`: a mount, a cold disk), rather than one after another (on a mount,
@@ -91,6 +98,14 @@ class OffsetIndex:
         if len(data) != (stop - first) * size:
             raise TarError("tar index is truncated")
         return {local: self.row.unpack_from(data, (local - first) * size) for local in locals_}
+
+    def rows(self, start: int, stop: int) -> list[tuple[int, ...]]:
+        """Rows `start`..`stop`-1 in one pread (a streamed run's, at most ROWS_PER_READ of them)."""
+        size = self.row.size
+        data = os.pread(self.fd, (stop - start) * size, INDEX_HEADER.size + start * size)
+        if len(data) != (stop - start) * size:
+            raise TarError("tar index is truncated")
+        return list(self.row.iter_unpack(data))
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -256,10 +271,15 @@ class WdsDataset(PackedDataset):
         untrusted: nothing is read outside the tar, so a lying row can never cost more than the
         tar's size."""
         row = handle.row(local)
+        return self.sample_record(row, handle.read_sample(local, *sample_span(row, handle.size)), key)
+
+    def sample_record(self, row: tuple[int, ...], span: bytes, key: str) -> Record:
+        """The record of the sample of index `row` and key `key` from `span`, the bytes of its
+        `sample_span`, each member used checked against the row (`_pread_sample`)."""
         image_offset, image_size, json_offset, json_size = row[:INDEX_COLUMNS]
         start = image_offset + image_size + padding(image_size)  # of the members after the image
         end = json_offset + json_size
-        sample = memoryview(handle.read_sample(local, *sample_span(row, handle.size)))
+        sample = memoryview(span)
         if len(sample) != end - image_offset + BLOCK:
             raise TarError("tar shard is truncated")
         image_header, image = sample[:BLOCK], sample[BLOCK:BLOCK + image_size]
@@ -326,13 +346,20 @@ class WdsDataset(PackedDataset):
                 os.close(fd)
 
     def stream_records(self, shard: int, start: int, stop: int) -> Iterator[tuple[int, DeferredRecord]]:
-        """`read_records` for the streaming loader, each image read when its sample is handed out
-        (`StreamedSample`): the walk reads headers and small members only, so a streaming worker's
-        first batch reads ~1,100 headers and 64 images, where it read ~1,100 samples whole."""
+        """`read_records` for the streaming loader, each sample read when it is handed out: through
+        the shard's index where it has one to read in place (`IndexedSample`: one pread of the
+        sample, its members checked against the row as `ds[i]` checks them, no tar header walked),
+        else by walking the tar's headers and small members (`StreamedSample`: the image read when
+        handed out). Either way a streaming worker's first batch reads ~1,100 index rows or headers
+        and 64 samples, not ~1,100 samples whole."""
         info = self.manifest.shards[shard]
         with self.files.lease(info, sequential=True) as path:
+            index = self._stream_index(shard)
             tar = StreamedTar(open_tar(path), path)
             try:
+                if index is not None:
+                    yield from self._indexed_records(index, tar, shard, start, stop)
+                    return
                 walk = tar_samples(tar.fd, self._meta_extension, self.manifest.fields, self.wanted, eager=False)
                 for count, (meta, extension, image, stored) in numbered(walk, path, info.num_samples, start, stop):
                     yield count, StreamedSample(self, tar, shard, count, meta, (extension, *image), stored)
@@ -341,7 +368,38 @@ class WdsDataset(PackedDataset):
             except OSError as exc:  # read in place (a mount: EIO, ESTALE)
                 raise DatasetError(f"{path}: read failed ({exc.strerror or exc})") from None
             finally:
+                if index is not None:
+                    index.close()
                 tar.close()
+
+    def _stream_index(self, shard: int) -> OffsetIndex | None:
+        """The shard's index for streaming, where the tar is read in place from a local folder and the
+        index opens as pack wrote it; None where the tar is walked instead: a URL's or a mount's
+        (streamed from the tar alone, as downloaded or read in large reads), or an index missing,
+        damaged, or overwritten (a version 1 `.idx` DALI's wds2idx wrote over)."""
+        if type(self.files) is not LocalFiles:
+            return None
+        try:
+            info = self.index_file(shard)
+            with self.files.lease(info) as path:
+                return OffsetIndex(str(path), self.manifest.shards[shard].num_samples, len(self.manifest.fields))
+        except (DatasetError, OSError) as exc:
+            log.debug("%s: streamed by walking its tar (%s)", self.shard_path(shard), exc)
+            return None
+
+    def _indexed_records(self, index: OffsetIndex, tar: StreamedTar, shard: int, start: int, stop: int
+                         ) -> Iterator[tuple[int, DeferredRecord]]:
+        """Samples `start`..`stop`-1 as `IndexedSample`s, their rows read ROWS_PER_READ at a time and
+        the kernel asked to read ahead the tar bytes those rows cover (clamped to the tar: the rows
+        are untrusted, and each sample's read checks its own)."""
+        tar.size = os.fstat(tar.fd).st_size
+        for first in range(start, stop, ROWS_PER_READ):
+            rows = index.rows(first, min(first + ROWS_PER_READ, stop))
+            low, high = max(rows[0][0] - BLOCK, 0), min(rows[-1][2] + rows[-1][3], tar.size)
+            if high > low and hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(tar.fd, low, high - low, os.POSIX_FADV_WILLNEED)
+            for local, row in enumerate(rows, first):
+                yield local, IndexedSample(self, tar, shard, local, row)
 
     def _parse_fields(self, shard: int, local: int, stored: dict[str, bytes | None]) -> Fields:
         """The wanted fields' values from their members' bytes; a damaged one is a DatasetError."""
@@ -412,49 +470,90 @@ class StreamedTar:
     def __init__(self, fd: int, path: Path) -> None:
         self.fd = fd
         self.path = path
+        self.size = 0  # read through the index: no row may point past it
+        self._walked: list[StreamedSample] | DatasetError | None = None  # `walked`'s, once walked
+
+    def walked(self, dataset: WdsDataset, shard: int, local: int) -> Record | DatasetError:
+        """Sample `local` as a walk of the tar's headers gives it, or the damage the walk finds (the
+        error a front-to-back read gives): asked when a sample read through the index does not
+        match its tar, so the tar, not its index, says what a sample holds. Walked once per tar,
+        its samples' small members kept (the error path only)."""
+        if self._walked is None:
+            expected = dataset.manifest.shards[shard].num_samples
+            try:
+                walk = tar_samples(self.fd, dataset._meta_extension, dataset.manifest.fields, dataset.wanted,
+                                   eager=False)
+                self._walked = [StreamedSample(dataset, self, shard, count, meta, (extension, *image), stored)
+                                for count, (meta, extension, image, stored) in numbered(walk, self.path, expected, 0,
+                                                                                       expected)]
+            except TarError as exc:
+                self._walked = DatasetError(f"{self.path}: {exc}")
+            except DatasetError as exc:
+                self._walked = exc
+            except OSError as exc:  # read in place
+                self._walked = DatasetError(f"{self.path}: read failed ({exc.strerror or exc})")
+        return self._walked if isinstance(self._walked, DatasetError) else self._walked[local]._read_once()
 
     def close(self) -> None:
+        self._walked = None
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
 
 
-class StreamedSample(DeferredRecord):
-    """A streamed sample whose meta and fields are read and whose image is not yet: one pread when
-    it is handed out, then the same checks as `read_records` (meta, CRC-32, fields)."""
+class TarSample(DeferredRecord):
+    """A sample of a tar open for `WdsDataset.stream_records`, read once: when it is handed out
+    (`load`), or before its tar is closed (`settle`); a format's `_read` says how."""
 
-    __slots__ = ("_dataset", "_tar", "_shard", "_local", "_meta", "_image", "_stored", "_record")
+    __slots__ = ("_dataset", "_tar", "_shard", "_local", "_unread", "_record")
 
-    def __init__(self, dataset: WdsDataset, tar: StreamedTar, shard: int, local: int, meta: dict[str, Any],
-                 image: tuple[str, int, int], stored: dict[str, bytes | None]) -> None:
+    def __init__(self, dataset: WdsDataset, tar: StreamedTar, shard: int, local: int) -> None:
         self._dataset, self._tar, self._shard, self._local = dataset, tar, shard, local
-        self._meta, self._image, self._stored = meta, image, stored
+        self._unread = True
         self._record: Record | DatasetError | None = None
 
     def load(self) -> Record:
-        record = self._record if self._record is not None else self._read()
+        record = self._record if self._record is not None else self._read_once()
         self._record = None
         if isinstance(record, DatasetError):
             raise record
         return record
 
     def settle(self) -> None:
-        if self._record is None and self._meta is not None:
-            self._record = self._read()
+        if self._record is None and self._unread:
+            self._record = self._read_once()
+
+    def _read_once(self) -> Record | DatasetError:
+        tar, unread, self._unread = self._tar, self._unread, False  # `settle` after `load` has nothing left to do
+        if not unread or tar.fd < 0:
+            return DatasetError(f"{tar.path}: sample {self._local}: read twice, or after its shard was closed")
+        return self._read()
 
     def _read(self) -> Record | DatasetError:
-        meta, (extension, offset, size) = self._meta, self._image
-        self._meta = None  # read once: `settle` after `load` has nothing left to do
+        raise NotImplementedError
+
+
+class StreamedSample(TarSample):
+    """A streamed sample whose meta and fields are read and whose image is not yet: one pread when
+    it is handed out, then the same checks as `read_records` (meta, CRC-32, fields)."""
+
+    __slots__ = ("_meta", "_image", "_stored")
+
+    def __init__(self, dataset: WdsDataset, tar: StreamedTar, shard: int, local: int, meta: dict[str, Any],
+                 image: tuple[str, int, int], stored: dict[str, bytes | None]) -> None:
+        super().__init__(dataset, tar, shard, local)
+        self._meta, self._image, self._stored = meta, image, stored
+
+    def _read(self) -> Record | DatasetError:
+        meta, (extension, offset, size), stored = self._meta, self._image, self._stored
+        self._stored = {}
         tar, shard, local = self._tar, self._shard, self._local
         try:
-            if meta is None or tar.fd < 0:
-                raise TarError("read twice, or after its shard was closed")
             data = os.pread(tar.fd, size, offset)
             if len(data) != size:  # the file shrank while read
                 raise TarError("tar shard is truncated")
             payload = image_data(extension, memoryview(data))
             self._dataset.check(shard, local, meta, payload)
-            stored, self._stored = self._stored, {}
             return meta, payload, self._dataset._parse_fields(shard, local, stored)
         except TarError as exc:
             return DatasetError(f"{tar.path}: sample {local}: {exc}")
@@ -462,6 +561,36 @@ class StreamedSample(DeferredRecord):
             return exc
         except OSError as exc:  # read in place (a mount: EIO, ESTALE): the file named, as on_error decides
             return DatasetError(f"{tar.path}: sample {local}: unreadable ({exc.strerror or exc})")
+
+
+class IndexedSample(TarSample):
+    """A streamed sample of a tar read through its index: its row only, until it is handed out; then
+    one pread of the sample (`sample_span`: checked against the tar's size first), its members
+    checked against the row as `ds[i]` checks them, then the same checks as a walked sample's (meta,
+    CRC-32). Where the row does not match the tar, the sample is what a walk of the tar gives
+    (`StreamedTar.walked`): the same sample, or the same error, as streaming without the index."""
+
+    __slots__ = ("_row",)
+
+    def __init__(self, dataset: WdsDataset, tar: StreamedTar, shard: int, local: int, row: tuple[int, ...]) -> None:
+        super().__init__(dataset, tar, shard, local)
+        self._row = row
+
+    def _read(self) -> Record | DatasetError:
+        dataset, tar, shard, local, row = self._dataset, self._tar, self._shard, self._local, self._row
+        try:
+            offset, length = sample_span(row, tar.size)
+            meta, payload, fields = dataset.sample_record(row, os.pread(tar.fd, length, offset),
+                                                          dataset.manifest.sample_key(shard, local))
+        except (TarError, ValueError, RecursionError):  # the row, the meta's JSON or a field's value
+            return tar.walked(dataset, shard, local)
+        except OSError as exc:  # read in place: the file named, as on_error decides
+            return DatasetError(f"{tar.path}: sample {local}: unreadable ({exc.strerror or exc})")
+        try:
+            dataset.check(shard, local, meta, payload)
+        except DatasetError as exc:
+            return exc
+        return meta, payload, fields
 
 
 def tar_samples(fd: int, meta_extension: str, fields: Sequence[FieldSpec], wanted: Sequence[FieldSpec], *,
