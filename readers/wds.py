@@ -354,9 +354,10 @@ class WdsDataset(PackedDataset):
         and 64 samples, not ~1,100 samples whole."""
         info = self.manifest.shards[shard]
         with self.files.lease(info, sequential=True) as path:
-            index = self._stream_index(shard)
             tar = StreamedTar(open_tar(path), path)
+            index = None
             try:
+                index = self._stream_index(shard)
                 if index is not None:
                     yield from self._indexed_records(index, tar, shard, start, stop)
                     return
@@ -471,31 +472,35 @@ class StreamedTar:
         self.fd = fd
         self.path = path
         self.size = 0  # read through the index: no row may point past it
-        self._walked: list[StreamedSample] | DatasetError | None = None  # `walked`'s, once walked
+        self._walked: list[StreamedSample] | None = None  # `walked`'s samples, once walked,
+        self._walk_error: DatasetError | None = None  # and what stopped the walk before the end
 
     def walked(self, dataset: WdsDataset, shard: int, local: int) -> Record | DatasetError:
-        """Sample `local` as a walk of the tar's headers gives it, or the damage the walk finds (the
-        error a front-to-back read gives): asked when a sample read through the index does not
-        match its tar, so the tar, not its index, says what a sample holds. Walked once per tar,
-        its samples' small members kept (the error path only)."""
+        """Sample `local` as a walk of the tar's headers gives it, or the damage that stops the walk
+        before it (the error a front-to-back read gives): asked when a sample read through the index
+        does not match its tar, so the tar, not its index, says what a sample holds. Walked once
+        per tar, its samples' small members kept (the error path only)."""
         if self._walked is None:
+            self._walked = []
             expected = dataset.manifest.shards[shard].num_samples
             try:
                 walk = tar_samples(self.fd, dataset._meta_extension, dataset.manifest.fields, dataset.wanted,
                                    eager=False)
-                self._walked = [StreamedSample(dataset, self, shard, count, meta, (extension, *image), stored)
-                                for count, (meta, extension, image, stored) in numbered(walk, self.path, expected, 0,
-                                                                                       expected)]
+                for count, (meta, extension, image, stored) in numbered(walk, self.path, expected, 0, expected):
+                    self._walked.append(StreamedSample(dataset, self, shard, count, meta, (extension, *image), stored))
             except TarError as exc:
-                self._walked = DatasetError(f"{self.path}: {exc}")
+                self._walk_error = DatasetError(f"{self.path}: {exc}")
             except DatasetError as exc:
-                self._walked = exc
+                self._walk_error = exc
             except OSError as exc:  # read in place
-                self._walked = DatasetError(f"{self.path}: read failed ({exc.strerror or exc})")
-        return self._walked if isinstance(self._walked, DatasetError) else self._walked[local]._read_once()
+                self._walk_error = DatasetError(f"{self.path}: read failed ({exc.strerror or exc})")
+        if local < len(self._walked):
+            return self._walked[local]._read_once()
+        assert self._walk_error is not None  # a walk to the end holds every sample index.json counts
+        return self._walk_error
 
     def close(self) -> None:
-        self._walked = None
+        self._walked = None  # a walk's samples refer to their tar
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
@@ -503,7 +508,7 @@ class StreamedTar:
 
 class TarSample(DeferredRecord):
     """A sample of a tar open for `WdsDataset.stream_records`, read once: when it is handed out
-    (`load`), or before its tar is closed (`settle`); a format's `_read` says how."""
+    (`load`), or before its tar is closed (`settle`); the subclass's `_read` says how."""
 
     __slots__ = ("_dataset", "_tar", "_shard", "_local", "_unread", "_record")
 
