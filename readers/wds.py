@@ -357,7 +357,7 @@ class WdsDataset(PackedDataset):
             tar = StreamedTar(open_tar(path), path)
             index = None
             try:
-                index = self._stream_index(shard)
+                index = self._stream_index(shard, tar.fd)
                 if index is not None:
                     yield from self._indexed_records(index, tar, shard, start, stop)
                     return
@@ -373,14 +373,21 @@ class WdsDataset(PackedDataset):
                     index.close()
                 tar.close()
 
-    def _stream_index(self, shard: int) -> OffsetIndex | None:
-        """The shard's index for streaming, where the tar is read in place from a local folder and the
-        index opens as pack wrote it; None where the tar is walked instead: a URL's or a mount's
-        (streamed from the tar alone, as downloaded or read in large reads), or an index missing,
-        damaged, or overwritten (a version 1 `.idx` DALI's wds2idx wrote over)."""
+    def _stream_index(self, shard: int, tar_fd: int) -> OffsetIndex | None:
+        """The shard's index for streaming, where the tar is read in place from a local folder whose
+        reads do not wait, and the index opens as pack wrote it; None where the tar is walked
+        instead: a URL's or a mount's (streamed from the tar alone, as downloaded or read in large
+        reads), a tar read in place whose first read waited (`storage="local"` on a mount: a read
+        per sample there would be a round trip each, where the walk goes to 1 MiB at a time,
+        several at once), or an index missing, damaged, or overwritten (a version 1 `.idx` DALI's
+        wds2idx wrote over)."""
         if type(self.files) is not LocalFiles:
             return None
         try:
+            started = time.perf_counter()
+            os.pread(tar_fd, BLOCK, 0)  # its first header: whether this tar's reads wait
+            if tar_format.read_waited(started, tar_fd, BLOCK):
+                return None
             info = self.index_file(shard)
             with self.files.lease(info) as path:
                 return OffsetIndex(str(path), self.manifest.shards[shard].num_samples, len(self.manifest.fields))

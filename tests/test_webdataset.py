@@ -230,7 +230,8 @@ def test_a_local_tar_streams_through_its_index_and_is_walked_without_one(wds_cop
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """Streaming reads a local tar through its `.packidx` (a read per sample, no header walked) and
     gives what a front-to-back read gives; the shard whose index is gone is walked, as before, and
-    so is the one whose rows point at each other's samples, once, for the two it does not match."""
+    so is the one whose rows point at each other's samples, once, for the two it does not match,
+    and a tar whose first read waits (a round trip a sample on a mount read in place)."""
     out, _ = wds_copy
     ds = readers.open_dataset(out, decode="bytes", fields=("image", "label", "path"))
     whole = {shard: [as_values(record) for _, record in ds.read_records(shard, 0, info.num_samples)]
@@ -254,6 +255,8 @@ def test_a_local_tar_streams_through_its_index_and_is_walked_without_one(wds_cop
     assert walked == []
     assert [as_values(record) for record in streamed(ds, 2)] == whole[2] and len(walked) == 1
     assert [as_values(record) for record in streamed(ds, 1)] == whole[1] and len(walked) == 2  # walked once
+    monkeypatch.setattr(readers.tar, "read_waited", lambda *_: True)  # reads wait: storage="local" on a mount
+    assert [as_values(record) for record in streamed(ds, 3)] == whole[3] and len(walked) == 3  # in large reads
 
 
 def member_size_claims_8_gib(data: bytearray) -> None:
