@@ -242,13 +242,14 @@ def test_a_local_tar_streams_through_its_index_and_is_walked_without_one(wds_cop
     raw[16:48], raw[48:80] = raw[48:80], raw[16:48]  # the rows of samples 0 and 1 swapped: each is the other's
     index.write_bytes(bytes(raw))
     walked = []
-    tar_samples = readers.wds.tar_samples
+    tar_samples = readers.wds_samples.tar_samples
 
     def counted(fd: int, *args: object, **kwargs: object):
         walked.append(fd)
         return tar_samples(fd, *args, **kwargs)
 
-    monkeypatch.setattr(readers.wds, "tar_samples", counted)
+    monkeypatch.setattr(readers.wds, "tar_samples", counted)  # streaming's, and its samples' fallback:
+    monkeypatch.setattr(readers.wds_samples, "tar_samples", counted)
     for shard in (0, 3):
         assert [as_values(record) for record in streamed(ds, shard)] == whole[shard]
         assert [as_values(record.load()) for _, record in ds.stream_records(shard, 1, 3)] == whole[shard][1:3]
