@@ -220,6 +220,9 @@ class PackedDataset(TorchDataset):
             self._leases = {}
             self._pid = os.getpid()
         handle = self._handles.get(shard)
+        if handle is not None and self._leases[shard][0].superseded():
+            self.close_shard(shard)  # read in place while its copy was made: the copy is there now
+            handle = None
         if handle is None:
             self._leases[shard] = self._lease(shard, sequential)
             try:

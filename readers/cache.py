@@ -236,6 +236,11 @@ class Lease:
     def __exit__(self, *exc: object) -> None:
         self.release()
 
+    def superseded(self) -> bool:
+        """Whether a better place to read the file from is there now (a copy of a file leased in
+        place while it was copied): its reader then closes it and leases it again."""
+        return False
+
 
 def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
@@ -315,8 +320,9 @@ class ShardCache:
         return self._present(self.object_path(file), file)
 
     def downloading(self, file: CachedFile) -> bool:
-        """Whether a process of the node downloads `file` into the cache now."""
-        return bool(self._part_sizes(file))
+        """Whether a process of the node (this one included) downloads `file` into the cache now: holds
+        its download lock. A part file a dead downloader left does not count; the next download removes it."""
+        return _in_use(self._lock_path(file, "get"))
 
     @staticmethod
     def _present(path: Path, file: CachedFile) -> bool:

@@ -31,6 +31,10 @@ class Format:
     mapped: bool = False
     """Its dataset reads a shard file through mmap: on a network mount, only ever from a copy in
     the node cache (a server that stops answering would be a SIGBUS in the reader)."""
+    sample_in_one_read: bool = False
+    """A map-style sample is one read at an offset its shard's index gives: on a network mount it
+    is then read in place until the shard's copy lands (HDF5 in place pays round trips for its
+    metadata and columns, and waits for the copy)."""
     stream: str = ""
     """"module:Class" of what its dataset's `stream()` gives, where it has one (an IterableDataset
     in stored order, above the format in readers.streaming); named here so the format's module
@@ -47,7 +51,7 @@ FORMATS: dict[str, Format] = {
                extension=".h5", min_sample_bytes=20),  # a label, a CRC-32 and a codec name per sample
         Format("wds", "readers.layouts.wds", "packer.write.writers.wds:WdsWriter", "readers.wds:WdsDataset",
                extension=".tar", sidecars=(".packidx", ".idx"), min_sample_bytes=3 * 512,
-               aliases=("webdataset",), stream="readers.streaming:WdsStream"),
+               aliases=("webdataset",), stream="readers.streaming:WdsStream", sample_in_one_read=True),
     )
 }
 ALIASES: dict[str, str] = {alias: spec.name for spec in FORMATS.values() for alias in spec.aliases}

@@ -20,7 +20,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from itertools import islice
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 from .cache import Ahead, CachedFile, Lease, NoRoom, ShardCache
 from .manifest import DatasetChanged, DatasetError, ShardInfo, plain_name
@@ -45,6 +45,9 @@ MOUNTINFO = Path("/proc/self/mountinfo")
 COPY_CHUNK = 1 << 20
 """Bytes per read of a shard copied off a mount: a FUSE mount splits each into 128 KiB requests
 sent together, NFS into rsize ones."""
+COPIERS = 2
+"""Files a process copies at once: two copies in flight kept a mount's link as busy as a reader
+copying its own shard beside one copy ahead did, before reads went in place meanwhile."""
 COPY_THREADS = 4
 """Reads of one shard in flight at once while it is copied: at 1 ms per round trip, 4 x 1 MiB
 bring ~100-300 MB/s; through latencyfs, 8 shards of 16 MiB copied two at a time took as long as
@@ -171,7 +174,7 @@ def copy_ranges(source: int, dest: int, size: int, name: str) -> str:
     digest = hashlib.sha256()
     offsets = iter(range(0, size, COPY_CHUNK))
     try:
-        with ThreadPoolExecutor(COPY_THREADS) as pool:
+        with ThreadPoolExecutor(COPY_THREADS, thread_name_prefix="pack-mount-copy-piece") as pool:
             window = deque(pool.submit(piece, offset) for offset in islice(offsets, 2 * COPY_THREADS))
             while window:
                 digest.update(window.popleft().result())  # memory: at most 2 x COPY_THREADS pieces
@@ -184,19 +187,22 @@ def copy_ranges(source: int, dest: int, size: int, name: str) -> str:
 
 class MountFiles:
     """A dataset folder on networked storage (a `remote.ShardFiles`). A file a reader opens to read
-    samples here and there (map-style) is read from its copy in the node cache, never in place: in
-    place, each sample is a round trip or more (an LMDB page fault, an HDF5 chunk), and an LMDB
-    shard mapped from a mount whose server stops answering is a SIGBUS that kills the worker. The
-    first lease of such a file copies it whole (`MountedStore`: large reads, several in flight)
-    and waits for the copy; a thread per process then copies the dataset's other shards ahead, one
-    at a time, so that the next ones are there when a reader wants them (a shuffled epoch soon
-    wants them all). A file read front to back (`sequential`: streaming, iterating) is read in
-    place, in large reads, and not copied: in place is as fast as a copy there; except where the
-    format maps its files (`copy_streamed`: LMDB), whose shards streaming fetches ahead (`ahead`)
-    are copied, and read from the copy."""
+    samples here and there (map-style) is read from its copy in the node cache: in place, each
+    sample is a round trip or more (an LMDB page fault, an HDF5 chunk), and an LMDB shard mapped
+    from a mount whose server stops answering is a SIGBUS that kills the worker. The first lease
+    of such a file copies it whole (`MountedStore`: large reads, several in flight) and waits for
+    the copy; COPIERS threads per process then copy the dataset's other shards ahead, so that the
+    next ones are there when a reader wants them (a shuffled epoch soon wants them all). Where a
+    sample is one read (`in_place_until_copied`: wds), the reader does not wait: it reads in place
+    (`InPlaceLease`) while those threads copy its file first, and moves to the copy once it lands;
+    a shuffled batch touches a window of shards (32 by default), and waiting for their copies
+    made the first batch wait for all of them. A file read front to back (`sequential`:
+    streaming, iterating) is read in place, in large reads, and not copied: in place is as fast as
+    a copy there; except where the format maps its files (`copy_streamed`: LMDB), whose shards
+    streaming fetches ahead (`ahead`) are copied, and read from the copy."""
 
     def __init__(self, local: LocalFiles, cache: ShardCache, strategy: str, shards: Sequence[ShardInfo],
-                 *, copy_streamed: bool = False) -> None:
+                 *, copy_streamed: bool = False, in_place_until_copied: bool = False) -> None:
         self.local = local
         self.root = local.root
         self.cache = cache
@@ -205,6 +211,7 @@ class MountFiles:
         self.shards = list(shards)
         self._shard_names = {shard.name for shard in shards}
         self.copy_streamed = copy_streamed
+        self.in_place_until_copied = in_place_until_copied
         self._since = time.time()
         self._reset()
 
@@ -212,13 +219,15 @@ class MountFiles:
         """Copies ahead are this process's: a forked or unpickled reader starts its own."""
         self._pid = os.getpid()
         self._guard = threading.Lock()
-        self._copier: threading.Thread | None = None
+        self._copiers = 0  # copy threads running
+        self._turn: Iterator[CachedFile] | None = None  # what they copy when no reader wants a file
+        self._wanted: deque[CachedFile] = deque()  # files read in place here, to be copied first
         self._where: dict[str, Path] = {}  # file name -> where its latest lease here reads it
         self._sidecars: set[str] = set()  # the suffixes of the sidecars read map-style here: copied ahead too
 
     def __getstate__(self) -> dict[str, object]:
         return {key: value for key, value in self.__dict__.items()
-                if key not in ("_pid", "_guard", "_copier", "_where", "_sidecars")}
+                if key not in ("_pid", "_guard", "_copiers", "_turn", "_wanted", "_where", "_sidecars")}
 
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
@@ -238,36 +247,63 @@ class MountFiles:
         if (ahead is not None or sequential) and not self.copy_streamed and not self.cache.has(file):
             lease = Lease(self.local.path(file))  # front to back in large reads: as fast as a copy
         else:
-            if ahead is None and not sequential:
+            in_place = ahead is None and not sequential
+            if in_place:
                 if file.name not in self._shard_names:  # its reader reads the sidecars of this kind
                     self._sidecars.add(Path(file.name).suffix)
-                self._copy_ahead()  # beside this copy, not after it
             if not self.cache.has(file):
                 self.local.check_unchanged(file.name, self.local.path(file))
+                if in_place and self.in_place_until_copied:
+                    lease = InPlaceLease(self.local.path(file), self.cache, file)
+                    self._copy_ahead(first=file)
+                    self._where[file.name] = lease.path
+                    return lease
+            if in_place:
+                self._copy_ahead()  # beside this copy, not after it
             lease = self.cache.lease(file, self.store, make_room=make_room, ahead=ahead)
         self._where[file.name] = lease.path
         return lease
 
-    def _copy_ahead(self) -> None:
-        """Start this process's thread that copies the shards not in the cache yet, unless it runs."""
+    def _copy_ahead(self, first: CachedFile | None = None) -> None:
+        """Start this process's COPIERS threads that copy the shards not in the cache yet, unless
+        they run; `first`: a file read in place now, which they copy next."""
         with self._guard:
-            if self._copier is None:
-                self._copier = threading.Thread(target=self._copy_shards, name="pack-mount-copy", daemon=True)
-                self._copier.start()
+            if first is not None:
+                self._wanted.append(first)
+            if self._turn is None:
+                self._turn = self._rotation()
+            while self._copiers < COPIERS:
+                self._copiers += 1
+                threading.Thread(target=self._copy_shards, name="pack-mount-copy", daemon=True).start()
 
-    def _copy_shards(self) -> None:
-        """Each shard not in the cache, and the sidecars of the kinds its reader reads, in turn from
-        the process's pid (two workers start apart), copied as a file fetched ahead is: never taking
-        room a reader waits for, and skipped while another process copies it. Stops at the first
-        without room; a failed copy is named in the log, and its reader copies it again when it
-        needs it."""
+    def _rotation(self) -> Iterator[CachedFile]:
+        """Each shard and the sidecars of the kinds its reader reads, in turn from the process's pid
+        (two workers start apart)."""
         first = self._pid % max(1, len(self.shards))
         for shard in self.shards[first:] + self.shards[:first]:
-            if not self._copy_one(shard):
-                return
-            for sidecar in shard.sidecars:  # asked after the shard's copy: by then its reader has read one
-                if Path(sidecar.name).suffix in self._sidecars and not self._copy_one(sidecar):
+            yield shard
+            # asked after the shard's copy: by then its reader has read one
+            yield from (sidecar for sidecar in shard.sidecars if Path(sidecar.name).suffix in self._sidecars)
+
+    def _copy_shards(self) -> None:
+        """The files read in place first, then the rotation's files not in the cache, copied as a
+        file fetched ahead is: never taking room a reader waits for, and skipped while another
+        process copies it. Stops at the first without room (readers then read in place); a failed
+        copy is named in the log, and its reader copies it again when it needs it. Once every shard
+        was tried the copiers end, and a file read in place later starts them again."""
+        while True:
+            with self._guard:
+                file = self._wanted.popleft() if self._wanted else next(self._turn, None) if self._turn else None
+                if file is None:
+                    self._copiers -= 1
+                    if not self._copiers:
+                        self._turn = None
                     return
+            if not self._copy_one(file):
+                with self._guard:
+                    self._copiers -= 1
+                    self._turn = None  # stopped for good: the others end at their next file
+                return
 
     def _copy_one(self, file: CachedFile) -> bool:
         """Copy `file` ahead unless it is there or under way; False where the cache has no room, or
@@ -284,3 +320,24 @@ class MountFiles:
             if threading.main_thread().is_alive():
                 log.warning("%s: not copied ahead into the cache (%s)", self.local.path(file), exc)
         return True
+
+
+LANDED_LOOK_S = 0.02
+"""How often a reader reading a file in place looks whether its copy has landed: a stat."""
+
+
+class InPlaceLease(Lease):
+    """A file of a mount read in place while its copy into the cache is made: superseded once the
+    copy is there (looked for at most every LANDED_LOOK_S), when its reader reopens it from the copy."""
+
+    def __init__(self, path: Path, cache: ShardCache, file: CachedFile) -> None:
+        super().__init__(path)
+        self._cache, self._file = cache, file
+        self._next_look = time.monotonic() + LANDED_LOOK_S
+
+    def superseded(self) -> bool:
+        now = time.monotonic()
+        if now < self._next_look:
+            return False
+        self._next_look = now + LANDED_LOOK_S
+        return self._cache.has(self._file)

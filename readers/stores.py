@@ -67,7 +67,9 @@ def open_mount(path: str | os.PathLike[str], options: ReadOptions, strategy: str
     """As a folder, then each shard copied into the node cache, and read there map-style."""
     local, manifest = open_folder(path, options, strategy)
     cache = ShardCache(mount_cache(path, options), options.cache_limit)
-    return MountFiles(local, cache, strategy, manifest.shards, copy_streamed=FORMATS[manifest.format].mapped), manifest
+    spec = FORMATS[manifest.format]
+    return MountFiles(local, cache, strategy, manifest.shards, copy_streamed=spec.mapped,
+                      in_place_until_copied=spec.sample_in_one_read), manifest
 
 
 def mount_cache(path: str | os.PathLike[str], options: ReadOptions) -> Path:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import io
 import json
+import logging
 import os
 import random
 import tarfile
@@ -147,6 +148,67 @@ def test_the_walk_keeps_stats_in_flight_on_a_mount_where_each_waits(many_files: 
     served = json.loads(report.read_text())
     assert served["calls"]["getattr"] >= 160
     assert served["most_in_flight"]["getattr"] >= 4, served
+
+
+def test_the_walk_reads_the_first_class_folders_while_the_class_folders_are_stat_ed(tmp_path: Path) -> None:
+    """FUSE answers one lookup at a time in a directory, so stat'ing 200 class folders takes 200
+    round trips whatever the threads: the walk reads the first folders meanwhile, and those stats
+    of their files overlap the class folders' (main: every class folder's stat alone in flight,
+    then the walk's first directory)."""
+    from packer.sources.walk import walk
+
+    for index in range(200):
+        for name in ("a.jpg", "b.jpg"):
+            (tmp_path / "src" / f"c{index:03d}").mkdir(parents=True, exist_ok=True)
+            (tmp_path / "src" / f"c{index:03d}" / name).write_bytes(b"x" * index)
+    report = tmp_path / "calls.json"
+    with mounted(tmp_path / "src", latency_ms=2, report=report) as mount:
+        listing = walk(mount)
+    local = walk(tmp_path / "src")
+    assert list(listing.paths) == list(local.paths) and len(listing.paths) == 400
+    assert list(listing.labels) == list(local.labels) and list(listing.sizes) == list(local.sizes)
+    served = json.loads(report.read_text())
+    assert served["alone"]["getattr"] < 100, served
+
+
+def test_an_alias_met_before_the_class_folders_stats_come_back_is_listed_as_on_a_local_disk(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """While the class folders are stat'ed, the walk takes each directory as its own; meeting an
+    alias of the last class folder in the first (and a folder twice, a warning) before those stats
+    are in, it walks again knowing them: the same listing, aliases and warnings as on a local disk."""
+    from packer.sources.walk import walk
+
+    src = tmp_path / "src"
+    for index in range(300):
+        (src / f"c{index:03d}").mkdir(parents=True)
+        (src / f"c{index:03d}" / "a.jpg").write_bytes(b"x" * (index + 1))
+    (src / "c000" / "see_also").symlink_to(Path("..") / "c299")
+    (src / "c001" / "x").mkdir()
+    (src / "c001" / "x" / "b.jpg").write_bytes(b"y")
+    (src / "c001" / "y").symlink_to("x")
+    listings, said = [], []
+    for where in ("mount", "local"):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="packer.sources.walk"):
+            if where == "mount":
+                with mounted(src, latency_ms=2) as mount:
+                    listings.append(walk(mount))
+                    said.append(noted(caplog, mount))
+            else:
+                listings.append(walk(src))
+                said.append(noted(caplog, src))
+    on_mount, local = listings
+    assert list(on_mount.paths) == list(local.paths) and len(local.paths) == 301
+    assert list(on_mount.labels) == list(local.labels) and list(on_mount.sizes) == list(local.sizes)
+    assert on_mount.aliases == local.aliases == [
+        "c000/see_also -> c299: alias of class folder c299, packed once under c299"]
+    assert said[0] == said[1] and len(said[1]) == 2, said
+
+
+def noted(caplog: pytest.LogCaptureFixture, root: Path) -> list[str]:
+    """The walk's alias notes and warnings, SRC's path written as SRC."""
+    return [record.getMessage().replace(str(root), "SRC") for record in caplog.records
+            if "alias of class folder" in record.getMessage() or record.levelno >= logging.WARNING]
 
 
 def test_packing_keeps_opens_in_flight_on_a_mount_where_each_waits(many_files: tuple[Path, dict[str, bytes]],

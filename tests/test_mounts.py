@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -180,7 +181,9 @@ def test_a_shard_changed_on_the_mount_is_refused(packed_as: Callable, tmp_path: 
 @pytest.mark.filterwarnings("ignore:.*shards hold 1 classes each")  # packed sorted, to compare in order
 @pytest.mark.parametrize("fmt", ["lmdb", "hdf5", "wds"])
 def test_a_dataset_on_a_fuse_mount_is_copied_and_equals_the_local_one(fmt: str, packed_as: Callable,
-                                                                       tmp_path: Path) -> None:
+                                                                       tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(readers.mounts, "LANDED_LOOK_S", 0.0)  # a reader reading in place looks at every read
     out = packed_as(fmt)[0]
     local = readers.open_dataset(out, decode="bytes", fields=FIELDS)
     expected = {streaming: loader_samples(local, streaming) for streaming in (False, True)}
@@ -196,10 +199,11 @@ def test_a_dataset_on_a_fuse_mount_is_copied_and_equals_the_local_one(fmt: str, 
                 assert loader_samples(ds, streaming) == expected[streaming]
                 # Copies a worker had under way when it ended are not kept.
                 assert {path.name for path in (cache_dir / "objects").iterdir()} <= copy_names(local)
-                assert read_all(ds) == read_all(local)  # in this process: from the copies
-                assert all(str(ds.shard_path(shard)).startswith(str(cache_dir)) for shard in range(len(ds.shards)))
+                assert read_all(ds) == read_all(local)  # in this process: in place until the copies land
                 assert not [path for path in mapped_files() if path.startswith(str(mount))]
                 copies_landed()
+                assert read_all(ds) == read_all(local)  # from the copies now
+                assert all(str(ds.shard_path(shard)).startswith(str(cache_dir)) for shard in range(len(ds.shards)))
                 assert {path.name for path in (cache_dir / "objects").iterdir()} == copy_names(local)
                 ds.close()
         in_place = readers.open_dataset(mount, decode="bytes", fields=FIELDS, storage="local")
@@ -259,12 +263,14 @@ def test_is_networked_names_the_filesystem_for_the_packer(tmp_path: Path, monkey
 
 
 def counted_preads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The sizes of the preads the readers make from now on (each a round trip on a mount)."""
+    """The sizes of the preads the readers make from now on (each a round trip on a mount); not
+    those of copies an earlier test's dataset still makes on its thread (`os` is one module)."""
     reads: list[int] = []
     pread = readers.wds.os.pread
 
     def counted(fd: int, size: int, offset: int) -> bytes:
-        reads.append(size)
+        if not threading.current_thread().name.startswith("pack-mount-copy"):
+            reads.append(size)
         return pread(fd, size, offset)
 
     monkeypatch.setattr(readers.wds.os, "pread", counted)
@@ -416,8 +422,10 @@ def test_a_reader_takes_a_copy_another_thread_makes_once_it_lands(packed_as: Cal
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """A shard the thread ahead (or another worker) is copying is waited for, not copied twice, and
     taken as soon as it lands: the cache looks every LANDING_POLL_S while a download is under way,
-    not every ROOM_POLL_S, here a minute."""
+    not every ROOM_POLL_S, here a minute (and the fast looks last a minute too: on a loaded
+    machine the held copy, released, took longer than their 2 s)."""
     monkeypatch.setattr(readers.cache, "ROOM_POLL_S", 60.0)
+    monkeypatch.setattr(readers.cache, "LANDING_WAIT_S", 60.0)
     out = packed_as("lmdb")[0]
     local = readers.open_dataset(out, decode="bytes", fields=FIELDS)
     release = threading.Event()
@@ -441,26 +449,56 @@ def test_a_reader_takes_a_copy_another_thread_makes_once_it_lands(packed_as: Cal
 
 
 @pytest.mark.parametrize("fmt", ["lmdb", "wds"])
-def test_one_thread_copies_every_other_shard_ahead(fmt: str, packed_as: Callable, tmp_path: Path,
+def test_copy_threads_copy_every_other_shard_ahead(fmt: str, packed_as: Callable, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """A shuffled epoch soon wants every shard: the first map-style read copies its own shard and
-    starts one thread (not one per shard: a pid limit in a container) that copies the others in
-    turn, with the sidecars of the kinds the reader read (a wds shard's .packidx, not its DALI
-    .idx), and ends when none is left."""
+    """A shuffled epoch soon wants every shard: the first map-style read copies its own shard
+    (LMDB waits for that copy; wds reads in place meanwhile) and starts COPIERS threads (not one
+    per shard: a pid limit in a container) that copy the others in turn, with the sidecars of the
+    kinds the reader read (a wds shard's .packidx, not its DALI .idx), and end when none is left."""
     out = packed_as(fmt)[0]
     local = readers.open_dataset(out, decode="bytes", fields=FIELDS)
     release = threading.Event()
     hold_copies_ahead(monkeypatch, release, but=local.manifest.shards[0].name)
     ds = readers.open_dataset(out, decode="bytes", fields=FIELDS, storage="network", cache_dir=tmp_path / "cache")
-    assert [ds[0], ds[1]] == [local[0], local[1]]  # shard 0, copied by the reader
+    assert [ds[0], ds[1]] == [local[0], local[1]]  # shard 0
+    waited = time.monotonic() + 30
+    while not ds.files.cache.has(ds.manifest.shards[0]) and time.monotonic() < waited:  # type: ignore[attr-defined]
+        time.sleep(0.01)
     assert ds.files.cache.has(ds.manifest.shards[0])  # type: ignore[attr-defined]
     copiers = [thread for thread in threading.enumerate() if thread.name == "pack-mount-copy"]
-    assert len(copiers) == 1 and len(ds.manifest.shards) == 5
+    assert len(copiers) == readers.mounts.COPIERS < len(ds.manifest.shards) == 5
     release.set()
     copies_landed()
     assert {path.name for path in (tmp_path / "cache" / "objects").iterdir()} == copy_names(ds)
     assert not [thread for thread in threading.enumerate() if thread.name == "pack-mount-copy"]
     assert read_all(ds) == read_all(local)
+    ds.close()
+
+
+def test_a_map_style_wds_read_reads_in_place_until_its_copy_lands(packed_as: Callable, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shuffled batch touches a window of shards (32 by default): a reader that waited for each
+    one's copy made the first batch wait for all of them. A wds sample is one read: it is read in
+    place until the copy lands, then from the copy; the samples are the same either way."""
+    monkeypatch.setattr(readers.mounts, "LANDED_LOOK_S", 0.0)
+    out = packed_as("wds")[0]
+    local = readers.open_dataset(out, decode="bytes", fields=FIELDS)
+    release = threading.Event()
+    held = hold_copies_ahead(monkeypatch, release)
+    cache_dir = tmp_path / "cache"
+    ds = readers.open_dataset(out, decode="bytes", fields=FIELDS, storage="network", cache_dir=cache_dir)
+    try:
+        assert read_all(ds) == read_all(local)  # every copy held back: all read in place
+        assert all(str(ds.shard_path(shard)).startswith(str(out)) for shard in range(len(ds.shards)))
+        waited = time.monotonic() + 30
+        while len(held) < readers.mounts.COPIERS and time.monotonic() < waited:
+            time.sleep(0.01)
+        assert ds.manifest.shards[-1].name in held[:readers.mounts.COPIERS]  # the first read's shard: copied first
+    finally:
+        release.set()
+    copies_landed()
+    assert read_all(ds) == read_all(local)
+    assert all(str(ds.shard_path(shard)).startswith(str(cache_dir)) for shard in range(len(ds.shards)))
     ds.close()
 
 

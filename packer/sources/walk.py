@@ -52,13 +52,18 @@ def walk(src: str | os.PathLike[str], *, folders_are_classes: bool = True,
         raise ScanError(f"{root}: is not a directory")
     folders = class_folders(root)  # also proves SRC can be listed
     class_dirs = folders if folders_are_classes else []
-    listing = walk_listing(os.fspath(root), [e.name for e in class_dirs], times)
+    known_ids: ClassIds | None = None
     with InFlight(what=f"stats under {root}") as calls:
-        reader = _Reader(calls)
-        try:
-            _walk_src(root, class_dirs, listing, companions, reader)
-        finally:
-            reader.close()
+        while True:
+            listing = walk_listing(os.fspath(root), [e.name for e in class_dirs], times)
+            reader = _Reader(calls)
+            try:
+                _walk_src(root, class_dirs, listing, companions, reader, known_ids)
+                break
+            except _MissedAlias as missed:  # rare: an alias met before its class folder's stat came back
+                known_ids = missed.class_ids
+            finally:
+                reader.close()
     networked, filesystem = is_networked(root)
     if calls.concurrent or networked:
         how = f"up to {calls.threads} stats in flight" if calls.concurrent else "one stat at a time (they answered fast)"
@@ -77,31 +82,58 @@ def walk_listing(root: str, classes: list[str], times: bool) -> Listing:
 
 
 def _walk_src(root: Path, class_dirs: list[os.DirEntry[str]], listing: Listing, companions: frozenset[str],
-              reader: _Reader) -> None:
-    """Fill `listing` from SRC's class folders, or from SRC as one unlabelled tree."""
+              reader: _Reader, known_ids: ClassIds | None) -> None:
+    """Fill `listing` from SRC's class folders, or from SRC as one unlabelled tree; `known_ids`:
+    the class folders' ids, when a first walk has stat'ed them."""
     if class_dirs:
         # In path order, which puts "a/..." after "a-b/..." ("/" sorts after "-"), unlike the class order.
         order = sorted(enumerate(class_dirs), key=lambda item: item[1].name + "/")
-        class_ids: ClassIds = {}
-        for entry, dir_id in zip(class_dirs, reader.calls.map(_dir_id, [entry.path for entry in class_dirs])):
-            class_ids.setdefault(dir_id, entry.name)
+        class_ids = _ClassIds(known_ids if known_ids is not None else
+                              _class_ids(class_dirs, [entry for _, entry in order], reader.calls))
         _walk_classes([(entry.path, entry.name, label) for label, entry in order], listing, {_dir_id(root)},
                       class_ids, companions, reader)
+        class_ids.settle()
         top = sorted(os.scandir(root), key=lambda entry: entry.name)
         beside = [e.name for e in top if not e.name.startswith(".") and not _is_dir(e)]
         listing.leave_out_unclassed(name for name in beside if is_image_name(name))
         listing.ignore((name for name in beside if not is_image_name(name)), hidden=False)
         listing.ignore((e.name for e in top if e.name.startswith(".")), hidden=True)
     else:  # a flat folder, or folders that are not classes
-        _walk([(os.fspath(root), "", UNLABELLED)], listing, set(), {}, companions, reader)
+        _walk([(os.fspath(root), "", UNLABELLED)], listing, set(), _ClassIds({}), companions, reader)
 
 
 ClassTask = tuple[str, str, int]  # a class folder's path, its name, its label
 ClassIds = dict[tuple[int, int], str]  # each class folder's (device, inode): its name
 
 
+def _class_ids(class_dirs: list[os.DirEntry[str]], in_path_order: list[os.DirEntry[str]], calls: InFlight
+               ) -> ClassIds | Future[ClassIds]:
+    """Each class folder's (device, inode): its name, the first in class order. Here (their stats
+    measure the calls), or, once calls wait on storage, on one thread in path order while the walk
+    goes on (`_ClassIds`): FUSE answers one lookup at a time in a directory, so 1,000 class folders
+    at 1 ms take over a second whatever the threads."""
+    paths = [entry.path for entry in class_dirs]
+    probed = dict(zip(paths, calls.probe(_dir_id, paths)))
+    if calls.concurrent and len(probed) < len(class_dirs):
+        return calls.submit(_named_ids, class_dirs, in_path_order, probed)
+    return _named_ids(class_dirs, in_path_order, probed)
+
+
+def _named_ids(class_dirs: list[os.DirEntry[str]], in_path_order: list[os.DirEntry[str]],
+               known: dict[str, tuple[int, int]]) -> ClassIds:
+    """`_class_ids`, the folders not in `known` stat'ed in path order, one after another."""
+    ids = dict(known)
+    for entry in in_path_order:
+        if entry.path not in ids:
+            ids[entry.path] = _dir_id(entry.path)
+    class_ids: ClassIds = {}
+    for entry in class_dirs:
+        class_ids.setdefault(ids[entry.path], entry.name)
+    return class_ids
+
+
 def _walk_classes(classes: list[ClassTask], listing: Listing, seen_dirs: set[tuple[int, int]],
-                  class_ids: ClassIds, companions: frozenset[str], reader: _Reader) -> None:
+                  class_ids: _ClassIds, companions: frozenset[str], reader: _Reader) -> None:
     """Walk the class folders in order: here, and once the rest look like taking more than
     PARALLEL_ABOVE_SECONDS (a large SRC), those in one process per CPU, since stat costs a system
     call per file. Once the calls wait on storage (a network mount: `reader.calls`), the rest are
@@ -133,7 +165,7 @@ def _walk_classes(classes: list[ClassTask], listing: Listing, seen_dirs: set[tup
     if position == len(classes):
         return
     reader.upcoming = []  # walked by the pool
-    tasks = [(task, frozenset(seen_dirs), class_ids, companions) for task in classes[position:]]
+    tasks = [(task, frozenset(seen_dirs), class_ids.settle(), companions) for task in classes[position:]]
     workers = min(available_cpus(), len(tasks))
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         for part, visited in pool.map(_walk_class, tasks):  # one class a task: a small reply each
@@ -165,7 +197,7 @@ def _walk_class(task: tuple[ClassTask, frozenset[tuple[int, int]], ClassIds, fro
     with InFlight() as calls:
         reader = _Reader(calls)
         try:
-            _walk([(path, name, label)], part, seen_dirs, class_ids, companions, reader)
+            _walk([(path, name, label)], part, seen_dirs, _ClassIds(class_ids), companions, reader)
         finally:
             reader.close()
     return part, seen_dirs - seen
@@ -201,7 +233,7 @@ DIRS_AHEAD = 64
 each holds a descriptor and its names until the walk reaches it."""
 
 
-def _walk(roots: list[ClassTask], listing: Listing, seen_dirs: set[tuple[int, int]], class_ids: ClassIds,
+def _walk(roots: list[ClassTask], listing: Listing, seen_dirs: set[tuple[int, int]], class_ids: _ClassIds,
           companions: frozenset[str], reader: _Reader) -> None:
     """Depth first from each root in turn, each directory's entries sorted by name ("/" after a
     directory's), which lists the files already in the order of their relative paths: no global
@@ -316,22 +348,24 @@ def _stat_names(fd: int, names: list[str], calls: InFlight, parts: int | None
 
 
 def _apply_dir(read: DirRead, dir_path: str, dir_rel: str, listing: Listing, seen_dirs: set[tuple[int, int]],
-               class_ids: ClassIds, companions: frozenset[str]) -> list[Files | tuple[str, str]]:
+               class_ids: _ClassIds, companions: frozenset[str]) -> list[Files | tuple[str, str]]:
     """One directory's entries in path order: runs of its files between its subdirectories;
     hidden and other files counted, unreadable ones rejected, an alias or a directory seen before skipped."""
     if read.open_error:
         listing.rejects.append((dir_rel, f"cannot list directory: {read.open_error}"))
         return []
     assert read.info is not None
-    aliased = class_ids.get((read.info.st_dev, read.info.st_ino), dir_rel)
+    dir_id = (read.info.st_dev, read.info.st_ino)
+    aliased = class_ids.owner(dir_id, dir_rel)
     if aliased != dir_rel:
         listing.note_alias(dir_rel, aliased)
         log.info("%s", listing.aliases[-1])
         return []
-    if (read.info.st_dev, read.info.st_ino) in seen_dirs:
+    if dir_id in seen_dirs:
+        class_ids.settle()  # the warning once, from the walk that counts
         log.warning("%s: directory already visited (symlink loop or alias), skipped", dir_path)
         return []
-    seen_dirs.add((read.info.st_dev, read.info.st_ino))
+    seen_dirs.add(dir_id)
     if read.list_error:
         listing.rejects.append((dir_rel, f"cannot list directory: {read.list_error}"))
         return []
@@ -383,6 +417,48 @@ def _stat_or_reason(name: str, fd: int) -> StatOrReason:
         return os.stat(name, dir_fd=fd)
     except OSError as exc:
         return f"cannot stat: {exc.strerror}"
+
+
+class _MissedAlias(Exception):
+    """A directory the walk took as a folder of its own was another class's folder: walk again."""
+
+    def __init__(self, class_ids: ClassIds) -> None:
+        super().__init__("an alias of a class folder was met before the class folders' ids")
+        self.class_ids = class_ids
+
+
+class _ClassIds:
+    """The class folders' ids (`_class_ids`), for telling a class folder met again (an alias) from a
+    folder of its own. While they are stat'ed in the background, the walk takes each directory as
+    its own and keeps its id: once they are in, those are checked, and a directory that was another
+    class's folder (an alias met before that folder's stat came back) makes the walk start over
+    knowing them (`_MissedAlias`), so the listing, aliases and warnings are those of a walk that
+    knew them from the start. A warning waits for them."""
+
+    def __init__(self, ids: ClassIds | Future[ClassIds]) -> None:
+        self._ids = ids if isinstance(ids, dict) else None
+        self._pending = ids if isinstance(ids, Future) else None
+        self._taken: list[tuple[tuple[int, int], str]] = []  # directories taken as their own meanwhile
+
+    def owner(self, dir_id: tuple[int, int], dir_rel: str) -> str:
+        """The class whose folder `dir_id` is, or `dir_rel` when it is no class folder (taken so
+        while the ids are not in)."""
+        if self._ids is None and self._pending is not None and self._pending.done():
+            self.settle()
+        if self._ids is None:
+            self._taken.append((dir_id, dir_rel))
+            return dir_rel
+        return self._ids.get(dir_id, dir_rel)
+
+    def settle(self) -> ClassIds:
+        """The ids, once in; `_MissedAlias` if a directory taken as its own was a class folder."""
+        if self._ids is None:
+            assert self._pending is not None
+            self._ids = self._pending.result()
+            if any(self._ids.get(dir_id, dir_rel) != dir_rel for dir_id, dir_rel in self._taken):
+                raise _MissedAlias(self._ids)
+            self._taken = []
+        return self._ids
 
 
 class _Reader:
