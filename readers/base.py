@@ -220,7 +220,7 @@ class PackedDataset(TorchDataset):
             self._leases = {}
             self._pid = os.getpid()
         handle = self._handles.get(shard)
-        if handle is not None and self._leases[shard][0].superseded():
+        if handle is not None and any(lease.superseded() for lease in self._leases[shard]):
             self.close_shard(shard)  # read in place while its copy was made: the copy is there now
             handle = None
         if handle is None:

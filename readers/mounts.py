@@ -220,6 +220,8 @@ class MountFiles:
         self._pid = os.getpid()
         self._guard = threading.Lock()
         self._copiers = 0  # copy threads running
+        self._copies_stopped = False  # a copy ahead found no room: from then on readers copy their own files
+        self._copy_failed: set[str] = set()  # files whose copy ahead failed: their readers copy them, and hear why
         self._turn: Iterator[CachedFile] | None = None  # what they copy when no reader wants a file
         self._wanted: deque[CachedFile] = deque()  # files read in place here, to be copied first
         self._where: dict[str, Path] = {}  # file name -> where its latest lease here reads it
@@ -227,7 +229,8 @@ class MountFiles:
 
     def __getstate__(self) -> dict[str, object]:
         return {key: value for key, value in self.__dict__.items()
-                if key not in ("_pid", "_guard", "_copiers", "_turn", "_wanted", "_where", "_sidecars")}
+                if key not in ("_pid", "_guard", "_copiers", "_copies_stopped", "_copy_failed", "_turn", "_wanted",
+                               "_where", "_sidecars")}
 
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
@@ -253,8 +256,8 @@ class MountFiles:
                     self._sidecars.add(Path(file.name).suffix)
             if not self.cache.has(file):
                 self.local.check_unchanged(file.name, self.local.path(file))
-                if in_place and self.in_place_until_copied:
-                    lease = InPlaceLease(self.local.path(file), self.cache, file)
+                if in_place and self.in_place_until_copied and not self._reader_copies(file.name):
+                    lease = InPlaceLease(self.local.path(file), self.cache, file, self._reader_copies)
                     self._copy_ahead(first=file)
                     self._where[file.name] = lease.path
                     return lease
@@ -264,10 +267,18 @@ class MountFiles:
         self._where[file.name] = lease.path
         return lease
 
+    def _reader_copies(self, name: str) -> bool:
+        """Whether the reader of file `name` copies it itself (and waits), not reading it in place:
+        once copies ahead stopped for room (the reader's own copy may evict what one ahead may not),
+        or where the copy ahead of that file failed (the reader's copy then says why, in one line)."""
+        return self._copies_stopped or name in self._copy_failed
+
     def _copy_ahead(self, first: CachedFile | None = None) -> None:
         """Start this process's COPIERS threads that copy the shards not in the cache yet, unless
-        they run; `first`: a file read in place now, which they copy next."""
+        they run or copies ahead stopped; `first`: a file read in place now, which they copy next."""
         with self._guard:
+            if self._copies_stopped:
+                return
             if first is not None:
                 self._wanted.append(first)
             if self._turn is None:
@@ -288,35 +299,39 @@ class MountFiles:
     def _copy_shards(self) -> None:
         """The files read in place first, then the rotation's files not in the cache, copied as a
         file fetched ahead is: never taking room a reader waits for, and skipped while another
-        process copies it. Stops at the first without room (readers then read in place); a failed
-        copy is named in the log, and its reader copies it again when it needs it. Once every shard
-        was tried the copiers end, and a file read in place later starts them again."""
-        while True:
-            with self._guard:
-                file = self._wanted.popleft() if self._wanted else next(self._turn, None) if self._turn else None
-                if file is None:
-                    self._copiers -= 1
-                    if not self._copiers:
-                        self._turn = None
-                    return
-            if not self._copy_one(file):
+        process copies it. Copies ahead stop for good at the first without room, and readers then
+        copy their own files; a failed copy is named in the log, and its reader copies it. Once
+        every shard was tried the copiers end, and a file read in place later starts them again."""
+        try:
+            while True:
                 with self._guard:
-                    self._copiers -= 1
-                    self._turn = None  # stopped for good: the others end at their next file
-                return
+                    file = self._wanted.popleft() if self._wanted else next(self._turn, None) if self._turn else None
+                if file is None:
+                    return
+                if not self._copy_one(file):
+                    with self._guard:
+                        self._copies_stopped = True
+                        self._wanted.clear()  # their readers see `_reader_copies` at their next read
+                    return
+        finally:
+            with self._guard:
+                self._copiers -= 1
+                if not self._copiers:
+                    self._turn = None
 
     def _copy_one(self, file: CachedFile) -> bool:
         """Copy `file` ahead unless it is there or under way; False where the cache has no room, or
         the process is exiting (and the copies with it)."""
         if not threading.main_thread().is_alive():
             return False
-        if self.cache.has(file) or self.cache.downloading(file):
-            return True
         try:
+            if self.cache.has(file) or self.cache.downloading(file):
+                return True
             self.cache.lease(file, self.store, ahead=Ahead(headroom=file.bytes, since=self._since)).release()
         except NoRoom:
             return False
         except Exception as exc:  # noqa: BLE001 - in a thread of its own: the reader that needs it says why
+            self._copy_failed.add(file.name)
             if threading.main_thread().is_alive():
                 log.warning("%s: not copied ahead into the cache (%s)", self.local.path(file), exc)
         return True
@@ -328,11 +343,12 @@ LANDED_LOOK_S = 0.02
 
 class InPlaceLease(Lease):
     """A file of a mount read in place while its copy into the cache is made: superseded once the
-    copy is there (looked for at most every LANDED_LOOK_S), when its reader reopens it from the copy."""
+    copy is there, or once its reader is to copy it itself (`reader_copies`: the copy ahead failed,
+    or copies ahead stopped), looked at most every LANDED_LOOK_S; its reader then reopens it."""
 
-    def __init__(self, path: Path, cache: ShardCache, file: CachedFile) -> None:
+    def __init__(self, path: Path, cache: ShardCache, file: CachedFile, reader_copies: Callable[[str], bool]) -> None:
         super().__init__(path)
-        self._cache, self._file = cache, file
+        self._cache, self._file, self._reader_copies = cache, file, reader_copies
         self._next_look = time.monotonic() + LANDED_LOOK_S
 
     def superseded(self) -> bool:
@@ -340,4 +356,4 @@ class InPlaceLease(Lease):
         if now < self._next_look:
             return False
         self._next_look = now + LANDED_LOOK_S
-        return self._cache.has(self._file)
+        return self._reader_copies(self._file.name) or self._cache.has(self._file)

@@ -135,7 +135,12 @@ def test_forced_network_storage_reads_through_the_cache(fmt: str, packed_as: Cal
     assert {path.name for path in (cache_dir / "objects").iterdir()} == copy_names(local)
 
 
-def test_network_storage_cache_limit_holds_as_for_urls(packed_as: Callable, tmp_path: Path) -> None:
+def test_network_storage_cache_limit_holds_as_for_urls(packed_as: Callable, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A copy ahead never evicts what this run read: once one finds no room, they stop, and a
+    reader copies its own shards (evicting its oldest), as it did before reading in place (a wds
+    reader read 3 of 5 shards from the mount for good)."""
+    monkeypatch.setattr(readers.mounts, "LANDED_LOOK_S", 0.0)
     out = packed_as("wds")[0]
     local = readers.open_dataset(out, decode="bytes", fields=FIELDS)
     largest = max(shard.bytes + sum(s.bytes for s in shard.sidecars) for shard in local.manifest.shards)
@@ -145,15 +150,23 @@ def test_network_storage_cache_limit_holds_as_for_urls(packed_as: Callable, tmp_
                                   cache_limit=3 * largest)
     order = [i for step in range(4) for i in range(step, len(local), 4)]  # every shard, again and again
     assert [copied[i] for i in order] == [local[i] for i in order]
+    copies_landed()
+    assert [copied[i] for i in order] == [local[i] for i in order]
     assert copied.files.cache.disk_bytes() <= 3 * largest  # type: ignore[attr-defined]
+    last = copied.locate(order[-1])[0]
+    assert str(copied.shard_path(last)).startswith(str(tmp_path))
 
 
-def test_a_shard_changed_on_the_mount_is_refused(packed_as: Callable, tmp_path: Path,
-                                                 caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("fmt", ["lmdb", "wds"])
+def test_a_shard_changed_on_the_mount_is_refused(fmt: str, packed_as: Callable, tmp_path: Path,
+                                                 caplog: pytest.LogCaptureFixture,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """A shard rewritten since the dataset was opened is an error, never its samples; a copy is
-    only used when its sha256 is index.json's."""
+    only used when its sha256 is index.json's, and a wds reader reading in place while the copy
+    ahead failed its check gets that error too (it went on reading the mount's bytes)."""
+    monkeypatch.setattr(readers.mounts, "LANDED_LOOK_S", 0.0)
     out = tmp_path / "out"
-    shutil.copytree(packed_as("lmdb")[0], out)
+    shutil.copytree(packed_as(fmt)[0], out)
     ds = readers.open_dataset(out, decode="bytes", storage="network", cache_dir=tmp_path / "cache")
     shard = out / ds.manifest.shards[1].name
     data = bytearray(shard.read_bytes())
@@ -168,13 +181,17 @@ def test_a_shard_changed_on_the_mount_is_refused(packed_as: Callable, tmp_path: 
     shard.write_bytes(bytes(data))  # the same size as index.json says, other bytes: opened as it is
     reopened = readers.open_dataset(out, decode="bytes", storage="network", cache_dir=tmp_path / "cache")
     with caplog.at_level("WARNING"):
+        if fmt == "wds":  # read in place (the changed byte is the tar's end padding) while its copy fails
+            reopened[4]
+            copies_landed()
+            assert "not copied ahead into the cache" in caplog.text
         with pytest.raises(readers.DatasetError, match=f"{shard}: sha256 [0-9a-f]+ on two downloads, index.json "
                                                        f"says {reopened.manifest.shards[1].sha256}"):
             reopened[4]
         copies_landed()
     assert [shard.sha256 for shard in reopened.manifest.shards if not reopened.files.cache.has(shard)] == \
         [reopened.manifest.shards[1].sha256]  # type: ignore[union-attr]
-    assert reopened[0] == readers.open_dataset(packed_as("lmdb")[0], decode="bytes")[0]
+    assert reopened[0] == readers.open_dataset(packed_as(fmt)[0], decode="bytes")[0]
 
 
 @pytest.mark.skipif(NO_FUSE is not None, reason=str(NO_FUSE))
@@ -499,6 +516,42 @@ def test_a_map_style_wds_read_reads_in_place_until_its_copy_lands(packed_as: Cal
     copies_landed()
     assert read_all(ds) == read_all(local)
     assert all(str(ds.shard_path(shard)).startswith(str(cache_dir)) for shard in range(len(ds.shards)))
+    ds.close()
+
+
+def test_a_wds_index_read_in_place_moves_to_its_copy_too(packed_as: Callable, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shard whose tar had landed when its reader opened it, and whose .packidx had not, read the
+    index from the mount for as long as it stayed open: any of its leases superseded reopens it."""
+    monkeypatch.setattr(readers.mounts, "LANDED_LOOK_S", 0.0)
+    out = packed_as("wds")[0]
+    local = readers.open_dataset(out, decode="bytes", fields=FIELDS)
+    release = threading.Event()
+    copy = readers.mounts.copy_ranges
+
+    def indexes_held(source: int, dest: int, size: int, name: str) -> str:
+        if name.endswith(".packidx"):
+            release.wait(30)
+        return copy(source, dest, size, name)
+
+    monkeypatch.setattr(readers.mounts, "copy_ranges", indexes_held)
+    cache_dir = tmp_path / "cache"
+    ds = readers.open_dataset(out, decode="bytes", fields=FIELDS, storage="network", cache_dir=cache_dir)
+    shard = ds.manifest.shards[0]
+    index = next(sidecar for sidecar in shard.sidecars if sidecar.name.endswith(".packidx"))
+    try:
+        assert ds[0] == local[0]
+        waited = time.monotonic() + 30
+        while not ds.files.cache.has(shard) and time.monotonic() < waited:  # type: ignore[attr-defined]
+            time.sleep(0.01)
+        assert ds[1] == local[1]  # reopened: the tar from its copy, the index still in place
+        assert str(ds.shard_path(0)).startswith(str(cache_dir))
+        assert not str(ds.files.path(index)).startswith(str(cache_dir))
+    finally:
+        release.set()
+    copies_landed()
+    assert ds[2] == local[2]
+    assert str(ds.files.path(index)).startswith(str(cache_dir))
     ds.close()
 
 
