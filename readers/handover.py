@@ -116,14 +116,47 @@ class _LeavingBytes(pickle.Pickler):
 
 
 class _TakingBytes(pickle.Unpickler):
-    """Unpickles a `RingPickle`'s batch with the values copied out of the ring and the objects set aside."""
+    """Unpickles a `RingPickle`'s batch with the values copied out of the ring (by persistent id, or
+    as its out-of-band buffers: `out_of_band`) and the objects set aside."""
 
     def __init__(self, pickled: bytes, values: list[bytes], aside: list[Any]) -> None:
-        super().__init__(io.BytesIO(pickled))
+        super().__init__(io.BytesIO(pickled), buffers=values)
         self.values, self.aside = values, aside
 
     def persistent_load(self, pid: Any) -> Any:
         return self.values[pid] if pid >= 0 else self.aside[-pid - 1]
+
+
+PLAIN_VALUES = frozenset({int, float, bool, str, type(None)})
+"""Types `default_convert` hands back as they are, and pickle writes itself."""
+
+
+class _NotPlain(Exception):
+    """A batch holds a value `out_of_band` leaves to `_LeavingBytes` (a tensor, an array, a subclass)."""
+
+
+def out_of_band(value: Any, buffers: dict[int, pickle.PickleBuffer]) -> Any:
+    """`default_convert(value)` for a batch of plain values alone (lists, tuples and dicts of exactly
+    those types, numbers, text, None, bytes), each bytes value of MIN_RING_VALUE or more a
+    PickleBuffer, which pickle's own code hands out of band, with no Python call per object
+    pickled where `_LeavingBytes.persistent_id` is one (a list of 64 (image, label) tuples: 2.4 ->
+    0.6 us per sample). _NotPlain for a batch holding anything else, or one bytes value twice (out
+    of band, it would come out as two objects; through the pipe it is one)."""
+    kind = type(value)
+    if kind is bytes:
+        if len(value) < MIN_RING_VALUE:
+            return value
+        if id(value) in buffers:
+            raise _NotPlain
+        buffer = buffers[id(value)] = pickle.PickleBuffer(value)
+        return buffer
+    if kind is list or kind is tuple:
+        return [out_of_band(item, buffers) for item in value]
+    if kind is dict:
+        return {key: out_of_band(item, buffers) for key, item in value.items()}
+    if kind in PLAIN_VALUES:
+        return value
+    raise _NotPlain
 
 
 def shared_bytes(size: int) -> torch.Tensor | None:
@@ -187,21 +220,35 @@ class RingWriter:
                     packed[k] = RingColumn(ring, number, column_bounds, memory, replaces)
                     memory = replaces = None
                 return packed
-        buffer = io.BytesIO()
-        pickler = _LeavingBytes(buffer)
+        buffers: dict[int, pickle.PickleBuffer] = {}
         try:
-            pickler.dump(default_convert(batch))  # as DataLoader's fetcher would have converted it (tuples to lists)
-        except (pickle.PicklingError, TypeError, AttributeError):  # DataLoader's own pickling says what it says
-            return batch
-        if not pickler.values:
-            return batch
-        placed = self._place([pickler.values])
+            plain = out_of_band(batch, buffers)
+        except (_NotPlain, RecursionError):
+            plain = None
+        values: list[Any]
+        if plain is not None:
+            if not buffers:
+                return batch
+            values = []
+            pickled = pickle.dumps(plain, pickle.HIGHEST_PROTOCOL, buffer_callback=lambda buffer: values.append(buffer.raw()))
+            aside: list[Any] = []
+        else:
+            buffer = io.BytesIO()
+            pickler = _LeavingBytes(buffer)
+            try:
+                pickler.dump(default_convert(batch))  # as DataLoader's fetcher would have converted it (tuples to lists)
+            except (pickle.PicklingError, TypeError, AttributeError):  # DataLoader's own pickling says what it says
+                return batch
+            if not pickler.values:
+                return batch
+            values, pickled, aside = pickler.values, buffer.getvalue(), pickler.aside
+        placed = self._place([values])
         if placed is None:
             return batch
         ring, number, bounds, memory, replaces = placed
-        return RingPickle(ring, number, bounds[0], memory, replaces, buffer.getvalue(), pickler.aside)
+        return RingPickle(ring, number, bounds[0], memory, replaces, pickled, aside)
 
-    def _place(self, groups: list[list[bytes]]) -> tuple[int, int, list[list[int]], torch.Tensor | None,
+    def _place(self, groups: list[list[Any]]) -> tuple[int, int, list[list[int]], torch.Tensor | None,
                                                          int | None] | None:
         """Copies `groups` of bytes values into the next slot: the ring's id, the batch's number in
         it, each group's bounds, the ring's memory when it is named for the first time and the ring

@@ -3,25 +3,27 @@
 A shard `shard-NNNNNN.tar` holds three ustar members per sample, and one more per present field
 (layout in readers/layouts/wds.py). Beside it, `shard-NNNNNN.packidx` gives the byte offset and
 size of each sample's image, meta and field data, so `WdsDataset[i]` costs a few `pread`s.
-`iter(dataset)`, `dataset.stream()` and `make_loader(..., streaming=True)` read the tars front to
-back instead and need no index.
+`iter(dataset)` reads the tars front to back and needs no index; `dataset.stream()` and
+`make_loader(..., streaming=True)` read each tar front to back too, through its index where the
+tar is read in place from a local folder (`WdsDataset.stream_records`), else by walking its headers
+(the walk and the samples a stream hands out: `readers.wds_samples`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, BinaryIO, Iterator, Sequence, TypeVar
+from typing import Any, BinaryIO, Iterator
 
 import numpy as np
 from torch.utils.data import IterableDataset
 
 from .base import DeferredRecord, Fields, PackedDataset, Record, read_as_span
-from .fields import FieldSpec, parse_value
+from .fields import parse_value
 from .formats import FORMATS, resolve
 from .layouts.wds import (
     ABSENT,
@@ -29,21 +31,23 @@ from .layouts.wds import (
     INDEX_EXTENSION,
     INDEX_HEADER,
     V1_INDEX_EXTENSION,
-    LABEL_EXTENSION,
-    PIXELS_EXTENSION,
     field_extension,
-    field_extensions,
     index_row,
     meta_extension,
-    npy_data,
     parse_index_header,
 )
 from .manifest import DatasetError, FileInfo
+from .remote import LocalFiles
 from . import tar as tar_format
-from .tar import BLOCK, TarError, padding, parse_header, split_name, walk_samples
+from .tar import BLOCK, TarError, padding, parse_header, split_name
+from .wds_samples import IndexedSample, StreamedSample, StreamedTar, image_data, numbered, open_tar, sample_span, \
+    tar_samples
 
-T = TypeVar("T")
+log = logging.getLogger(__name__)
 
+ROWS_PER_READ = 256
+"""Index rows a streamed run reads at a time (~8 MB of a tar of 33 KB samples), the kernel asked
+to read ahead the tar bytes they cover (`WdsDataset.stream_records`)."""
 SAMPLE_READS_IN_FLIGHT = 8
 """A batch's sample reads a worker keeps in flight on threads once one of a shard's reads waited
 (`readers.tar.read_waited`: a mount, a cold disk), rather than one after another (on a mount,
@@ -91,6 +95,14 @@ class OffsetIndex:
         if len(data) != (stop - first) * size:
             raise TarError("tar index is truncated")
         return {local: self.row.unpack_from(data, (local - first) * size) for local in locals_}
+
+    def rows(self, start: int, stop: int) -> list[tuple[int, ...]]:
+        """Rows `start`..`stop`-1 in one pread (a streamed run's, at most ROWS_PER_READ of them)."""
+        size = self.row.size
+        data = os.pread(self.fd, (stop - start) * size, INDEX_HEADER.size + start * size)
+        if len(data) != (stop - start) * size:
+            raise TarError("tar index is truncated")
+        return list(self.row.iter_unpack(data))
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -155,19 +167,6 @@ class TarShard:
         self.reads.clear()
         self.index.close()
         self.file.close()
-
-
-def sample_span(row: tuple[int, ...], tar_size: int) -> tuple[int, int]:
-    """(offset, length) of the one read of a sample of the index `row` (untrusted): from its image's
-    header to the end of its meta, checked to lie in order inside the tar of `tar_size` bytes."""
-    image_offset, image_size, json_offset, json_size = row[:INDEX_COLUMNS]
-    start = image_offset + image_size + padding(image_size)  # of the members after the image
-    end = json_offset + json_size
-    if image_size < 0 or json_size < 0 or image_offset < BLOCK or json_offset < start + BLOCK:
-        raise TarError("damaged tar index")
-    if end > tar_size:
-        raise TarError(f"tar shard is truncated (the sample ends at byte {end}, the tar has {tar_size})")
-    return image_offset - BLOCK, end - image_offset + BLOCK
 
 
 def member_extension(header: memoryview, prefix: bytes, size: int) -> str | None:
@@ -256,10 +255,15 @@ class WdsDataset(PackedDataset):
         untrusted: nothing is read outside the tar, so a lying row can never cost more than the
         tar's size."""
         row = handle.row(local)
+        return self.sample_record(row, handle.read_sample(local, *sample_span(row, handle.size)), key)
+
+    def sample_record(self, row: tuple[int, ...], span: bytes, key: str) -> Record:
+        """The record of the sample of index `row` and key `key` from `span`, the bytes of its
+        `sample_span`, each member used checked against the row (`_pread_sample`)."""
         image_offset, image_size, json_offset, json_size = row[:INDEX_COLUMNS]
         start = image_offset + image_size + padding(image_size)  # of the members after the image
         end = json_offset + json_size
-        sample = memoryview(handle.read_sample(local, *sample_span(row, handle.size)))
+        sample = memoryview(span)
         if len(sample) != end - image_offset + BLOCK:
             raise TarError("tar shard is truncated")
         image_header, image = sample[:BLOCK], sample[BLOCK:BLOCK + image_size]
@@ -326,13 +330,21 @@ class WdsDataset(PackedDataset):
                 os.close(fd)
 
     def stream_records(self, shard: int, start: int, stop: int) -> Iterator[tuple[int, DeferredRecord]]:
-        """`read_records` for the streaming loader, each image read when its sample is handed out
-        (`StreamedSample`): the walk reads headers and small members only, so a streaming worker's
-        first batch reads ~1,100 headers and 64 images, where it read ~1,100 samples whole."""
+        """`read_records` for the streaming loader, each sample read when it is handed out: through
+        the shard's index where it has one to read in place (`IndexedSample`: one pread of the
+        sample, its members checked against the row as `ds[i]` checks them, no tar header walked),
+        else by walking the tar's headers and small members (`StreamedSample`: the image read when
+        handed out). Either way a streaming worker's first batch reads ~1,100 index rows or headers
+        and 64 samples, not ~1,100 samples whole."""
         info = self.manifest.shards[shard]
         with self.files.lease(info, sequential=True) as path:
             tar = StreamedTar(open_tar(path), path)
+            index = None
             try:
+                index = self._stream_index(shard, tar.fd)
+                if index is not None:
+                    yield from self._indexed_records(index, tar, shard, start, stop)
+                    return
                 walk = tar_samples(tar.fd, self._meta_extension, self.manifest.fields, self.wanted, eager=False)
                 for count, (meta, extension, image, stored) in numbered(walk, path, info.num_samples, start, stop):
                     yield count, StreamedSample(self, tar, shard, count, meta, (extension, *image), stored)
@@ -341,7 +353,45 @@ class WdsDataset(PackedDataset):
             except OSError as exc:  # read in place (a mount: EIO, ESTALE)
                 raise DatasetError(f"{path}: read failed ({exc.strerror or exc})") from None
             finally:
+                if index is not None:
+                    index.close()
                 tar.close()
+
+    def _stream_index(self, shard: int, tar_fd: int) -> OffsetIndex | None:
+        """The shard's index for streaming, where the tar is read in place from a local folder whose
+        reads do not wait, and the index opens as pack wrote it; None where the tar is walked
+        instead: a URL's or a mount's (streamed from the tar alone, as downloaded or read in large
+        reads), a tar read in place whose first read waited (`storage="local"` on a mount: a read
+        per sample there would be a round trip each, where the walk goes to 1 MiB at a time,
+        several at once), or an index missing, damaged, or overwritten (a version 1 `.idx` DALI's
+        wds2idx wrote over)."""
+        if type(self.files) is not LocalFiles:
+            return None
+        try:
+            started = time.perf_counter()
+            os.pread(tar_fd, BLOCK, 0)  # its first header: whether this tar's reads wait
+            if tar_format.read_waited(started, tar_fd, BLOCK):
+                return None
+            info = self.index_file(shard)
+            with self.files.lease(info) as path:
+                return OffsetIndex(str(path), self.manifest.shards[shard].num_samples, len(self.manifest.fields))
+        except (DatasetError, OSError) as exc:
+            log.debug("%s: streamed by walking its tar (%s)", self.shard_path(shard), exc)
+            return None
+
+    def _indexed_records(self, index: OffsetIndex, tar: StreamedTar, shard: int, start: int, stop: int
+                         ) -> Iterator[tuple[int, DeferredRecord]]:
+        """Samples `start`..`stop`-1 as `IndexedSample`s, their rows read ROWS_PER_READ at a time and
+        the kernel asked to read ahead the tar bytes those rows cover (clamped to the tar: the rows
+        are untrusted, and each sample's read checks its own)."""
+        tar.size = os.fstat(tar.fd).st_size
+        for first in range(start, stop, ROWS_PER_READ):
+            rows = index.rows(first, min(first + ROWS_PER_READ, stop))
+            low, high = max(rows[0][0] - BLOCK, 0), min(rows[-1][2] + rows[-1][3], tar.size)
+            if high > low and hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(tar.fd, low, high - low, os.POSIX_FADV_WILLNEED)
+            for local, row in enumerate(rows, first):
+                yield local, IndexedSample(self, tar, shard, local, row)
 
     def _parse_fields(self, shard: int, local: int, stored: dict[str, bytes | None]) -> Fields:
         """The wanted fields' values from their members' bytes; a damaged one is a DatasetError."""
@@ -379,127 +429,3 @@ class WdsDataset(PackedDataset):
         """
         stream = resolve(FORMATS[self.format].stream)
         return stream(self, rank=rank, world_size=world_size, prefetch_shards=prefetch_shards)
-
-
-def open_tar(path: Path) -> int:
-    """A descriptor of the tar shard at `path`; one it cannot open is a DatasetError."""
-    try:
-        return os.open(path, os.O_RDONLY)
-    except OSError as exc:
-        raise DatasetError(f"{path}: cannot open tar shard ({exc.strerror or exc})") from None
-
-
-def numbered(walk: Iterator[T], path: Path, expected: int, start: int, stop: int) -> Iterator[tuple[int, T]]:
-    """(number, sample) for the samples `start`..`stop`-1 of a tar walked front to back: a sample
-    past index.json's count is a TarError; read to its end, fewer samples are a DatasetError."""
-    count = 0
-    for sample in walk:
-        if count == expected:
-            raise TarError(f"holds more samples than index.json says ({expected})")
-        if count >= start:
-            yield count, sample
-        count += 1
-        if count == stop < expected:
-            return
-    if count != expected:
-        raise DatasetError(f"{path}: holds {count} samples, index.json says {expected}")
-
-
-class StreamedTar:
-    """A tar open for `WdsDataset.stream_records`; its descriptor is -1 once closed, so a sample read
-    after that fails instead of reading whatever file took the number."""
-
-    def __init__(self, fd: int, path: Path) -> None:
-        self.fd = fd
-        self.path = path
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-
-class StreamedSample(DeferredRecord):
-    """A streamed sample whose meta and fields are read and whose image is not yet: one pread when
-    it is handed out, then the same checks as `read_records` (meta, CRC-32, fields)."""
-
-    __slots__ = ("_dataset", "_tar", "_shard", "_local", "_meta", "_image", "_stored", "_record")
-
-    def __init__(self, dataset: WdsDataset, tar: StreamedTar, shard: int, local: int, meta: dict[str, Any],
-                 image: tuple[str, int, int], stored: dict[str, bytes | None]) -> None:
-        self._dataset, self._tar, self._shard, self._local = dataset, tar, shard, local
-        self._meta, self._image, self._stored = meta, image, stored
-        self._record: Record | DatasetError | None = None
-
-    def load(self) -> Record:
-        record = self._record if self._record is not None else self._read()
-        self._record = None
-        if isinstance(record, DatasetError):
-            raise record
-        return record
-
-    def settle(self) -> None:
-        if self._record is None and self._meta is not None:
-            self._record = self._read()
-
-    def _read(self) -> Record | DatasetError:
-        meta, (extension, offset, size) = self._meta, self._image
-        self._meta = None  # read once: `settle` after `load` has nothing left to do
-        tar, shard, local = self._tar, self._shard, self._local
-        try:
-            if meta is None or tar.fd < 0:
-                raise TarError("read twice, or after its shard was closed")
-            data = os.pread(tar.fd, size, offset)
-            if len(data) != size:  # the file shrank while read
-                raise TarError("tar shard is truncated")
-            payload = image_data(extension, memoryview(data))
-            self._dataset.check(shard, local, meta, payload)
-            stored, self._stored = self._stored, {}
-            return meta, payload, self._dataset._parse_fields(shard, local, stored)
-        except TarError as exc:
-            return DatasetError(f"{tar.path}: sample {local}: {exc}")
-        except DatasetError as exc:
-            return exc
-        except OSError as exc:  # read in place (a mount: EIO, ESTALE): the file named, as on_error decides
-            return DatasetError(f"{tar.path}: sample {local}: unreadable ({exc.strerror or exc})")
-
-
-def tar_samples(fd: int, meta_extension: str, fields: Sequence[FieldSpec], wanted: Sequence[FieldSpec], *,
-                eager: bool) -> Iterator[tuple[dict[str, Any], str, Any, dict[str, bytes | None]]]:
-    """A shard's samples front to back (`readers.tar.walk_samples`): per sample its meta, its
-    image's extension, the image (if `eager` its payload, `image_data`, else its (data offset,
-    size) in the tar) and the `wanted` fields' member bytes (None for an absent optional one).
-
-    `fields` are all the dataset's fields (their members are not the image). A TarError on
-    anything pack would not write (a required field missing included); parsing the field bytes
-    is the caller's, so one damaged value stays one sample's."""
-    known = {LABEL_EXTENSION, meta_extension, *field_extensions(fields)}
-    for key, parts in walk_samples(fd, known, eager=eager):
-        meta, image, values = sample_parts(key, parts, known, meta_extension, wanted)
-        yield meta, image, image_data(image, memoryview(parts[image])) if eager else parts[image], values
-
-
-def sample_parts(key: str, parts: dict[str, Any], known: set[str], meta_extension: str,
-                 wanted: Sequence[FieldSpec]) -> tuple[dict[str, Any], str, dict[str, bytes | None]]:
-    """One sample's parsed meta, the extension of its image and its wanted fields' bytes, from its
-    members by extension (the image's entry is whatever the caller keeps of it)."""
-    images = [extension for extension in parts if extension not in known]
-    if meta_extension not in parts or len(images) != 1:
-        raise TarError(f"sample {key!r} has members {sorted(parts)}; expected one image and .{meta_extension}")
-    values: dict[str, bytes | None] = {}
-    for spec in wanted:
-        data = parts.get(field_extension(spec))
-        if data is None and not spec.optional:
-            raise TarError(f"sample {key!r} has no {spec.name!r} field")
-        values[spec.name] = data
-    try:
-        meta = json.loads(parts[meta_extension].decode("utf-8"))
-    except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, or nested deeper than Python's stack
-        raise TarError(f"sample {key!r}: unreadable .{meta_extension} ({exc})") from None
-    return meta, images[0], values
-
-
-def image_data(extension: str, member: memoryview) -> memoryview:
-    """The payload a member holds: a `.npy` member's pixels without its header, other members whole."""
-    return npy_data(member) if extension == PIXELS_EXTENSION else member
-

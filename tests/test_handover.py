@@ -101,6 +101,27 @@ def test_a_custom_collates_batch_of_any_shape_comes_out_as_pickling_makes_it() -
     assert evaluated[0] == default_convert(batches[0]) and evaluated[1].tolist() == [True, False]
 
 
+def test_a_batch_of_plain_values_is_pickled_without_a_python_call_per_object(monkeypatch) -> None:
+    """collate_fn=list's batch of (image, label) tuples, lists of dicts and the like: pickled by
+    pickle's own code, the images out of band into the ring; they come out as the pipe gives them."""
+    def called(self: object, obj: object) -> None:
+        raise AssertionError(f"persistent_id({type(obj).__name__})")
+
+    monkeypatch.setattr("readers.handover._LeavingBytes.persistent_id", called)
+    writer, handover = RingWriter(slots=3), Handover()
+    big = bytes(range(256)) * 8
+    batches = [
+        [(bytes([seed]) * (MIN_RING_VALUE + seed), seed) for seed in range(64)],  # collate_fn=list
+        [{"image": big[seed:], "label": seed, "path": f"p{seed}", "score": seed / 2, "box": None, "ok": True}
+         for seed in range(3)],
+        ([big, [big[1:], (b"small", -1)]], {3: big[2:]}),
+    ]
+    for batch in batches:
+        packed = writer.pack(batch)
+        assert isinstance(packed, RingPickle) and len(packed.pickled) < 2 * MIN_RING_VALUE * len(batch)
+        assert pickle.dumps(handover.settle(handed(packed))) == pickle.dumps(default_convert(batch))
+
+
 def test_a_batch_without_large_bytes_or_that_does_not_pickle_crosses_as_it_is() -> None:
     writer = RingWriter(slots=3)
     batch = [(b"small", 1, torch.zeros(2)), (b"", 2, torch.ones(2))]

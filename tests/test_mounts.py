@@ -294,12 +294,13 @@ def counted_preads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return reads
 
 
-def test_streaming_a_wds_shard_reads_it_in_large_reads(packed_as: Callable, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_streaming_a_wds_shard_reads_it_in_large_reads(packed_as: Callable, monkeypatch: pytest.MonkeyPatch,
+                                                       tmp_path: Path) -> None:
     """In place on a mount, every pread is a round trip: once a read has waited, the walk reads
     headers and images together, one pread per MiB, not one per header and one per image."""
     monkeypatch.setattr(readers.tar, "read_waited", lambda *_: True)  # every read waits, as on a mount
     out = packed_as("wds")[0]
-    ds = readers.open_dataset(out, decode="bytes", fields=FIELDS)
+    ds = readers.open_dataset(out, decode="bytes", fields=FIELDS, storage="network", cache_dir=tmp_path)
     reads = counted_preads(monkeypatch)
     shard = ds.manifest.shards[0]
     samples = [record.load() for _, record in ds.stream_records(0, 0, shard.num_samples)]

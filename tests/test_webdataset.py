@@ -221,6 +221,45 @@ def streamed(ds: readers.PackedDataset, shard: int) -> list:
     return [record.load() for _, record in ds.stream_records(shard, 0, ds.manifest.shards[shard].num_samples)]
 
 
+def as_values(record: tuple) -> tuple:
+    meta, payload, fields = record
+    return meta, bytes(payload), fields
+
+
+def test_a_local_tar_streams_through_its_index_and_is_walked_without_one(wds_copy: tuple[Path, dict[str, bytes]],
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Streaming reads a local tar through its `.packidx` (a read per sample, no header walked) and
+    gives what a front-to-back read gives; the shard whose index is gone is walked, as before, and
+    so is the one whose rows point at each other's samples, once, for the two it does not match,
+    and a tar whose first read waits (a round trip a sample on a mount read in place)."""
+    out, _ = wds_copy
+    ds = readers.open_dataset(out, decode="bytes", fields=("image", "label", "path"))
+    whole = {shard: [as_values(record) for _, record in ds.read_records(shard, 0, info.num_samples)]
+             for shard, info in enumerate(ds.manifest.shards)}
+    (out / "shard-000002.packidx").unlink()
+    index = out / "shard-000001.packidx"
+    raw = bytearray(index.read_bytes())
+    raw[16:48], raw[48:80] = raw[48:80], raw[16:48]  # the rows of samples 0 and 1 swapped: each is the other's
+    index.write_bytes(bytes(raw))
+    walked = []
+    tar_samples = readers.wds_samples.tar_samples
+
+    def counted(fd: int, *args: object, **kwargs: object):
+        walked.append(fd)
+        return tar_samples(fd, *args, **kwargs)
+
+    monkeypatch.setattr(readers.wds, "tar_samples", counted)  # streaming's, and its samples' fallback:
+    monkeypatch.setattr(readers.wds_samples, "tar_samples", counted)
+    for shard in (0, 3):
+        assert [as_values(record) for record in streamed(ds, shard)] == whole[shard]
+        assert [as_values(record.load()) for _, record in ds.stream_records(shard, 1, 3)] == whole[shard][1:3]
+    assert walked == []
+    assert [as_values(record) for record in streamed(ds, 2)] == whole[2] and len(walked) == 1
+    assert [as_values(record) for record in streamed(ds, 1)] == whole[1] and len(walked) == 2  # walked once
+    monkeypatch.setattr(readers.tar, "read_waited", lambda *_: True)  # reads wait: storage="local" on a mount
+    assert [as_values(record) for record in streamed(ds, 3)] == whole[3] and len(walked) == 3  # in large reads
+
+
 def member_size_claims_8_gib(data: bytearray) -> None:
     data[124:136] = b"%011o\0" % (8**11 - 1)  # the first member
     data[148:156] = b" " * 8
