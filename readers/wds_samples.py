@@ -10,18 +10,28 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Sequence, TypeVar
+from typing import Any, Iterator, Protocol, Sequence, TypeVar
 
-from .base import DeferredRecord, Record
+from .base import DeferredRecord, Fields, Record
 from .fields import FieldSpec
 from .layouts.wds import INDEX_COLUMNS, LABEL_EXTENSION, PIXELS_EXTENSION, field_extension, field_extensions, npy_data
-from .manifest import DatasetError
+from .manifest import DatasetError, Manifest
 from .tar import BLOCK, TarError, padding, walk_samples
 
-if TYPE_CHECKING:
-    from .wds import WdsDataset
-
 T = TypeVar("T")
+
+
+class WdsReader(Protocol):
+    """What the samples here ask of the dataset that streams them (`readers.wds.WdsDataset`, which
+    imports this module: named by its parts, so the two import no cycle)."""
+
+    manifest: Manifest
+    wanted: list[FieldSpec]
+    _meta_extension: str
+
+    def check(self, shard: int, local: int, meta: dict[str, Any], payload: memoryview) -> None: ...
+    def sample_record(self, row: tuple[int, ...], span: bytes, key: str) -> Record: ...
+    def _parse_fields(self, shard: int, local: int, stored: dict[str, bytes | None]) -> Fields: ...
 
 
 def sample_span(row: tuple[int, ...], tar_size: int) -> tuple[int, int]:
@@ -72,7 +82,7 @@ class StreamedTar:
         self._walked: list[StreamedSample] | None = None  # `walked`'s samples, once walked,
         self._walk_error: DatasetError | None = None  # and what stopped the walk before the end
 
-    def walked(self, dataset: WdsDataset, shard: int, local: int) -> Record | DatasetError:
+    def walked(self, dataset: WdsReader, shard: int, local: int) -> Record | DatasetError:
         """Sample `local` as a walk of the tar's headers gives it, or the damage that stops the walk
         before it (the error a front-to-back read gives): asked when a sample read through the index
         does not match its tar, so the tar, not its index, says what a sample holds. Walked once
@@ -109,7 +119,7 @@ class TarSample(DeferredRecord):
 
     __slots__ = ("_dataset", "_tar", "_shard", "_local", "_unread", "_record")
 
-    def __init__(self, dataset: WdsDataset, tar: StreamedTar, shard: int, local: int) -> None:
+    def __init__(self, dataset: WdsReader, tar: StreamedTar, shard: int, local: int) -> None:
         self._dataset, self._tar, self._shard, self._local = dataset, tar, shard, local
         self._unread = True
         self._record: Record | DatasetError | None = None
@@ -141,7 +151,7 @@ class StreamedSample(TarSample):
 
     __slots__ = ("_meta", "_image", "_stored")
 
-    def __init__(self, dataset: WdsDataset, tar: StreamedTar, shard: int, local: int, meta: dict[str, Any],
+    def __init__(self, dataset: WdsReader, tar: StreamedTar, shard: int, local: int, meta: dict[str, Any],
                  image: tuple[str, int, int], stored: dict[str, bytes | None]) -> None:
         super().__init__(dataset, tar, shard, local)
         self._meta, self._image, self._stored = meta, image, stored
@@ -174,7 +184,7 @@ class IndexedSample(TarSample):
 
     __slots__ = ("_row",)
 
-    def __init__(self, dataset: WdsDataset, tar: StreamedTar, shard: int, local: int, row: tuple[int, ...]) -> None:
+    def __init__(self, dataset: WdsReader, tar: StreamedTar, shard: int, local: int, row: tuple[int, ...]) -> None:
         super().__init__(dataset, tar, shard, local)
         self._row = row
 
