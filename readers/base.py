@@ -181,6 +181,7 @@ class PackedDataset(TorchDataset):
         self._pid = os.getpid()
         self._handles: dict[int, Any] = {}
         self._leases: dict[int, list[Lease]] = {}
+        self._in_place: set[int] = set()  # shards whose leases a copy may supersede (`Lease.provisional`)
         self._largest: int | None = None  # `largest_lease()`, worked out on first use
 
     @property
@@ -218,13 +219,16 @@ class PackedDataset(TorchDataset):
         if self._pid != os.getpid():
             self._handles = {}
             self._leases = {}
+            self._in_place = set()
             self._pid = os.getpid()
         handle = self._handles.get(shard)
-        if handle is not None and any(lease.superseded() for lease in self._leases[shard]):
+        if handle is not None and shard in self._in_place and any(lease.superseded() for lease in self._leases[shard]):
             self.close_shard(shard)  # read in place while its copy was made: the copy is there now
             handle = None
         if handle is None:
-            self._leases[shard] = self._lease(shard, sequential)
+            leases = self._leases[shard] = self._lease(shard, sequential)
+            if any(lease.provisional for lease in leases):
+                self._in_place.add(shard)
             try:
                 handle = self._handles[shard] = self._open(shard)
             except BaseException:
@@ -269,6 +273,7 @@ class PackedDataset(TorchDataset):
         handle = self._handles.pop(shard, None)
         if handle is not None:
             self._close(handle)
+        self._in_place.discard(shard)
         for lease in self._leases.pop(shard, ()):
             lease.release()
 
@@ -428,6 +433,7 @@ class PackedDataset(TorchDataset):
         state = self.__dict__.copy()
         state["_handles"] = {}
         state["_leases"] = {}
+        state["_in_place"] = set()
         return state
 
     def __repr__(self) -> str:

@@ -27,7 +27,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Protocol
+from typing import Callable, ClassVar, Iterator, Protocol
 
 from .manifest import DatasetError, plain_name, sha256_name
 
@@ -214,6 +214,10 @@ def _remove_lock(path: Path, fd: int) -> None:
 class Lease:
     """A reference to one cached file: while it is held, no process on the node evicts the file.
     A file read in place (on a mount) holds nothing."""
+
+    provisional: ClassVar[bool] = False
+    """Whether `superseded` can ever say True. Readers ask only such leases at each sample: asking
+    every lease was 4% of a warm local LMDB read."""
 
     def __init__(self, path: Path, fd: int | None = None, room: tuple[Path, int] | None = None) -> None:
         self.path = path

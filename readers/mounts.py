@@ -346,6 +346,8 @@ class InPlaceLease(Lease):
     copy is there, or once its reader is to copy it itself (`reader_copies`: the copy ahead failed,
     or copies ahead stopped), looked at most every LANDED_LOOK_S; its reader then reopens it."""
 
+    provisional = True
+
     def __init__(self, path: Path, cache: ShardCache, file: CachedFile, reader_copies: Callable[[str], bool]) -> None:
         super().__init__(path)
         self._cache, self._file, self._reader_copies = cache, file, reader_copies

@@ -519,6 +519,32 @@ def test_a_map_style_wds_read_reads_in_place_until_its_copy_lands(packed_as: Cal
     ds.close()
 
 
+def test_only_leases_read_in_place_are_asked_whether_a_copy_supersedes_them(
+        packed_as: Callable, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Asking every lease at every sample whether it was superseded cost a warm local LMDB read 4%
+    of its time (0.3 us a sample), for leases that never are: only leases read in place are asked."""
+    asked: list[type] = []
+    for kind in (readers.cache.Lease, readers.mounts.InPlaceLease):
+        def counted(self: Any, real: Callable = kind.superseded) -> bool:
+            asked.append(type(self))
+            return real(self)
+        monkeypatch.setattr(kind, "superseded", counted)
+    out = packed_as("wds")[0]
+    local = readers.open_dataset(out, decode="bytes", fields=FIELDS)
+    read_all(local)
+    assert asked == []
+    release = threading.Event()
+    hold_copies_ahead(monkeypatch, release)
+    ds = readers.open_dataset(out, decode="bytes", fields=FIELDS, storage="network", cache_dir=tmp_path / "cache")
+    try:
+        read_all(ds)
+    finally:
+        release.set()
+    copies_landed()
+    ds.close()
+    assert set(asked) == {readers.mounts.InPlaceLease}
+
+
 def test_a_wds_index_read_in_place_moves_to_its_copy_too(packed_as: Callable, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """A shard whose tar had landed when its reader opened it, and whose .packidx had not, read the
