@@ -247,23 +247,22 @@ class MountFiles:
               ahead: Ahead | None = None, sequential: bool = False) -> Lease:
         if os.getpid() != self._pid:
             self._reset()
-        if (ahead is not None or sequential) and not self.copy_streamed and not self.cache.has(file):
-            lease = Lease(self.local.path(file))  # front to back in large reads: as fast as a copy
+        map_style = ahead is None and not sequential  # samples here and there, not front to back
+        cached = self.cache.has(file)
+        if not map_style and not self.copy_streamed and not cached:
+            lease: Lease = Lease(self.local.path(file))  # front to back in large reads: as fast as a copy
         else:
-            in_place = ahead is None and not sequential
-            if in_place:
-                if file.name not in self._shard_names:  # its reader reads the sidecars of this kind
-                    self._sidecars.add(Path(file.name).suffix)
-            if not self.cache.has(file):
+            if map_style and file.name not in self._shard_names:  # its reader reads the sidecars of this kind
+                self._sidecars.add(Path(file.name).suffix)
+            if not cached:
                 self.local.check_unchanged(file.name, self.local.path(file))
-                if in_place and self.in_place_until_copied and not self._reader_copies(file.name):
-                    lease = InPlaceLease(self.local.path(file), self.cache, file, self._reader_copies)
-                    self._copy_ahead(first=file)
-                    self._where[file.name] = lease.path
-                    return lease
-            if in_place:
-                self._copy_ahead()  # beside this copy, not after it
-            lease = self.cache.lease(file, self.store, make_room=make_room, ahead=ahead)
+            if map_style and not cached and self.in_place_until_copied and not self._reader_copies(file.name):
+                lease = InPlaceLease(self.local.path(file), self.cache, file, self._reader_copies)
+                self._copy_ahead(first=file)
+            else:
+                if map_style:
+                    self._copy_ahead()  # beside this copy, not after it
+                lease = self.cache.lease(file, self.store, make_room=make_room, ahead=ahead)
         self._where[file.name] = lease.path
         return lease
 
