@@ -41,9 +41,10 @@ def open_dataset(
     `storage` says where a directory is: "auto" (the default) asks the mount table: NFS, Lustre,
     GPFS, SMB, 9p, FUSE and the like are read as "network", any other folder as "local". "local"
     reads it in place; "network" copies each shard whole into the cache when a map-style reader
-    first needs it (and the other shards ahead, one at a time) and reads the copy, never the mount
-    (streaming reads in place, front to back in large reads, but an LMDB shard, which is read
-    through mmap, from its copy). docs/netfs.md has the figures.
+    first needs it (and the other shards ahead, two at a time per process) and reads the copy (a
+    wds shard, whose sample is one read, is read in place until its copy lands; LMDB and HDF5
+    wait for it). Streaming reads in place, front to back in large reads, but an LMDB shard,
+    which is read through mmap, from its copy. docs/netfs.md has the figures.
 
     `on_error="fail"` raises `DatasetError` on a damaged sample; `"skip"` stands the next readable
     sample in for it and counts it in `dataset.skipped` (per process). The words are those of

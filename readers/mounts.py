@@ -4,7 +4,8 @@ On NFS, Lustre, GPFS, SMB or a FUSE mount every open, stat and 128 KiB read is a
 server: reading samples in place pays one or more per sample, and a mapped file (LMDB) whose
 server stops answering is a SIGBUS. A dataset there is read map-style as one in a bucket is: each
 shard copied whole into the node-local cache (`readers/cache.py`) with large reads several at a
-time, and read there (`MountFiles`). It is the default (`storage="auto"`). Imports no torch and no
+time, and read there (`MountFiles`; a wds shard, whose sample is one read, in place until its copy
+lands). It is the default (`storage="auto"`). Imports no torch and no
 fsspec; the packer asks `is_networked` about its SRC.
 """
 

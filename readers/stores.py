@@ -117,8 +117,8 @@ class ReadStore:
 READ_STORES: dict[str, ReadStore] = {
     "url": ReadStore("each shard downloaded whole into the node cache, then read there", takes_url, open_url),
     "mount": ReadStore("each shard copied whole into the node cache when first read map-style (the others "
-                       "copied ahead), then read from the copy; streamed in place (LMDB from copies)", takes_mount,
-                       open_mount),
+                       "copied ahead), then read from the copy (wds read in place until its copy lands); streamed "
+                       "in place (LMDB from copies)", takes_mount, open_mount),
     "folder": ReadStore("read in place", takes_folder, open_folder),  # takes every folder: last
 }
 """Where a dataset can be read from, asked in order."""

@@ -27,7 +27,7 @@ from readers.stores import ReadOptions, read_strategy
 
 FIELDS = ("image", "label", "path", "index")
 COPYING = ("each shard copied whole into the node cache when first read map-style (the others copied ahead), "
-           "then read from the copy; streamed in place (LMDB from copies)")
+           "then read from the copy (wds read in place until its copy lands); streamed in place (LMDB from copies)")
 NO_FUSE = missing_requirements()
 
 MOUNTINFO = """\
